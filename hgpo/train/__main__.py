@@ -1,0 +1,42 @@
+"""``python -m hgpo.train``: parse, validate, train."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    from hgpo.train.config import parse_args
+
+    cfg, ns = parse_args(argv)
+    if ns.print_config:
+        print(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+        return 0
+    logging.basicConfig(
+        level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    from hgpo.train.trainer import train, validate_config
+
+    try:
+        validate_config(cfg)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = train(cfg)
+    if rows:
+        last = rows[-1]
+        keys = [k for k in ("success_rate", "reward_mean", "pg_loss", "kl") if k in last]
+        print(
+            f"done: {len(rows)} iterations, last " + ", ".join(f"{k}={last[k]:.4g}" for k in keys)
+        )
+        print(f"metrics: {os.path.join(cfg.out_dir, 'metrics.jsonl')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

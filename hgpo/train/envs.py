@@ -1,0 +1,110 @@
+"""The trainer's view of ALFWorld and WebShop: splits, batched envs, prompts and grouping keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agentenvs import (
+    BatchedEnv,
+    BatchMemory,
+    alfworld_factory,
+    alfworld_games,
+    alfworld_prompt,
+    alfworld_task,
+    observation_key,
+    webshop_factory,
+    webshop_prompt,
+)
+from hgpo.train.config import TrainConfig
+
+TRAIN_SPLIT = "train"
+
+
+def val_splits(env: str) -> tuple[str, ...]:
+    """Held-out splits: ALFWorld in (valid_seen) and out of distribution (valid_unseen); WebShop eval."""
+    return ("valid_seen", "valid_unseen") if env == "alfworld" else ("eval",)
+
+
+def _alfworld_files(cfg: TrainConfig, split: str) -> list[str]:
+    if cfg.alfworld_games_dir:
+        from agentenvs.alfworld.env import find_games
+
+        folder = Path(cfg.alfworld_games_dir) / split
+        games = find_games(folder)
+        if not games:
+            raise ValueError(f"TrainConfig.alfworld_games_dir: no games under {str(folder)!r}")
+        return games
+    n = cfg.alfworld_train_games if split == TRAIN_SPLIT else cfg.val_tasks
+    return alfworld_games(split, n_games=n, seed=cfg.seed)
+
+
+def split_size(cfg: TrainConfig, split: str) -> int:
+    """Number of tasks of ``split``."""
+    if cfg.env == "alfworld":
+        return len(_alfworld_files(cfg, split))
+    return (
+        cfg.webshop_goals - cfg.webshop_eval_goals
+        if split == TRAIN_SPLIT
+        else cfg.webshop_eval_goals
+    )
+
+
+class EnvSet:
+    """One split of a benchmark as a :class:`BatchedEnv` of ``num_envs`` slots, with prompts."""
+
+    def __init__(self, cfg: TrainConfig, split: str, num_envs: int) -> None:
+        self.cfg, self.split, self.bench = cfg, split, cfg.env
+        if cfg.env == "alfworld":
+            files = _alfworld_files(cfg, split)
+            self.num_tasks = len(files)
+            factory = alfworld_factory(files, max_steps=cfg.max_steps)
+        else:
+            n_eval = cfg.webshop_eval_goals
+            self.num_tasks = cfg.webshop_goals - n_eval if split == TRAIN_SPLIT else n_eval
+            factory = webshop_factory(
+                "train" if split == TRAIN_SPLIT else "eval",
+                seed=cfg.seed,
+                n_products=cfg.webshop_products,
+                n_goals=cfg.webshop_goals,
+                n_eval=n_eval,
+                max_steps=cfg.max_steps,
+            )
+        self.env = BatchedEnv(
+            factory, num_envs, num_workers=cfg.env_workers, timeout_s=cfg.env_timeout_s
+        )
+        self.memory = BatchMemory(num_envs)
+        self.tasks: list[str] = [""] * num_envs
+
+    def reset(self, task_ids: list[int], group_n: int) -> tuple[list[str], list[dict[str, Any]]]:
+        """Start the tasks (each ``group_n`` times), forget the memories, read the goal texts."""
+        obs, infos = self.env.reset(task_ids, group_n)
+        self.memory.reset(len(obs))
+        for i, (o, info) in enumerate(zip(obs, infos, strict=True)):
+            if self.bench == "alfworld":
+                self.tasks[i] = alfworld_task(o) if o else ""
+            else:
+                self.tasks[i] = info.get("task", "")
+        return obs, infos
+
+    def shown(self, i: int, obs: str) -> str:
+        """What the prompt and the memory show of observation ``obs`` of slot ``i``."""
+        if self.bench == "webshop":
+            return observation_key("webshop", obs, self.tasks[i])
+        return obs
+
+    def key(self, i: int, obs: str) -> str:
+        """The state key HGPO groups by (agentenvs.observation_key)."""
+        return observation_key(self.bench, obs, self.tasks[i])
+
+    def prompt(self, i: int, obs: str, info: dict[str, Any]) -> str:
+        """The paper's prompt of slot ``i`` (memory module + template)."""
+        admissible = info.get("admissible_actions", [])
+        K = self.cfg.history_length
+        if self.bench == "alfworld":
+            return alfworld_prompt(self.tasks[i], obs, admissible, self.memory[i], K)
+        return webshop_prompt(self.tasks[i], self.shown(i, obs), admissible, self.memory[i], K)
+
+    def close(self) -> None:
+        """Stop the env workers."""
+        self.env.close()

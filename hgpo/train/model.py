@@ -1,0 +1,282 @@
+"""Policy, reference and critic models; prompt encoding; per-token log-probs; the HF engine."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+def check_model(path_or_id: str) -> None:
+    """Fail early and clearly when the model can be neither found locally nor in the HF cache."""
+    p = Path(path_or_id).expanduser()
+    looks_local = path_or_id.startswith((".", "/", "~")) or p.exists()
+    if looks_local:
+        if not (p / "config.json").exists():
+            raise ValueError(
+                f"TrainConfig.model: {path_or_id!r} is not a model folder (no config.json there)"
+            )
+        return
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(path_or_id)
+    except Exception as e:  # OSError offline, HTTP errors online
+        raise ValueError(
+            f"TrainConfig.model: cannot load {path_or_id!r} (not a local folder, and not "
+            f"available from the Hugging Face hub or its cache): {type(e).__name__}"
+        ) from None
+
+
+def load_tokenizer(path: str):
+    """The tokenizer, left-padded, with a pad token."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_causal_lm(path: str, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """AutoModelForCausalLM from ``path`` in ``dtype`` on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.to(device)
+
+
+def stop_ids(tok: Any) -> list[int]:
+    """Token ids that end a response (eos, ChatML's <|im_end|>, <|endoftext|>)."""
+    ids = {tok.eos_token_id}
+    for t in ("<|im_end|>", "<|endoftext|>"):
+        i = tok.convert_tokens_to_ids(t)
+        if isinstance(i, int) and i != tok.unk_token_id:
+            ids.add(i)
+    return sorted(i for i in ids if i is not None)
+
+
+def encode_prompt(tok: Any, text: str, max_tokens: int) -> list[int]:
+    """The user message in the chat template, ready for the assistant; cut from the left."""
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+    ids = tok(rendered, add_special_tokens=False)["input_ids"]
+    return ids[-max_tokens:]
+
+
+@dataclass
+class Packed:
+    """Prompts left-padded to P columns, responses right-padded to R columns after them.
+
+    input_ids, attention_mask, position_ids: [B, P + R]; response_mask: [B, R] (1 on real
+    response tokens); P: the prompt width (response token j sits at column P + j).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_mask: torch.Tensor
+    P: int
+
+    @property
+    def responses(self) -> torch.Tensor:
+        """[B, R] response token ids (pad where masked)."""
+        return self.input_ids[:, self.P :]
+
+
+def pack(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int, device: Any
+) -> Packed:
+    """Lay out (prompt, response) pairs so every response starts at the same column."""
+    B = len(prompts)
+    P = max(len(p) for p in prompts)
+    R = max(1, max(len(r) for r in responses))
+    ids = torch.full((B, P + R), pad_id, dtype=torch.long)
+    att = torch.zeros((B, P + R), dtype=torch.long)
+    rmask = torch.zeros((B, R), dtype=torch.float32)
+    for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        ids[b, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        att[b, P - len(p) : P] = 1
+        if len(r):
+            ids[b, P : P + len(r)] = torch.tensor(r, dtype=torch.long)
+            att[b, P : P + len(r)] = 1
+            rmask[b, : len(r)] = 1.0
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    return Packed(ids.to(device), att.to(device), pos.to(device), rmask.to(device), P)
+
+
+def response_logprobs(
+    model: nn.Module, batch: Packed, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities [B, R] of the response tokens (and their entropies [B, R]).
+
+    Only the response columns go through the output layer, so the [B, T, V] logits of the
+    prompt are never formed. ``temperature`` divides the logits, as in sampling.
+    """
+    decoder = model.get_decoder()
+    head = model.get_output_embeddings()
+    hidden = decoder(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    ).last_hidden_state  # (B, T, H)
+    R = batch.response_mask.shape[1]
+    h = hidden[:, batch.P - 1 : batch.P - 1 + R]  # position t predicts token t + 1
+    logits = head(h).float() / temperature  # (B, R, V)
+    logp = torch.log_softmax(logits, dim=-1)
+    lp = logp.gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
+    ent = None
+    if with_entropy:
+        ent = -(logp.exp() * logp).sum(-1)
+    return lp, ent
+
+
+class Critic(nn.Module):
+    """A value model: the policy's backbone (without its LM head) and a scalar head.
+
+    V(s_t) is read at the last prompt token, so one value per step sample.
+    """
+
+    def __init__(self, path: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        self.backbone = AutoModel.from_pretrained(path, dtype=dtype)
+        self.head = nn.Linear(self.backbone.config.hidden_size, 1, dtype=dtype)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, batch: Packed) -> torch.Tensor:
+        """[B] state values."""
+        hidden = self.backbone(
+            input_ids=batch.input_ids[:, : batch.P],
+            attention_mask=batch.attention_mask[:, : batch.P],
+            position_ids=batch.position_ids[:, : batch.P],
+            use_cache=False,
+        ).last_hidden_state
+        return self.head(hidden[:, -1]).squeeze(-1).float()
+
+
+class HFEngine:
+    """Rollout engine on ``transformers.generate`` (CPU, or GPU fallback)."""
+
+    def __init__(self, model: nn.Module, tok: Any, batch_size: int, device: torch.device) -> None:
+        self.model, self.tok, self.batch_size, self.device = model, tok, batch_size, device
+        self.stop = stop_ids(tok)
+
+    def sync(self, model: nn.Module) -> None:
+        """The engine samples from the training module itself: nothing to copy."""
+        self.model = model
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: Sequence[Sequence[int]], temperature: float, top_p: float, max_new: int
+    ) -> list[list[int]]:
+        """Sample one response per prompt; each ends at (and keeps) its first stop token."""
+        out: list[list[int]] = []
+        was_training = self.model.training
+        self.model.eval()
+        pad = self.tok.pad_token_id
+        for s in range(0, len(prompts), self.batch_size):
+            chunk = prompts[s : s + self.batch_size]
+            packed = pack(chunk, [[]] * len(chunk), pad, self.device)
+            ids = packed.input_ids[:, : packed.P]
+            att = packed.attention_mask[:, : packed.P]
+            gen = self.model.generate(
+                input_ids=ids,
+                attention_mask=att,
+                do_sample=True,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=0,
+                max_new_tokens=max_new,
+                eos_token_id=self.stop,
+                pad_token_id=pad,
+            )
+            for row in gen[:, packed.P :].tolist():
+                cut = len(row)
+                for j, t in enumerate(row):
+                    if t in self.stop:
+                        cut = j + 1
+                        break
+                out.append(row[:cut])
+        if was_training:
+            self.model.train()
+        return out
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, denom: float | torch.Tensor) -> torch.Tensor:
+    """sum(x * mask) / denom (token-mean over a mini-batch when denom = its token count)."""
+    return (x * mask).sum() / denom
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Low-variance KL(pi || pi_ref) estimate per token: exp(ref - lp) - (ref - lp) - 1,
+    clamped to [-10, 10] as verl does."""
+    d = (ref_logp - logp).clamp(-20.0, 20.0)
+    return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    clip: float,
+    dual_clip: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token, with dual clip (Ye et al. 2020).
+
+    logp, old_logp: float[B, R]; adv: float[B, R] (the step advantage on every token).
+    loss = max(-A r, -A clip(r, 1-eps, 1+eps)); for A < 0 it is further capped at -c A.
+    Returns (loss [B, R], clipped [B, R] as 0/1 floats).
+    """
+    ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
+    l1 = -adv * ratio
+    l2 = -adv * ratio.clamp(1.0 - clip, 1.0 + clip)
+    loss = torch.maximum(l1, l2)
+    clipped = (l2 > l1).float()
+    if dual_clip > 0:
+        capped = torch.minimum(loss, -adv * dual_clip)
+        loss = torch.where(adv < 0, capped, loss)
+    return loss, clipped
+
+
+def value_loss(
+    v: torch.Tensor, v_old: torch.Tensor, ret: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """PPO's clipped value loss 0.5 max((v - R)^2, (v_old + clip(v - v_old) - R)^2), per sample."""
+    vc = v_old + (v - v_old).clamp(-clip, clip)
+    return 0.5 * torch.maximum((v - ret) ** 2, (vc - ret) ** 2)
+
+
+def grad_norm(module: nn.Module) -> float:
+    """L2 norm of the module's gradients (before clipping)."""
+    sq = [p.grad.detach().float().pow(2).sum() for p in module.parameters() if p.grad is not None]
+    return float(torch.stack(sq).sum().sqrt()) if sq else 0.0
+
+
+__all__ = [
+    "Critic",
+    "HFEngine",
+    "Packed",
+    "check_model",
+    "encode_prompt",
+    "kl_k3",
+    "load_causal_lm",
+    "load_tokenizer",
+    "masked_mean",
+    "pack",
+    "policy_loss",
+    "response_logprobs",
+    "value_loss",
+]

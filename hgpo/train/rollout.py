@@ -1,0 +1,140 @@
+"""Multi-turn rollouts: prompt (memory + template) -> generate -> parse -> step, until done.
+
+Every step of every trajectory becomes one training sample (stepwise policy optimisation); the
+finished batch also yields the :class:`hgpo.StepBatch` that the estimators read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from agentenvs import parse_action
+from hgpo import StepBatch, state_ids
+from hgpo.train.envs import EnvSet
+
+
+class Engine(Protocol):
+    """What the rollout needs of a generation engine."""
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], temperature: float, top_p: float, max_new: int
+    ) -> list[list[int]]: ...
+
+
+@dataclass
+class Rollout:
+    """The step samples of one batch of episodes, trajectory by trajectory.
+
+    Per step (n rows, trajectories contiguous, steps 0..T-1): prompt_ids, response_ids, group,
+    traj, step, reward (env reward, no penalty), invalid, key (state key text).
+    Per trajectory: success, score, task_type, length.
+    """
+
+    prompt_ids: list[list[int]] = field(default_factory=list)
+    response_ids: list[list[int]] = field(default_factory=list)
+    group: list[int] = field(default_factory=list)
+    traj: list[int] = field(default_factory=list)
+    step: list[int] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)
+    invalid: list[bool] = field(default_factory=list)
+    key: list[str] = field(default_factory=list)
+    success: list[bool] = field(default_factory=list)
+    score: list[float] = field(default_factory=list)
+    task_type: list[str] = field(default_factory=list)
+    length: list[int] = field(default_factory=list)
+    gen_tokens: int = 0
+    gen_seconds: float = 0.0
+    env_seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def step_batch(self) -> StepBatch:
+        """The estimator input: state = id of the raw-observation key within this batch."""
+        return StepBatch(
+            group=np.asarray(self.group, dtype=np.int64),
+            traj=np.asarray(self.traj, dtype=np.int64),
+            step=np.asarray(self.step, dtype=np.int64),
+            reward=np.asarray(self.reward, dtype=np.float64),
+            state=state_ids(self.key),
+            invalid=np.asarray(self.invalid, dtype=bool),
+        )
+
+
+def run_episodes(
+    envs: EnvSet,
+    engine: Engine,
+    tok: Any,
+    task_ids: list[int],
+    group_n: int,
+    temperature: float,
+    top_p: float,
+    max_new: int,
+    max_prompt: int,
+    max_steps: int,
+    keep_samples: bool = True,
+) -> Rollout:
+    """Play ``task_ids`` x ``group_n`` episodes to the end; group g = task_ids[g]."""
+    from hgpo.train.model import encode_prompt
+
+    t0 = time.perf_counter()
+    obs, infos = envs.reset(task_ids, group_n)
+    env_s = time.perf_counter() - t0
+    B = len(obs)
+    done = np.array([bool(i.get("crashed")) for i in infos])
+    per: list[list[dict[str, Any]]] = [[] for _ in range(B)]
+    gen_tokens, gen_s = 0, 0.0
+    last_info = list(infos)
+    for _ in range(max_steps):
+        live = [i for i in range(B) if not done[i]]
+        if not live:
+            break
+        prompts = [encode_prompt(tok, envs.prompt(i, obs[i], infos[i]), max_prompt) for i in live]
+        t = time.perf_counter()
+        responses = engine.generate(prompts, temperature, top_p, max_new)
+        gen_s += time.perf_counter() - t
+        gen_tokens += sum(len(r) for r in responses)
+        actions = [""] * B
+        for j, i in enumerate(live):
+            text = tok.decode(responses[j], skip_special_tokens=True)
+            admissible = infos[i].get("admissible_actions") if envs.bench == "alfworld" else None
+            parsed = parse_action(text, envs.bench, admissible)
+            actions[i] = parsed.action
+            per[i].append(
+                {
+                    "prompt": prompts[j] if keep_samples else [],
+                    "response": responses[j] if keep_samples else [],
+                    "key": envs.key(i, obs[i]),
+                    "invalid": not parsed.valid,
+                }
+            )
+            envs.memory[i].store(envs.shown(i, obs[i]), parsed.action)
+        t = time.perf_counter()
+        obs, rewards, dones, infos = envs.env.step(actions)
+        env_s += time.perf_counter() - t
+        for i in live:
+            per[i][-1]["reward"] = float(rewards[i])
+            last_info[i] = infos[i]
+        done = dones.copy()
+    out = Rollout(gen_tokens=gen_tokens, gen_seconds=gen_s, env_seconds=env_s)
+    for i in range(B):
+        info = last_info[i]
+        out.success.append(bool(info.get("won", False)))
+        out.score.append(float(info.get("task_score", 0.0)))
+        out.task_type.append(str(info.get("task_type", "")))
+        out.length.append(len(per[i]))
+        for t, s in enumerate(per[i]):
+            out.prompt_ids.append(s["prompt"])
+            out.response_ids.append(s["response"])
+            out.group.append(i // group_n)
+            out.traj.append(i)
+            out.step.append(t)
+            out.reward.append(s["reward"])
+            out.invalid.append(s["invalid"])
+            out.key.append(s["key"])
+    return out
