@@ -1,0 +1,526 @@
+"""Do better advantages train better policies? Tabular PPO with every estimator on toyenvs.
+
+    python -m studies.train_toy              # the default, a few minutes on 2 cores
+    python -m studies.train_toy --full       # more envs, K = 2 and 4, more seeds and iterations
+    python -m studies.train_toy --help       # every option
+
+The paper's training recipe in tabular form (studies/tabular_ppo.py): per iteration 16 tasks x
+8 rollouts of the tabular softmax policy over the K-step context, one estimator's advantages,
+PPO clip 0.2 (dual clip 3) with the k3 KL to the starting policy (0.01) and an entropy bonus
+(0.001), Adam on the logits, gamma 0.95; ``gae`` trains a value table over the same contexts
+(PPO with a critic). Each *setting* (an estimator with options: "hgpo", "hgpo:K=4",
+"hgpo:alpha=2", ...) is trained on every environment with several seeds; every ``eval_every``
+iterations the policy is evaluated at temperature 0.4 on the training tasks and on held-out
+tasks (start states or task instances never trained on). Results land in a folder: runs/
+(one JSON per finished run: this is what makes a killed study resume without redoing a run),
+curves.csv, final.csv, results.json, report.md (the tables in the shape of the paper's Table 1
+and Table 2, and Welch tests with Holm correction from statsmodels) and PNG learning curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
+
+DEFAULT_ENVS = (
+    "keydoor:size=4,horizon=40",
+    "keydoor:size=5,horizon=40,start=0.03",
+    "shop",
+    "tmaze:length=3",
+)
+FULL_ENVS = (
+    *DEFAULT_ENVS,
+    "household:n_rooms=1,receptacles_per_room=5,n_tasks=8,horizon=12,start=0.03",
+    "random:n_states=30,aliasing=0.7,n_tasks=8",
+)
+MAIN_SETTINGS = ("grpo", "rloo", "gigpo", "hgpo", "hgpo:base_group=true")
+ABLATIONS = ("oracle", "hgpo-nohog2", "hgpo-uniform", "hgpo:alpha=2")
+DEFAULT_SETTINGS = (*MAIN_SETTINGS, "hgpo:K=4", *ABLATIONS, "gae")
+FULL_SETTINGS = (*MAIN_SETTINGS, *ABLATIONS, "gae", "stepwise")
+# What each ablation removes, for the report (hgpo-uniform is alpha = 0 exactly).
+SETTING_NOTES = {
+    "oracle": "w/o HoG-1 (G_K only)",
+    "hgpo-nohog2": "w/o HoG-2 (G_K, else G_0)",
+    "hgpo-uniform": "w/o adaptive weights (alpha = 0)",
+    "hgpo:alpha=2": "alpha = 2",
+    "hgpo": "alpha = 1",
+    "hgpo:base_group=true": "+ episode level, as the public code",
+    "hgpo:K=4": "memory K = 4",
+    "gae": "PPO + value table",
+}
+
+
+@dataclass(frozen=True)
+class TrainToyConfig:
+    """Settings of one train_toy study (every field has a command-line flag)."""
+
+    envs: tuple[str, ...] = DEFAULT_ENVS
+    """Environments as "family:param=value,..." (toyenvs.make); an extra "start=..." overrides
+    --start for that environment."""
+    settings: tuple[str, ...] = DEFAULT_SETTINGS
+    """Estimators with options, "name" or "name:option=value,..." (hgpo.EstimatorConfig fields;
+    K sets the policy's memory and the hierarchy depth together)."""
+    Ks: tuple[int, ...] = (2,)
+    """Memory length K of every setting that does not set its own."""
+    seeds: int = 5
+    """Independent training runs per (env, setting, K)."""
+    iterations: int = 100
+    groups: int = 16
+    """Tasks (rollout groups) per iteration."""
+    rollouts: int = 8
+    """Rollouts per group (N)."""
+    gamma: float = 0.95
+    norm: str = "mean_std"
+    """Group normalisation of every group estimator ("mean_std" or "mean")."""
+    lr: float = 0.01
+    """Adam learning rate on the logits."""
+    epochs: int = 1
+    minibatches: int = 4
+    clip: float = 0.2
+    kl_coef: float = 0.01
+    entropy_coef: float = 0.001
+    grad_clip: float = 1.0
+    critic_lr: float = 0.1
+    """Adam learning rate of gae's value table."""
+    gae_lambda: float = 0.95
+    eval_every: int = 10
+    eval_rollouts: int = 32
+    """Evaluation rollouts per task."""
+    eval_temperature: float = 0.4
+    start: str = "uniform"
+    """Starting (and reference) policy: "uniform", or a success rate in (0, 1) reached by expert
+    imitation (studies.tabular.expert_stages), a warm start like the paper's instruct model."""
+    seed: int = 0
+    workers: int = 2
+    out: str = "results/train_toy"
+
+    def __post_init__(self) -> None:
+        def bad(flag: str, must: str, got: Any) -> ValueError:
+            return ValueError(f"--{flag}: must be {must}, got {got!r}")
+
+        ints = {
+            "seeds": 1, "iterations": 1, "groups": 1, "rollouts": 2, "epochs": 1,
+            "minibatches": 1, "eval_every": 1, "eval_rollouts": 1, "workers": 1,
+        }  # fmt: skip
+        for name, lo in ints.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise bad(name.replace("_", "-"), f"an integer >= {lo}", v)
+        pos = ("lr", "critic_lr", "eval_temperature")
+        for name in pos:
+            v = getattr(self, name)
+            if not (np.isfinite(v) and v > 0):
+                raise bad(name.replace("_", "-"), "a positive number", v)
+        nonneg = ("kl_coef", "entropy_coef", "grad_clip")
+        for name in nonneg:
+            v = getattr(self, name)
+            if not (np.isfinite(v) and v >= 0):
+                raise bad(name.replace("_", "-"), ">= 0", v)
+        if not 0 < self.clip < 1:
+            raise bad("clip", "in (0, 1)", self.clip)
+        for name in ("gamma", "gae_lambda"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise bad(name.replace("_", "-"), "in [0, 1]", getattr(self, name))
+        if self.norm not in ("mean", "mean_std"):
+            raise bad("norm", "'mean' or 'mean_std'", self.norm)
+        for K in self.Ks:
+            if isinstance(K, bool) or not isinstance(K, int) or not 0 <= K <= 6:
+                raise bad("K", "integers in 0..6", K)
+        _check_start("start", self.start)
+        if not self.envs or not self.settings or not self.Ks:
+            raise ValueError("--envs, --settings and --K each need at least one value")
+        for spec in self.envs:
+            split_env(spec)
+        for s in self.settings:
+            parse_setting(s, self)
+
+    def run_fields(self) -> dict[str, Any]:
+        """The fields that change a run's result (not envs/settings lists, workers or out)."""
+        skip = {"envs", "settings", "Ks", "seeds", "workers", "out"}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+
+
+def _check_start(flag: str, value: str) -> str:
+    if value != "uniform":
+        try:
+            v = float(value)
+        except ValueError:
+            v = -1.0
+        if not 0 < v < 1:
+            raise ValueError(
+                f"--{flag}: must be 'uniform' or a success rate in (0, 1), got {value!r}"
+            )
+    return value
+
+
+def split_env(spec: str) -> tuple[str, dict[str, Any], str | None]:
+    """ "keydoor:size=5,start=0.03" -> ("keydoor", {"size": 5}, "0.03"), validated by toyenvs."""
+    from studies.bias_variance import parse_env
+
+    name, _, rest = spec.partition(":")
+    items = [it for it in rest.split(",") if it]
+    start = None
+    for it in items:
+        if it.startswith("start="):
+            start = _check_start(f"envs: {spec!r}: start", it[len("start=") :])
+    kept = ",".join(it for it in items if not it.startswith("start="))
+    fam, params = parse_env(f"{name}:{kept}" if kept else name)
+    return fam, params, start
+
+
+def parse_setting(spec: str, cfg: TrainToyConfig | None = None) -> tuple[str, int | None, Any]:
+    """ "hgpo:K=4,alpha=2" -> ("hgpo", 4, EstimatorConfig(...)); errors name the setting.
+
+    Returns (estimator, K or None when the setting does not fix it, EstimatorConfig without K).
+    """
+    from hgpo import ESTIMATORS, EstimatorConfig
+
+    cfg = cfg or TrainToyConfig.__new__(TrainToyConfig)
+    name, _, rest = spec.partition(":")
+    if name not in ESTIMATORS:
+        raise ValueError(
+            f"--settings: unknown estimator {name!r} in {spec!r}; known: {', '.join(ESTIMATORS)}"
+        )
+    opts: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, val = item.partition("=")
+        if not eq:
+            raise ValueError(f"--settings: {item!r} in {spec!r} is not option=value")
+        for conv in (int, float):
+            try:
+                opts[key] = conv(val)
+                break
+            except ValueError:
+                continue
+        else:
+            opts[key] = {"true": True, "false": False}.get(val.lower(), val)
+    K = opts.pop("K", None)
+    if K is not None and (not isinstance(K, int) or not 0 <= K <= 6):
+        raise ValueError(f"--settings: K must be an integer in 0..6 in {spec!r}, got {K!r}")
+    base = dict(
+        gamma=getattr(cfg, "gamma", 0.95), norm=getattr(cfg, "norm", "mean_std"),
+        gae_lambda=getattr(cfg, "gae_lambda", 0.95),
+    )  # fmt: skip
+    try:
+        ec = EstimatorConfig(**base).replace(**opts)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--settings: {spec!r}: {exc}") from None
+    return name, K, ec
+
+
+def _runs(cfg: TrainToyConfig) -> list[dict[str, Any]]:
+    """Every (env, setting, K, seed) run, deduplicated, in a fixed order."""
+    seen, out = set(), []
+    for env in cfg.envs:
+        for K in cfg.Ks:
+            for s in cfg.settings:
+                _, Ks, _ = parse_setting(s, cfg)
+                k_eff = K if Ks is None else Ks
+                if (env, s, k_eff) in seen:
+                    continue
+                seen.add((env, s, k_eff))
+                for seed in range(cfg.seeds):
+                    out.append({"env": env, "setting": s, "K": k_eff, "seed": seed})
+    return out
+
+
+def _run_key(cfg: TrainToyConfig, run: dict[str, Any]) -> str:
+    blob = json.dumps({"cfg": cfg.run_fields(), **run}, sort_keys=True)
+    slug = f"{run['env']}_{run['setting']}_K{run['K']}_s{run['seed']}"
+    slug = "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in slug)
+    return f"{slug}_{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
+
+
+# ---------------------------------------------------------------------------- one run
+
+
+_START_CACHE: dict[tuple[str, int, str, int], Any] = {}
+
+
+def _start_policy(env_spec: str, start: str, env: Any, K: int, seed: int) -> Any:
+    """The starting policy; warm starts are cached per process (every seed starts the same)."""
+    import toyenvs
+    from studies.tabular import expert_stages
+
+    if start == "uniform":
+        return toyenvs.TabularPolicy(env, K=K)
+    key = (env_spec, K, start, seed)
+    if key not in _START_CACHE:
+        (stage,) = expert_stages(env, K, (float(start),), seed=seed)
+        _START_CACHE[key] = stage.policy
+    return _START_CACHE[key].copy()
+
+
+def _evaluate(env: Any, pol: Any, tasks: np.ndarray, cfg: TrainToyConfig, seed: int) -> float:
+    import toyenvs
+
+    if tasks.size == 0:
+        return float("nan")
+    t0 = pol.temperature
+    pol.temperature = cfg.eval_temperature
+    try:
+        return float(toyenvs.rollout(env, pol, tasks, cfg.eval_rollouts, seed).success.mean())
+    finally:
+        pol.temperature = t0
+
+
+def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
+    """Train one (env, setting, K, seed); returns its per-iteration curve and evaluations."""
+    import toyenvs
+    from hgpo import compute_advantages
+    from studies.tabular_ppo import PPOSettings, TabularPPO, ValueTable
+
+    t_start = time.perf_counter()
+    fam, params, start = split_env(run["env"])
+    env = toyenvs.make(fam, **params)
+    est, _, ec = parse_setting(run["setting"], cfg)
+    K = int(run["K"])
+    ec = ec.replace(K=K)
+    pol = _start_policy(run["env"], start or cfg.start, env, K, cfg.seed)
+    ppo = TabularPPO(
+        pol,
+        PPOSettings(
+            lr=cfg.lr, epochs=cfg.epochs, minibatches=cfg.minibatches, clip=cfg.clip,
+            kl_coef=cfg.kl_coef, entropy_coef=cfg.entropy_coef, grad_clip=cfg.grad_clip,
+            critic_lr=cfg.critic_lr,
+        ),
+    )  # fmt: skip
+    critic = ValueTable(pol, cfg.critic_lr) if est == "gae" else None
+    # The same seed gives every setting the same task draws and rollout seeds (paired runs).
+    rng = np.random.default_rng([cfg.seed, run["seed"], 0])
+    upd_rng = np.random.default_rng([cfg.seed, run["seed"], 1])
+    train_tasks = np.asarray(env.train_tasks, dtype=np.int64)
+    held_tasks = np.asarray(env.heldout_tasks, dtype=np.int64)
+    curve: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []
+
+    def evaluate(it: int) -> None:
+        evals.append(
+            {
+                "iteration": it,
+                "train_success": _evaluate(env, pol, train_tasks, cfg, 10**6 + it),
+                "heldout_success": _evaluate(env, pol, held_tasks, cfg, 2 * 10**6 + it),
+            }
+        )
+
+    evaluate(0)
+    for it in range(1, cfg.iterations + 1):
+        tasks = rng.choice(train_tasks, size=cfg.groups, replace=True)
+        rb = toyenvs.rollout(env, pol, tasks, cfg.rollouts, int(rng.integers(2**31)))
+        b = rb.batch
+        values = critic.values(rb.context) if critic is not None else None
+        adv = compute_advantages(est, b, config=ec, values=values)
+        A = adv.advantages
+        critic_loss = critic_ev = float("nan")
+        if critic is not None:
+            targets = A + values
+            # explained variance of the returns by the critic, before this update
+            critic_ev = float(1.0 - np.var(targets - values) / max(np.var(targets), 1e-12))
+            critic_loss = critic.update(rb.context, targets, cfg.minibatches, cfg.epochs, upd_rng)
+            A = (A - A.mean()) / (A.std() + 1e-8)  # verl whitens GAE advantages per batch
+        old_lp = ppo.old_log_probs(rb.context, b.action)
+        st = ppo.update(rb.context, b.action, A, old_lp, upd_rng)
+        ep_reward = np.bincount(b.traj, weights=rb.true_reward, minlength=b.n_traj)
+        levels = adv.diagnostics.get("levels", [])
+        util = [lv.get("utilisation", np.nan) for lv in levels if lv.get("level", "").isdigit()]
+        curve.append(
+            {
+                "iteration": it,
+                "success": float(rb.success.mean()),
+                "reward": float(ep_reward.mean()),
+                "episode_length": float(b.n_steps / b.n_traj),
+                "invalid_rate": float(b.invalid.mean()),
+                "adv_mean": float(A.mean()),
+                "adv_abs": float(np.abs(A).mean()),
+                "pg_loss": st.pg_loss,
+                "kl": st.kl,
+                "clip_frac": st.clip_frac,
+                "entropy": st.entropy,
+                "grad_norm": st.grad_norm,
+                "critic_loss": critic_loss,
+                "critic_ev": critic_ev,
+                "util_top": float(util[-1]) if util else float("nan"),
+                "n_contexts": pol.n_contexts,
+            }
+        )
+        if it % cfg.eval_every == 0 or it == cfg.iterations:
+            evaluate(it)
+    return {
+        **run,
+        "estimator": est,
+        "curve": curve,
+        "evals": evals,
+        "seconds": time.perf_counter() - t_start,
+        "n_train_tasks": int(train_tasks.size),
+        "n_heldout_tasks": int(held_tasks.size),
+    }
+
+
+# ---------------------------------------------------------------------------- the study
+
+
+def _atomic_write_json(path: Path, obj: Any) -> None:
+    """Write JSON to a temporary file in the same folder, fsync, then rename over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, allow_nan=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _job(args: tuple[TrainToyConfig, dict[str, Any], str]) -> str:
+    cfg, run, path = args
+    _atomic_write_json(Path(path), run_one(cfg, run))
+    return path
+
+
+def run_study(cfg: TrainToyConfig, progress: bool = True, fresh: bool = False) -> dict[str, Any]:
+    """Run every missing run (in ``workers`` processes), then write the results folder.
+
+    Finished runs are kept in ``out/runs/<key>.json`` (key = run + a hash of every setting that
+    changes its result), so a killed study resumes where it stopped; ``fresh`` deletes them.
+    """
+    from tqdm import tqdm
+
+    out = Path(cfg.out)
+    runs_dir = out / "runs"
+    if fresh and runs_dir.exists():
+        for p in runs_dir.glob("*.json"):
+            p.unlink()
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    for p in runs_dir.glob("*.tmp"):  # a write cut short by a kill
+        p.unlink()
+    runs = _runs(cfg)
+    paths = [runs_dir / f"{_run_key(cfg, r)}.json" for r in runs]
+    todo = [(cfg, r, str(p)) for r, p in zip(runs, paths, strict=True) if not p.exists()]
+    done = len(runs) - len(todo)
+    if done and progress:
+        print(f"resuming: {done} of {len(runs)} runs already in {runs_dir}", file=sys.stderr)
+    bar = tqdm(total=len(runs), initial=done, desc="runs", disable=not progress, file=sys.stderr)
+    if cfg.workers > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(cfg.workers) as pool:
+            for _ in pool.map(_job, todo):
+                bar.update()
+    else:
+        for j in todo:
+            _job(j)
+            bar.update()
+    bar.close()
+    results = [json.loads(p.read_text()) for p in paths]
+    from studies.train_toy_report import write_results
+
+    return write_results(cfg, results)
+
+
+# ---------------------------------------------------------------------------- command line
+
+_FLAGS = {"Ks": "K"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m studies.train_toy", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    doc = _field_docs()
+    for f in dataclasses.fields(TrainToyConfig):
+        flag = "--" + _FLAGS.get(f.name, f.name).replace("_", "-")
+        default = f.default
+        help_ = (doc.get(f.name, "") + " (default: %(default)s)").strip()
+        if isinstance(default, tuple):
+            typ = int if f.name == "Ks" else str
+            p.add_argument(
+                flag, dest=f.name, nargs="+", type=typ, default=list(default), help=help_
+            )
+        else:
+            p.add_argument(flag, dest=f.name, type=type(default), default=default, help=help_)
+    p.add_argument(
+        "--full", action="store_true",
+        help="5 envs, K = 2 and 4 for every setting, 10 seeds, 200 iterations (see docs)",
+    )  # fmt: skip
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="one env, 3 settings, 2 seeds, 20 iterations: a smoke run",
+    )
+    p.add_argument("--fresh", action="store_true", help="discard finished runs in --out first")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _field_docs() -> dict[str, str]:
+    """Per-field docstrings of TrainToyConfig (the string after each field), for --help."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(TrainToyConfig))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    out = {}
+    for a, b in itertools.pairwise(body):
+        if (
+            isinstance(a, ast.AnnAssign)
+            and isinstance(a.target, ast.Name)
+            and isinstance(b, ast.Expr)
+            and isinstance(b.value, ast.Constant)
+        ):
+            out[a.target.id] = " ".join(str(b.value.value).split())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    a = p.parse_args(argv)
+    kw = {f.name: getattr(a, f.name) for f in dataclasses.fields(TrainToyConfig)}
+    given = {arg.split("=")[0] for arg in (argv if argv is not None else sys.argv[1:])}
+    if a.full:
+        full = dict(
+            envs=list(FULL_ENVS), settings=list(FULL_SETTINGS), Ks=[2, 4], seeds=10,
+            iterations=200, out="results/train_toy_full",
+        )  # fmt: skip
+        kw.update({k: v for k, v in full.items() if "--" + _FLAGS.get(k, k) not in given})
+    if a.quick:
+        quick = dict(
+            envs=["tmaze:length=3"], settings=["grpo", "gigpo", "hgpo"], seeds=2,
+            iterations=20, eval_every=10, out="results/train_toy_quick",
+        )  # fmt: skip
+        kw.update({k: v for k, v in quick.items() if "--" + _FLAGS.get(k, k) not in given})
+    for k in ("envs", "settings", "Ks"):
+        kw[k] = tuple(kw[k])
+    try:
+        cfg = TrainToyConfig(**kw)
+    except ValueError as exc:
+        p.error(str(exc))
+    t0 = time.perf_counter()
+    summary = run_study(cfg, progress=not a.no_progress, fresh=a.fresh)
+    print(summary["table"])
+    print()
+    print(summary["orderings_text"])
+    print(
+        f"\nwrote {cfg.out}/ (curves.csv, final.csv, results.json, report.md, *.png) "
+        f"in {time.perf_counter() - t0:.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,356 @@
+"""Writes the train_toy study's results folder: tables, statistical tests, report and plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["compare", "summarise", "write_results"]
+
+CURVE_PLOT_METRICS = (
+    ("success", "rollout success"),
+    ("reward", "mean episode reward"),
+    ("adv_abs", "mean |advantage|"),
+    ("kl", "KL to reference (k3)"),
+    ("clip_frac", "clip fraction"),
+    ("entropy", "policy entropy"),
+)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _label(setting: str, k: int, single_k: int | None) -> str:
+    """A row label: the setting, with its K when it differs from the study's single K."""
+    if "K=" in setting or (single_k is not None and k == single_k):
+        return setting
+    return f"{setting} [K={k}]"
+
+
+def summarise(results: list[dict[str, Any]], default_K: int | None) -> list[dict[str, Any]]:
+    """One row per run: final and mean-over-training success (train, held-out), and more."""
+    rows = []
+    for r in results:
+        ev = r["evals"]
+        tr = np.array([e["train_success"] for e in ev], dtype=np.float64)
+        ho = np.array([e["heldout_success"] for e in ev], dtype=np.float64)
+        last = r["curve"][-1]
+        rows.append(
+            {
+                "env": r["env"],
+                "setting": r["setting"],
+                "label": _label(r["setting"], r["K"], default_K),
+                "estimator": r["estimator"],
+                "K": r["K"],
+                "seed": r["seed"],
+                "start_success": float(tr[0]),
+                "final_train": float(tr[-1]),
+                "final_heldout": float(ho[-1]),
+                # Mean over the evaluations after iteration 0: the area under the learning
+                # curve, i.e. how fast a setting learns, not only where it ends.
+                "auc_train": float(tr[1:].mean()) if tr.size > 1 else float(tr[-1]),
+                "auc_heldout": float(ho[1:].mean()) if ho.size > 1 else float(ho[-1]),
+                "final_reward": float(np.mean([c["reward"] for c in r["curve"][-10:]])),
+                "final_kl": float(last["kl"]),
+                "seconds": float(r["seconds"]),
+            }
+        )
+    return rows
+
+
+def _ci(x: np.ndarray) -> tuple[float, float]:
+    from studies.metrics import mean_ci
+
+    m, lo, hi = mean_ci(x)
+    return m, (hi - lo) / 2 if np.isfinite(hi) else float("nan")
+
+
+def compare(
+    rows: list[dict[str, Any]], metric: str, baseline: str = "hgpo"
+) -> list[dict[str, Any]]:
+    """Welch t-tests (statsmodels) of each label against ``baseline`` per env, Holm-corrected
+    over the labels of that env. Positive ``diff`` = the label beats the baseline."""
+    from statsmodels.stats.multitest import multipletests
+    from statsmodels.stats.weightstats import ttest_ind
+
+    out = []
+    for env in dict.fromkeys(r["env"] for r in rows):
+        sub = [r for r in rows if r["env"] == env]
+        base = np.array([r[metric] for r in sub if r["label"] == baseline], dtype=np.float64)
+        tests = []
+        for label in dict.fromkeys(r["label"] for r in sub):
+            if label == baseline:
+                continue
+            x = np.array([r[metric] for r in sub if r["label"] == label], dtype=np.float64)
+            x, b = x[np.isfinite(x)], base[np.isfinite(base)]
+            if x.size < 2 or b.size < 2:
+                continue
+            if np.ptp(np.concatenate([x, b])) == 0:
+                p = 1.0  # every run scored the same: no difference to test
+            else:
+                p = float(ttest_ind(x, b, usevar="unequal")[1])
+            tests.append({"env": env, "metric": metric, "label": label, "baseline": baseline,
+                          "diff": float(x.mean() - b.mean()), "p": p})  # fmt: skip
+        if tests:
+            adj = multipletests([t["p"] for t in tests], method="holm")[1]
+            for t, q in zip(tests, adj, strict=True):
+                t["p_holm"] = float(q)
+                t["significant"] = bool(q < 0.05)
+        out += tests
+    return out
+
+
+def _cell(rows: list[dict[str, Any]], env: str, label: str, metric: str) -> str:
+    x = np.array([r[metric] for r in rows if r["env"] == env and r["label"] == label])
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return "-"
+    m, h = _ci(x)
+    return f"{100 * m:.1f} ± {100 * h:.1f}" if np.isfinite(h) else f"{100 * m:.1f}"
+
+
+def _md_table(
+    rows: list[dict[str, Any]], labels: list[str], envs: list[str], metrics: tuple[str, ...]
+) -> str:
+    from studies.train_toy import SETTING_NOTES
+
+    heads = [f"{_short(e)} {m.replace('_', ' ')}" for e in envs for m in metrics]
+    lines = ["| setting | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for lab in labels:
+        note = SETTING_NOTES.get(lab.split(" [")[0], "")
+        name = f"{lab} ({note})" if note else lab
+        cells = [_cell(rows, e, lab, m) for e in envs for m in metrics]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _short(env: str) -> str:
+    return env.replace(",", " ").replace(":", " ")
+
+
+def _mean(rows: list[dict[str, Any]], env: str, label: str, metric: str) -> float:
+    x = np.array([r[metric] for r in rows if r["env"] == env and r["label"] == label])
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if x.size else float("nan")
+
+
+def orderings(
+    rows: list[dict[str, Any]], tests: list[dict[str, Any]], metric: str
+) -> list[dict[str, Any]]:
+    """Per env: does each of the paper's orderings hold on ``metric`` (means), and which of its
+    pairwise differences with HGPO are significant (Welch + Holm)?"""
+    sig = {(t["env"], t["label"]): t for t in tests if t["metric"] == metric}
+    out = []
+    for env in dict.fromkeys(r["env"] for r in rows):
+        have = {r["label"] for r in rows if r["env"] == env}
+        m = {lab: _mean(rows, env, lab, metric) for lab in have}
+
+        def s(lab: str, env: str = env) -> str:
+            t = sig.get((env, lab))
+            if not t:
+                return ""
+            return f" (diff {t['diff']:+.3f}, Holm p = {t['p_holm']:.2g})"
+
+        checks = []
+        if {"hgpo", "gigpo", "grpo"} <= have:
+            ok = m["hgpo"] > m["gigpo"] > m["grpo"]
+            checks.append(("HGPO > GiGPO > GRPO", ok,
+                           f"hgpo {m['hgpo']:.3f}, gigpo {m['gigpo']:.3f}{s('gigpo')}, "
+                           f"grpo {m['grpo']:.3f}{s('grpo')}"))  # fmt: skip
+        abl = [a for a in ("oracle", "hgpo-nohog2", "hgpo-uniform") if a in have]
+        if "hgpo" in have and abl:
+            ok = all(m[a] < m["hgpo"] for a in abl)
+            checks.append(("ablations below HGPO", ok,
+                           f"hgpo {m['hgpo']:.3f}; " + ", ".join(f"{a} {m[a]:.3f}{s(a)}" for a in abl)))  # fmt: skip
+        alphas = {0: "hgpo-uniform", 1: "hgpo", 2: "hgpo:alpha=2"}
+        if all(v in have for v in alphas.values()):
+            best = max(alphas, key=lambda a: m[alphas[a]])
+            checks.append(("alpha = 1 best of {0, 1, 2}", best == 1,
+                           ", ".join(f"alpha={a}: {m[lab]:.3f}" for a, lab in alphas.items())))  # fmt: skip
+        for name, ok, detail in checks:
+            out.append({"env": env, "metric": metric, "ordering": name, "holds": bool(ok),
+                        "detail": detail})  # fmt: skip
+    return out
+
+
+def _orderings_text(ords: list[dict[str, Any]]) -> str:
+    lines = []
+    for o in ords:
+        verdict = "holds" if o["holds"] else "does NOT hold"
+        lines.append(
+            f"- {_short(o['env'])} [{o['metric']}]: {o['ordering']} {verdict}: {o['detail']}"
+        )
+    return "\n".join(lines)
+
+
+def _console_table(rows: list[dict[str, Any]], labels: list[str], envs: list[str]) -> str:
+    w = max(len(lab) for lab in labels) + 2
+    head = f"{'setting':<{w}}" + "".join(f"{_short(e)[:26]:>28}" for e in envs)
+    lines = [head, f"{'':<{w}}" + "".join(f"{'final train/held | auc':>28}" for _ in envs)]
+    for lab in labels:
+        cells = []
+        for e in envs:
+            ft = _mean(rows, e, lab, "final_train")
+            fh = _mean(rows, e, lab, "final_heldout")
+            au = _mean(rows, e, lab, "auc_train")
+            fh_s = "  - " if math.isnan(fh) else f"{fh:.2f}"
+            cells.append(
+                f"{ft:>14.2f}/{fh_s:<4} | {au:.2f}" if not math.isnan(ft) else f"{'-':>28}"
+            )
+        lines.append(f"{lab:<{w}}" + "".join(f"{c:>28}" for c in cells))
+    lines.append(
+        "success rates at temperature 0.4; auc = mean training-task success over the evaluations"
+    )
+    return "\n".join(lines)
+
+
+def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
+          labels: list[str], envs: list[str], name: str, title: str) -> None:  # fmt: skip
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from studies.metrics import mean_ci
+
+    if not labels:
+        return
+    label_of = {(r["env"], r["setting"], r["K"], r["seed"]): r["label"] for r in rows}
+    fig, axes = plt.subplots(1, len(envs), figsize=(4.2 * len(envs), 3.4), squeeze=False)
+    for ax, env in zip(axes[0], envs, strict=True):
+        for lab in labels:
+            runs = [r for r in results if r["env"] == env
+                    and label_of[(r["env"], r["setting"], r["K"], r["seed"])] == lab]  # fmt: skip
+            if not runs:
+                continue
+            its = np.array([e["iteration"] for e in runs[0]["evals"]])
+            Y = np.array([[e["train_success"] for e in r["evals"]] for r in runs])
+            ci = np.array([mean_ci(Y[:, j]) for j in range(Y.shape[1])])
+            ax.plot(its, ci[:, 0], label=lab)
+            ax.fill_between(its, ci[:, 1], ci[:, 2], alpha=0.15)
+        ax.set_title(_short(env), fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.set_ylim(-0.02, 1.02)
+    axes[0][0].set_ylabel("train-task success (T = 0.4)")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+
+
+def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
+                  labels: list[str], env: str) -> None:  # fmt: skip
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    label_of = {(r["env"], r["setting"], r["K"], r["seed"]): r["label"] for r in rows}
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6))
+    for ax, (metric, title) in zip(axes.flat, CURVE_PLOT_METRICS, strict=True):
+        for lab in labels:
+            runs = [r for r in results if r["env"] == env
+                    and label_of[(r["env"], r["setting"], r["K"], r["seed"])] == lab]  # fmt: skip
+            if not runs:
+                continue
+            Y = np.array([[c[metric] for c in r["curve"]] for r in runs], dtype=np.float64)
+            ax.plot(np.arange(1, Y.shape[1] + 1), np.nanmean(Y, axis=0), label=lab)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("iteration")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"training metrics (mean over seeds): {_short(env)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "training_metrics.png", dpi=110)
+    plt.close(fig)
+
+
+def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write curves.csv, evals.csv, final.csv, tests.csv, results.json, report.md and plots."""
+    from studies.train_toy import ABLATIONS, SETTING_NOTES
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    default_K = cfg.Ks[0] if len(cfg.Ks) == 1 else None
+    rows = summarise(results, default_K)
+    envs = list(dict.fromkeys(r["env"] for r in rows))
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    curve_rows, eval_rows = [], []
+    for r in results:
+        key = {"env": r["env"], "setting": r["setting"], "K": r["K"], "seed": r["seed"]}
+        curve_rows += [{**key, **c} for c in r["curve"]]
+        eval_rows += [{**key, **e} for e in r["evals"]]
+    _write_csv(out / "curves.csv", curve_rows)
+    _write_csv(out / "evals.csv", eval_rows)
+    _write_csv(out / "final.csv", rows)
+    tests = []
+    for metric in ("auc_train", "final_train", "final_heldout"):
+        tests += compare(rows, metric)
+    _write_csv(out / "tests.csv", tests)
+    ords = orderings(rows, tests, "auc_train") + orderings(rows, tests, "final_train")
+    abl_labels = [lab for lab in labels if lab.split(" [")[0] in ABLATIONS or lab == "hgpo"]
+    main_labels = [lab for lab in labels if lab not in abl_labels or lab == "hgpo"]
+    table = _console_table(rows, labels, envs)
+    orderings_text = _orderings_text(ords)
+    secs = sum(r["seconds"] for r in rows)
+    md = [
+        "# train_toy: do better advantages train better policies?",
+        "",
+        f"Settings: {json.dumps(asdict(cfg))}",
+        "",
+        f"{len(results)} runs, {secs:.0f} s of training in all. Success rates are in percent at "
+        f"temperature {cfg.eval_temperature}, mean ± 95% t-interval half-width over "
+        f"{cfg.seeds} seeds; *final* = after the last iteration, *auc* = mean over the "
+        "evaluations after iteration 0 (how fast a setting learns).",
+        "",
+        "## Table 1: methods (final success, train tasks / held-out tasks)",
+        "",
+        _md_table(rows, main_labels, envs, ("final_train", "final_heldout")),
+        "",
+        "## Learning speed (auc, train tasks)",
+        "",
+        _md_table(rows, labels, envs, ("auc_train",)),
+        "",
+        "## Table 2: ablations",
+        "",
+        _md_table(rows, abl_labels, envs, ("final_train", "auc_train")),
+        "",
+        "## The paper's orderings",
+        "",
+        orderings_text,
+        "",
+        "## Welch t-tests against hgpo (Holm-corrected per environment and metric)",
+        "",
+        "| env | metric | setting | diff | p | p (Holm) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in tests:
+        md.append(
+            f"| {_short(t['env'])} | {t['metric']} | {t['label']} | {t['diff']:+.3f} | "
+            f"{t['p']:.2g} | {t['p_holm']:.2g}{' *' if t['significant'] else ''} |"
+        )
+    md += ["", "Plots: learning_curves.png, ablations.png, training_metrics.png.", ""]
+    (out / "report.md").write_text("\n".join(md))
+    summary = {
+        "config": asdict(cfg), "final": rows, "tests": tests, "orderings": ords,
+        "notes": SETTING_NOTES, "table": table, "orderings_text": orderings_text,
+    }  # fmt: skip
+    (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
+    _plot(results, rows, out, main_labels, envs, "learning_curves.png",
+          "methods: mean ± 95% CI over seeds")  # fmt: skip
+    _plot(results, rows, out, abl_labels, envs, "ablations.png", "ablations of HGPO")
+    _plot_metrics(results, rows, out, main_labels, envs[0])
+    return summary

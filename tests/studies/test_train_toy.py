@@ -1,0 +1,251 @@
+"""studies.train_toy and studies.tabular_ppo: the gradient, the update, the study's bookkeeping."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import toyenvs
+from studies import train_toy as tt
+from studies.tabular_ppo import Adam, PPOSettings, TabularPPO, ValueTable
+from studies.train_toy_report import compare, orderings
+
+
+def _ppo(seed: int = 0, **settings: float) -> tuple[TabularPPO, np.ndarray, np.ndarray]:
+    """A policy with 5 contexts x 4 actions, random logits, and its PPO state."""
+    env = toyenvs.make("tmaze", length=2)
+    pol = toyenvs.TabularPolicy(env, K=1)
+    rng = np.random.default_rng(seed)
+    codes = rng.choice(pol.n_codes, 5, replace=False)
+    pol.index_of(codes)
+    ppo = TabularPPO(pol, PPOSettings(**settings))
+    # the reference = the zero logits at construction; move the policy away from it
+    pol.logits[:] = rng.normal(size=pol.logits.shape)
+    rows = rng.integers(0, 5, size=40)
+    act = rng.integers(0, env.n_actions, size=40)
+    return ppo, rows, act
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_gradient_matches_finite_differences(temperature: float) -> None:
+    """The analytic gradient of clip + dual clip + k3 KL + entropy equals central differences,
+    with old log-probs chosen so that every branch (unclipped, clipped, dual-clipped) occurs."""
+    ppo, rows, act = _ppo(kl_coef=0.3, entropy_coef=0.2)
+    ppo.pol.temperature = temperature
+    rng = np.random.default_rng(1)
+    adv = rng.normal(size=rows.size) * 2
+    lp = ppo.old_log_probs(rows, act)
+    old_lp = lp + rng.choice(
+        [0.0, 0.5, -0.5, 2.0, -2.0], size=rows.size
+    )  # ratios e^0, e^-+0.5, ...
+    loss, grad, figs = ppo.loss_and_grad(rows, act, adv, old_lp)
+    assert 0 < figs["clip_frac"] < 1
+    L = ppo.pol.logits
+    num = np.zeros_like(L)
+    h = 1e-6
+    for i in range(L.shape[0]):
+        for j in range(L.shape[1]):
+            L[i, j] += h
+            up = ppo.loss_and_grad(rows, act, adv, old_lp)[0]
+            L[i, j] -= 2 * h
+            down = ppo.loss_and_grad(rows, act, adv, old_lp)[0]
+            L[i, j] += h
+            num[i, j] = (up - down) / (2 * h)
+    np.testing.assert_allclose(grad, num, atol=1e-6)
+    assert np.isfinite(loss)
+
+
+def test_update_moves_probability_toward_positive_advantage() -> None:
+    ppo, _, _ = _ppo(lr=0.1, entropy_coef=0.0, kl_coef=0.0)
+    ppo.pol.logits[:] = 0.0
+    rows = np.zeros(64, dtype=np.int64)
+    act = np.tile([0, 1], 32)
+    adv = np.where(act == 0, 1.0, -1.0)
+    before = ppo.pol.probs(np.array([0]))[0]
+    ppo.update(rows, act, adv, ppo.old_log_probs(rows, act), np.random.default_rng(0))
+    after = ppo.pol.probs(np.array([0]))[0]
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_update_handles_a_growing_table() -> None:
+    ppo, rows, act = _ppo()
+    ppo.update(
+        rows, act, np.ones(rows.size), ppo.old_log_probs(rows, act), np.random.default_rng(0)
+    )
+    ppo.pol.index_of(np.arange(50))  # new contexts appear, as in a new rollout
+    rows2 = np.arange(ppo.pol.n_contexts)
+    act2 = np.zeros(rows2.size, dtype=np.int64)
+    st = ppo.update(rows2, act2, np.ones(rows2.size), ppo.old_log_probs(rows2, act2),
+                    np.random.default_rng(1))  # fmt: skip
+    assert np.isfinite(st.pg_loss) and ppo.adam.m.shape == ppo.pol.logits.shape
+
+
+def test_non_uniform_init_is_refused() -> None:
+    env = toyenvs.make("tmaze", length=2)
+    with pytest.raises(ValueError, match="init"):
+        TabularPPO(toyenvs.TabularPolicy(env, K=1, init="random"), PPOSettings())
+
+
+def test_adam_first_step_is_lr_times_sign() -> None:
+    x = np.array([1.0, 2.0, 3.0])
+    Adam(0.1).step(x, np.array([5.0, -0.01, 0.0]))
+    np.testing.assert_allclose(x, [0.9, 2.1, 3.0], atol=1e-6)
+
+
+def test_value_table_converges_to_the_mean_target() -> None:
+    env = toyenvs.make("tmaze", length=2)
+    pol = toyenvs.TabularPolicy(env, K=1)
+    pol.index_of(np.array([3, 7]))
+    vt = ValueTable(pol, lr=0.1)
+    ctx = np.array([0, 0, 1, 1])
+    tgt = np.array([1.0, 3.0, -2.0, -2.0])
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        vt.update(ctx, tgt, 1, 1, rng)
+    np.testing.assert_allclose(vt.values(np.array([0, 1])), [2.0, -2.0], atol=1e-2)
+
+
+# ---------------------------------------------------------------------------- runs and study
+
+
+def _cfg(tmp_path: Path, **kw: object) -> tt.TrainToyConfig:
+    base: dict[str, object] = dict(
+        envs=("tmaze:length=2",), settings=("grpo", "hgpo"), seeds=2, iterations=6,
+        eval_every=3, eval_rollouts=8, workers=1, out=str(tmp_path / "out"),
+    )  # fmt: skip
+    base.update(kw)
+    return tt.TrainToyConfig(**base)  # type: ignore[arg-type]
+
+
+def test_run_is_reproducible_and_logs_every_metric(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    run = {"env": "tmaze:length=2", "setting": "hgpo", "K": 2, "seed": 0}
+    a, b = tt.run_one(cfg, run), tt.run_one(cfg, run)
+    assert json.dumps(a["curve"]) == json.dumps(b["curve"])  # NaN != NaN, so compare text
+    assert json.dumps(a["evals"]) == json.dumps(b["evals"])
+    assert [e["iteration"] for e in a["evals"]] == [0, 3, 6]
+    for key in ("success", "reward", "adv_mean", "pg_loss", "kl", "clip_frac", "entropy",
+                "invalid_rate", "util_top"):  # fmt: skip
+        assert np.isfinite(a["curve"][-1][key]), key
+
+
+def test_gae_trains_its_value_table(tmp_path: Path) -> None:
+    """The value table starts at 0 (explains nothing) and comes to explain part of the returns."""
+    cfg = _cfg(tmp_path, iterations=30, eval_every=30)
+    r = tt.run_one(cfg, {"env": "tmaze:length=2", "setting": "gae", "K": 2, "seed": 0})
+    ev = np.array([c["critic_ev"] for c in r["curve"]])
+    assert ev[0] == 0.0 and ev[-5:].mean() > 0.03
+    assert all(np.isfinite(c["critic_loss"]) for c in r["curve"])
+
+
+def test_training_learns_on_a_small_tmaze(tmp_path: Path) -> None:
+    """From the uniform policy (about 10% success) to a clearly better one in 40 iterations."""
+    cfg = _cfg(tmp_path, iterations=40, eval_every=40, eval_rollouts=64, lr=0.05)
+    r = tt.run_one(cfg, {"env": "tmaze:length=2", "setting": "gigpo", "K": 2, "seed": 0})
+    start, end = r["evals"][0]["train_success"], r["evals"][-1]["train_success"]
+    assert end > start + 0.3, (start, end)
+
+
+def test_warm_start_reaches_its_target_and_is_the_reference(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, iterations=1, eval_every=1, eval_rollouts=64, start="0.3",
+               eval_temperature=1.0)  # fmt: skip
+    r = tt.run_one(cfg, {"env": "keydoor:size=4", "setting": "grpo", "K": 2, "seed": 0})
+    assert 0.15 < r["evals"][0]["train_success"] < 0.5
+    assert r["curve"][0]["kl"] < 1e-3  # the first update starts at the reference
+
+
+def test_study_writes_its_folder_and_resumes_without_redoing_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _cfg(tmp_path)
+    s1 = tt.run_study(cfg, progress=False)
+    out = Path(cfg.out)
+    for name in ("curves.csv", "evals.csv", "final.csv", "tests.csv", "results.json",
+                 "report.md", "learning_curves.png", "ablations.png", "training_metrics.png"):  # fmt: skip
+        assert (out / name).is_file(), name
+    runs = sorted((out / "runs").glob("*.json"))
+    assert len(runs) == 4
+    # a killed study: one run missing, one half-written temporary file
+    runs[0].unlink()
+    (out / "runs" / "partial.json.tmp").write_text("{")
+    calls = []
+    real = tt.run_one
+    monkeypatch.setattr(tt, "run_one", lambda c, r: calls.append(r) or real(c, r))
+    s2 = tt.run_study(cfg, progress=False)
+    assert len(calls) == 1
+    assert not list((out / "runs").glob("*.tmp"))
+    strip = [[{k: v for k, v in r.items() if k != "seconds"} for r in s["final"]] for s in (s1, s2)]
+    assert json.dumps(strip[0]) == json.dumps(strip[1])
+    assert "Table 1" in (out / "report.md").read_text()
+
+
+def test_changed_settings_do_not_reuse_old_runs(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, seeds=1, settings=("grpo",))
+    tt.run_study(cfg, progress=False)
+    tt.run_study(_cfg(tmp_path, seeds=1, settings=("grpo",), lr=0.02), progress=False)
+    assert len(list((Path(cfg.out) / "runs").glob("*.json"))) == 2
+
+
+def test_settings_k_and_dedup(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, settings=("hgpo", "hgpo:K=4", "gigpo"), Ks=(2, 4), seeds=1)
+    runs = tt._runs(cfg)
+    keys = {(r["setting"], r["K"]) for r in runs}
+    assert keys == {("hgpo", 2), ("hgpo", 4), ("hgpo:K=4", 4), ("gigpo", 2), ("gigpo", 4)}
+    name, K, ec = tt.parse_setting("hgpo:K=4,alpha=2,base_group=true")
+    assert (name, K, ec.alpha, ec.base_group) == ("hgpo", 4, 2.0, True)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"settings": ("nope",)}, "unknown estimator 'nope'"),
+        ({"settings": ("hgpo:alpah=1",)}, "alpah"),
+        ({"settings": ("hgpo:K=9",)}, "K must be an integer in 0..6"),
+        ({"envs": ("keydoor:size=2",)}, "size"),
+        ({"envs": ("keydoor:start=2",)}, "start"),
+        ({"start": "warm"}, "--start: must be 'uniform' or a success rate"),
+        ({"seeds": 0}, "--seeds: must be an integer >= 1, got 0"),
+        ({"lr": -1.0}, "--lr: must be a positive number, got -1.0"),
+        ({"norm": "std"}, "--norm"),
+        ({"Ks": (7,)}, "--K"),
+    ],
+)
+def test_bad_settings_name_the_field(tmp_path: Path, kw: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _cfg(tmp_path, **kw)
+
+
+def test_cli_rejects_bad_input_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        tt.main(["--settings", "hgpo:alpha=-1", "--out", str(tmp_path / "x")])
+    assert e.value.code == 2
+    assert "alpha" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_quick_run_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "q"
+    assert tt.main(["--quick", "--iterations", "4", "--eval-every", "2", "--workers", "1",
+                    "--no-progress", "--out", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "final train/held" in text and "HGPO > GiGPO > GRPO" in text
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["iterations"] == 4 and len(res["final"]) == 6
+
+
+def test_compare_and_orderings_on_known_numbers() -> None:
+    rows = []
+    for seed in range(6):
+        for label, v in (("hgpo", 0.9), ("gigpo", 0.6), ("grpo", 0.5), ("oracle", 0.89)):
+            rows.append({"env": "e", "label": label, "auc_train": v + 0.01 * (seed % 3)})
+    tests = compare(rows, "auc_train")
+    by = {t["label"]: t for t in tests}
+    assert by["gigpo"]["significant"] and by["grpo"]["significant"]
+    assert not by["oracle"]["significant"] and by["oracle"]["diff"] == pytest.approx(-0.01)
+    ords = {o["ordering"]: o["holds"] for o in orderings(rows, tests, "auc_train")}
+    assert ords == {"HGPO > GiGPO > GRPO": True, "ablations below HGPO": True}
