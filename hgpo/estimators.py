@@ -73,6 +73,26 @@ def step_returns(batch: StepBatch, cfg: EstimatorConfig) -> np.ndarray:
     return R
 
 
+def _episode_units(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarray | None, np.ndarray]:
+    """The members of the episode-level groups and their scores.
+
+    Returns (units, score): with ``episode_pooling="trajectory"`` units = int64[n] the
+    trajectory of each step and score = float64[n_traj] the episode returns; with "steps"
+    units = None and score = float64[n], every step row carrying its trajectory's return
+    (with ``penalty_mode="after_discount"`` less its own penalty, as verl-agent's rows are).
+    """
+    if cfg.penalty_mode == "return":
+        E = episode_returns(batch, penalised_rewards(batch, cfg.invalid_penalty))
+    else:
+        E = episode_returns(batch)
+    if cfg.episode_pooling == "trajectory":
+        return batch.traj_index, E
+    score = E[batch.traj_index]
+    if cfg.penalty_mode == "after_discount" and batch.invalid is not None:
+        score = score - cfg.invalid_penalty * batch.invalid
+    return None, score
+
+
 def _episode_advantage(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarray, np.ndarray]:
     """Eq. (1): the episode return normalised within its rollout group, per step.
 
@@ -82,21 +102,14 @@ def _episode_advantage(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarr
     of the group are pooled (a long trajectory weighs more), as verl-agent's GiGPO code does;
     there, with ``penalty_mode="after_discount"``, a row's score also loses its own penalty.
     """
-    norm = cfg.norm
-    if cfg.penalty_mode == "return":
-        E = episode_returns(batch, penalised_rewards(batch, cfg.invalid_penalty))
-    else:
-        E = episode_returns(batch)
-    g, _ = dense_rank(batch.group)
-    if cfg.episode_pooling == "steps":
-        score = E[batch.traj_index]
-        if cfg.penalty_mode == "after_discount" and batch.invalid is not None:
-            score = score - cfg.invalid_penalty * batch.invalid
-        return normalise(group_by(g), score, norm, cfg.episode_std, cfg.eps, cfg.episode_singleton)
-    per_traj, informative = normalise(
-        group_by(g[batch.traj_start]), E, norm, cfg.episode_std, cfg.eps, cfg.episode_singleton
+    units, score = _episode_units(batch, cfg)
+    g, _ = dense_rank(batch.group if units is None else batch.group[batch.traj_start])
+    vals, informative = normalise(
+        group_by(g), score, cfg.norm, cfg.episode_std, cfg.eps, cfg.episode_singleton
     )
-    return per_traj[batch.traj_index], informative[batch.traj_index]
+    if units is None:
+        return vals, informative
+    return vals[units], informative[units]
 
 
 def _levels(
@@ -157,18 +170,17 @@ def rloo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = Non
     """RLOO: A(tau_i) = R(tau_i) - mean_{j != i} R(tau_j), broadcast to every step.
 
     Equals N/(N-1) (R_i - mean_G R); with ``norm="mean_std"`` it is further divided by
-    (std_G + eps). A group of one trajectory gives 0. Episode pooling is always per trajectory.
+    (std_G + eps). A group of one trajectory gives 0 (``episode_singleton="raw"``: R_i passes
+    through, as verl's code does). With ``episode_pooling="steps"`` every step row is a member
+    (N counts rows), as verl-agent's ``compute_rloo_outcome_advantage`` does.
     """
-    if cfg.penalty_mode == "return":
-        E = episode_returns(batch, penalised_rewards(batch, cfg.invalid_penalty))
-    else:
-        E = episode_returns(batch)
-    g, _ = dense_rank(batch.group[batch.traj_start])
+    units, score = _episode_units(batch, cfg)
+    g, _ = dense_rank(batch.group if units is None else batch.group[batch.traj_start])
     gr = group_by(g)
-    A, _ = normalise(gr, E, cfg.norm, cfg.episode_std, cfg.eps)
+    A, _ = normalise(gr, score, cfg.norm, cfg.episode_std, cfg.eps, cfg.episode_singleton)
     n_g = gr.size_of_row().astype(np.float64)
-    A = np.where(n_g > 1, A * n_g / np.maximum(n_g - 1.0, 1.0), 0.0)
-    return Advantages(A[batch.traj_index], step_returns(batch, cfg))
+    A = np.where(n_g > 1, A * n_g / np.maximum(n_g - 1.0, 1.0), A)
+    return Advantages(A if units is None else A[units], step_returns(batch, cfg))
 
 
 def stepwise(

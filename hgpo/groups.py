@@ -13,6 +13,9 @@ import numpy as np
 
 __all__ = ["Grouping", "dense_rank", "group_by", "normalise"]
 
+# Deviations below _SNAP * (|G| + 1) * spread are rounding residue (4 float64 ulps per member).
+_SNAP = 4.0 * np.finfo(np.float64).eps
+
 
 def dense_rank(values: np.ndarray) -> tuple[np.ndarray, int]:
     """int64 dense ranks of ``values`` (0..m-1, equal values equal ranks) and m.
@@ -134,6 +137,11 @@ def normalise(
     d = xs - np.minimum.reduceat(xs, starts)[seg]
     sum_d = np.add.reduceat(d, starts)
     dev = d - (sum_d / sizes)[seg]
+    # A member at its group's mean in exact arithmetic can keep a rounding residue of about
+    # |G| ulps of the group's spread; snap it to 0 so that "A_k == 0" (zero_rule="value")
+    # means what it means in exact arithmetic and in the reference code.
+    spread = np.maximum.reduceat(d, starts)
+    dev[np.abs(dev) <= (_SNAP * (sizes + 1) * spread)[seg]] = 0.0
     if mode == "mean_std":
         ddof = 0 if std == "population" else 1
         sd = np.sqrt(np.add.reduceat(dev * dev, starts) / (sizes - ddof))

@@ -132,12 +132,11 @@ def ref_levels(b: StepBatch, cfg: EstimatorConfig, K: int):
     return A, keys, sizes
 
 
-def ref_episode(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[float], list[bool]]:
-    """Episode advantage of every step and whether its group gives an estimate."""
+def _episode_units(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[list[int]], list[float]]:
+    """Members of the episode-level groups (lists of rows) and their scores."""
     propagate = cfg.penalty_mode == "return"
     r = _rewards(b, cfg, with_penalty=propagate)
     trajs = _trajectories(b)
-    out, informative = [0.0] * b.n_steps, [False] * b.n_steps
     if cfg.episode_pooling == "steps":
         units = [[i] for rows in trajs for i in rows]  # every step row is a unit
         scores = []
@@ -147,9 +146,14 @@ def ref_episode(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[float], list[b
                 if not propagate and b.invalid is not None and b.invalid[i]:
                     s -= cfg.invalid_penalty
                 scores.append(s)
-    else:
-        units = trajs
-        scores = [_total([r[j] for j in rows]) for rows in trajs]
+        return units, scores
+    return trajs, [_total([r[j] for j in rows]) for rows in trajs]
+
+
+def ref_episode(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[float], list[bool]]:
+    """Episode advantage of every step and whether its group gives an estimate."""
+    units, scores = _episode_units(b, cfg)
+    out, informative = [0.0] * b.n_steps, [False] * b.n_steps
     keys = [int(b.group[u[0]]) for u in units]
     vals = _group_norm(keys, scores, cfg.norm, cfg.episode_std, cfg.eps, cfg.episode_singleton)
     info = _group_informative(keys, scores, cfg.episode_singleton)
@@ -163,17 +167,19 @@ def ref_estimate(name: str, b: StepBatch, cfg: EstimatorConfig) -> list[float]:
     if name == "grpo":
         return ref_episode(b, cfg)[0]
     if name == "rloo":
-        propagate = cfg.penalty_mode == "return"
-        r = _rewards(b, cfg, with_penalty=propagate)
-        trajs = _trajectories(b)
+        units, scores = _episode_units(b, cfg)
         by_group: dict = defaultdict(list)
-        for rows in trajs:
-            by_group[int(b.group[rows[0]])].append(rows)
+        for u, sc in zip(units, scores, strict=True):
+            by_group[int(b.group[u[0]])].append((u, sc))
         out = [0.0] * b.n_steps
         for members in by_group.values():
-            E = [_total([r[i] for i in rows]) for rows in members]
+            E = [sc for _, sc in members]
             n = len(E)
             if n == 1:
+                if cfg.episode_singleton == "raw":
+                    raw = E[0] if cfg.norm == "mean" else E[0] / (1.0 + cfg.eps)
+                    for i in members[0][0]:
+                        out[i] = raw
                 continue
             if cfg.norm == "mean_std":
                 scale = ref_normalise(E, "mean_std", cfg.episode_std, cfg.eps)
@@ -187,7 +193,7 @@ def ref_estimate(name: str, b: StepBatch, cfg: EstimatorConfig) -> list[float]:
                     else 0.0
                     for i in range(n)
                 ]
-            for rows, a in zip(members, adv, strict=False):
+            for (rows, _), a in zip(members, adv, strict=True):
                 for i in rows:
                     out[i] = a
         return out

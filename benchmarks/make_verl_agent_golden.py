@@ -1,0 +1,382 @@
+"""Run the authors' public advantage code next to ``hgpo.reference_config`` and freeze the result.
+
+    python -m benchmarks.make_verl_agent_golden --ref-dir /tmp/vref [--cases 400] [--write]
+
+This is NOT run in CI: it needs torch and a local copy of the public reference functions,
+which this repository does not ship. It checks, on random batches built to hit the edge
+cases (tied and near-tied returns, singleton groups, single-trajectory groups, revisited
+states, invalid actions, trajectories shorter than K, several rollout groups, K = 0..4, both
+modes, with and without HGPO's base group), that ``compute_advantages(name, batch,
+config=reference_config(name, env, ...))`` gives the reference code's numbers, and with
+``--write`` stores a small set of inputs and the reference outputs in
+``tests/hgpo/data/verl_agent_golden.json`` for ``tests/hgpo/test_verl_agent_golden.py``.
+
+Reference code used (read through the public-code search, copied into ``--ref-dir`` only):
+- ``recipe/hgpo/core_hgpo.py`` of zzj1111/alfworldauto at commit
+  51c1a039c38f1af54b09c05b81b76ce52d72c383 (the HGPO authors' recipe for verl-agent), copied
+  whole into ``<ref-dir>/core_hgpo.py``;
+- ``gigpo/core_gigpo.py`` of the same commit (the functions ``compute_step_discounted_returns``,
+  ``compute_gigpo_outcome_advantage``, ``episode_norm_reward``, ``build_step_group``,
+  ``step_norm_reward``, ``to_hashable`` and the helpers they call; the same function bodies
+  are in vanzll/verl-agent at 3038c3b1c78fb75af7e113c74a32ac30d907fb50), into
+  ``<ref-dir>/core_gigpo.py``;
+- ``compute_grpo_outcome_advantage`` and ``compute_rloo_outcome_advantage`` of
+  ``verl/trainer/ppo/core_algos.py`` at the same commit, into ``<ref-dir>/core_algos.py``;
+- ``<ref-dir>/verl/__init__.py``: a stub defining ``DataProto`` (an object with ``.batch`` and
+  ``.non_tensor_batch`` dicts), the only verl name those functions import.
+
+The glue below replays what the authors' trainer (``recipe/hgpo/hgpo_ray_trainer.py``,
+``agent_system/multi_turn_rollout/rollout_loop.py``, ``agent_system/reward_manager/episode.py``)
+does before calling them: step returns from the env rewards (float32), the episode reward
+(float32 running sum over the steps) written at the last response token of every step row,
+then ``apply_invalid_action_penalty`` subtracting 0.1 x invalid from that token and from the
+step return, then the estimator. Each step row has a random response length.
+
+Each case is run twice: as published (float32) and with float32 replaced by float64 in the
+copied modules (``--ref-dir`` source is rewritten in memory; torch's default dtype set to
+float64). The float64 run separates semantics from float32 rounding. Rows are classed:
+- ``exact``: our value equals the float64 run to 1e-9 and the float32 run to 1e-6 x max(1, |a|);
+- ``f32``: equal to the float64 run but not to the float32 one: the float32 code itself is
+  off there (a tied group whose float32 mean is not the tied value, or a near-tie such as
+  1.0 vs 1.0001 that float32 cannot resolve); listed with their cause;
+- ``mismatch``: differs from the float64 run too: a semantic difference (reported, and the
+  script exits 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import types
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hgpo import StepBatch, compute_advantages, reference_config
+
+GOLDEN = (
+    Path(__file__).resolve().parent.parent / "tests" / "hgpo" / "data" / "verl_agent_golden.json"
+)
+REF_COMMIT = "zzj1111/alfworldauto@51c1a039c38f1af54b09c05b81b76ce52d72c383"
+# Rewards that make tied and near-tied returns (1.0 vs 1.0001), 0.1 sums that round, and the
+# ALFWorld success reward.
+REWARDS = np.array([0.0, 0.0, 0.0, 0.0, 1.0, 1.0001, 0.1, 10.0, -0.5])
+MODES = {"alfworld": "mean_std_norm", "webshop": "mean_norm"}
+# Agreement thresholds, relative to max(1, |advantage|): float32 rounding of returns up to 10
+# and of a normalisation stays within a few 1e-7; the float64 run's own residues (a tied
+# group's mean off by an ulp, divided by std + 1e-6) stay below 1e-8.
+F32_TOL = 1e-6
+F64_TOL = 1e-7
+CLASSES = ("both", "float64 only", "float32 only", "neither")
+
+
+def load_reference(ref_dir: Path, float64: bool) -> dict[str, types.ModuleType]:
+    """Import the copied reference modules (optionally with float32 -> float64)."""
+    sys.path.insert(0, str(ref_dir))  # for the verl stub
+    mods = {}
+    for name in ("core_hgpo", "core_gigpo", "core_algos"):
+        src = (ref_dir / f"{name}.py").read_text()
+        if float64:
+            src = src.replace("float32", "float64")
+        mod = types.ModuleType(f"ref_{name}_{'f64' if float64 else 'f32'}")
+        exec(compile(src, str(ref_dir / f"{name}.py"), "exec"), mod.__dict__)
+        mods[name] = mod
+    return mods
+
+
+def random_case(rng: np.random.Generator, estimator: str) -> dict[str, Any]:
+    """Inputs of one case: a batch plus the estimator settings."""
+    n_groups = int(rng.integers(1, 5))
+    n_states = int(rng.integers(2, 5))
+    group, traj, step, reward, state, invalid, resp_len = [], [], [], [], [], [], []
+    tid = 0
+    for g in rng.choice(100, n_groups, replace=False):
+        for _ in range(int(rng.integers(1, 7))):
+            T = int(rng.integers(1, 10))
+            group += [int(g)] * T
+            traj += [tid] * T
+            step += list(range(T))
+            r = rng.choice(REWARDS, T, p=[0.2, 0.2, 0.15, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05])
+            if rng.random() < 0.4:
+                r[-1] = 10.0  # success at the last step
+            reward += [float(x) for x in r]
+            state += [int(s) for s in rng.integers(0, n_states, T)]
+            invalid += [bool(x) for x in rng.random(T) < 0.2]
+            resp_len += [int(x) for x in rng.integers(1, 5, T)]
+            tid += 1
+    env = str(rng.choice(["alfworld", "webshop"]))
+    return dict(
+        estimator=estimator,
+        env=env,
+        K=int(rng.integers(0, 5)),
+        gamma=float(rng.choice([0.95, 0.95, 1.0, 0.5])),
+        alpha=float(rng.choice([1.0, 1.0, 0.0, 2.0, 0.5])),
+        base_group=bool(rng.random() < 0.5) if estimator == "hgpo" else False,
+        group=group,
+        traj=traj,
+        step=step,
+        reward=reward,
+        state=state,
+        invalid=invalid,
+        resp_len=resp_len,
+    )
+
+
+def run_reference(
+    case: dict[str, Any], mods: dict[str, types.ModuleType], float64: bool
+) -> np.ndarray:
+    """The reference pipeline on one case; returns the per-step advantage."""
+    import torch
+
+    fdt = torch.float64 if float64 else torch.float32
+    ndt = np.float64 if float64 else np.float32
+    torch.set_default_dtype(fdt)
+    n = len(case["group"])
+    L = max(case["resp_len"])
+    rewards = np.asarray(case["reward"], dtype=ndt)
+    traj = np.asarray(case["traj"])
+    # The rollout loop's uids are strings; ours are ints. Strings keep np.unique's order
+    # irrelevant (nothing depends on it) and exercise to_hashable on str observations.
+    uid = np.array([f"g{g}" for g in case["group"]], dtype=object)
+    traj_uid = np.array([f"t{t:04d}" for t in case["traj"]], dtype=object)
+    anchor_obs = np.array([f"obs {s}" for s in case["state"]], dtype=object)
+    invalid = np.asarray(case["invalid"], dtype=bool)
+    resp_len = np.asarray(case["resp_len"])
+    response_mask = torch.zeros((n, L), dtype=fdt)
+    for i, m in enumerate(resp_len):
+        response_mask[i, :m] = 1.0
+    dp = mods["core_hgpo"].DataProto
+    batch = dp(
+        batch={"input_ids": torch.zeros((n, 1), dtype=torch.long)},
+        non_tensor_batch={
+            "rewards": rewards,
+            "traj_uid": traj_uid,
+            "active_masks": np.ones(n, dtype=bool),
+        },
+    )
+    est = case["estimator"]
+    core = mods["core_hgpo"] if est == "hgpo" else mods["core_gigpo"]
+    with redirect_stdout(io.StringIO()):
+        step_rewards = core.compute_step_discounted_returns(batch=batch, gamma=case["gamma"])
+    # rollout_loop: episode_rewards accumulated step by step in float32 (float64 run: f64).
+    episode = {}
+    for t, r in zip(traj, rewards, strict=True):
+        episode[t] = ndt(episode.get(t, ndt(0.0)) + r)
+    # reward_manager/episode.py: the episode reward at the last valid response token.
+    scores = torch.zeros((n, L), dtype=fdt)
+    for i in range(n):
+        scores[i, resp_len[i] - 1] = torch.tensor(episode[traj[i]], dtype=fdt)
+    # hgpo_ray_trainer.apply_invalid_action_penalty, coefficient 0.1.
+    for i in range(n):
+        inv = torch.tensor(1 - np.float32(not invalid[i]), dtype=fdt)
+        scores[i, resp_len[i] - 1] -= 0.1 * inv
+        step_rewards[i] -= 0.1 * inv
+    mode = MODES[case["env"]]
+    with redirect_stdout(io.StringIO()):
+        if est == "hgpo":
+            adv, _ = core.compute_hgpo_outcome_advantage(
+                token_level_rewards=scores,
+                step_rewards=step_rewards,
+                response_mask=response_mask,
+                anchor_obs=anchor_obs,
+                index=uid,
+                traj_index=traj_uid,
+                history_length=case["K"],
+                mode=mode,
+                length_weight_alpha=case["alpha"],
+                base_group=case["base_group"],
+            )
+        elif est == "gigpo":
+            adv, _ = core.compute_gigpo_outcome_advantage(
+                token_level_rewards=scores,
+                step_rewards=step_rewards,
+                response_mask=response_mask,
+                anchor_obs=anchor_obs,
+                index=uid,
+                traj_index=traj_uid,
+                step_advantage_w=1.0,
+                mode=mode,
+            )
+        elif est == "grpo":
+            adv, _ = mods["core_algos"].compute_grpo_outcome_advantage(
+                token_level_rewards=scores,
+                response_mask=response_mask,
+                index=uid,
+                traj_index=traj_uid,
+                norm_adv_by_std_in_grpo=(mode == "mean_std_norm"),
+            )
+        elif est == "rloo":
+            adv, _ = mods["core_algos"].compute_rloo_outcome_advantage(
+                token_level_rewards=scores,
+                response_mask=response_mask,
+                index=uid,
+                traj_index=traj_uid,
+            )
+        else:
+            raise ValueError(est)
+    torch.set_default_dtype(torch.float32)
+    return adv[:, 0].double().numpy()  # every row has >= 1 response token
+
+
+def _batch(case: dict[str, Any]) -> StepBatch:
+    return StepBatch(
+        group=np.asarray(case["group"]),
+        traj=np.asarray(case["traj"]),
+        step=np.asarray(case["step"]),
+        reward=np.asarray(case["reward"], dtype=np.float64),
+        state=np.asarray(case["state"]),
+        invalid=np.asarray(case["invalid"], dtype=bool),
+    )
+
+
+def ours(case: dict[str, Any]) -> np.ndarray:
+    """``compute_advantages`` with the reference preset on the same case."""
+    batch = _batch(case)
+    est = case["estimator"]
+    opts: dict[str, Any] = dict(K=case["K"], gamma=case["gamma"])
+    if est == "hgpo":
+        opts.update(alpha=case["alpha"], base_group=case["base_group"])
+    cfg = reference_config(est, env=case["env"], **opts)
+    return compute_advantages(est, batch, config=cfg).advantages
+
+
+def rounding_decided(case: dict[str, Any]) -> np.ndarray:
+    """bool[n]: rows where float rounding alone decides hgpo's "A_k == 0" test
+    (zero_rule="value"): some level gives the step exactly 0 in our exact-tie arithmetic
+    although its group has >= 2 members (a tied group, or the step sits at its group's
+    mean), so a run of the reference code that leaves an ulp of residue there counts the level
+    and one that does not leaves it out. The only rows where our preset may differ from a
+    run of the reference code by more than that run's rounding."""
+    n = len(case["group"])
+    if case["estimator"] != "hgpo":
+        return np.zeros(n, dtype=bool)
+    batch = _batch(case)
+    cfg = reference_config(
+        "hgpo",
+        env=case["env"],
+        K=case["K"],
+        gamma=case["gamma"],
+        alpha=case["alpha"],
+        base_group=case["base_group"],
+    )
+    out = compute_advantages("hgpo", batch, config=cfg)
+    sizes = []
+    for ids in out.level_groups[: case["K"] + 1]:
+        counts = np.bincount(ids[ids >= 0], minlength=1)
+        sizes.append(np.where(ids >= 0, counts[np.maximum(ids, 0)], 0))
+    if case["base_group"]:
+        _, inv, counts = np.unique(batch.group, return_inverse=True, return_counts=True)
+        sizes.append(counts[inv])
+    return ((out.level_advantages == 0) & (np.stack(sizes) >= 2)).any(axis=0)
+
+
+def classify(a: np.ndarray, f32: np.ndarray, f64: np.ndarray) -> np.ndarray:
+    """Per row: 0 equal to both runs, 1 to the float64 run only, 2 to the float32 run only,
+    3 to neither (a semantic mismatch)."""
+    ok64 = np.abs(a - f64) <= F64_TOL * np.maximum(1.0, np.abs(a))
+    ok32 = np.abs(a - f32) <= F32_TOL * np.maximum(1.0, np.abs(a))
+    return np.where(ok64 & ok32, 0, np.where(ok64, 1, np.where(ok32, 2, 3)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--ref-dir", type=Path, required=True, help="folder with the copied reference modules"
+    )
+    p.add_argument("--cases", type=int, default=400, help="random cases per estimator")
+    p.add_argument("--estimators", nargs="+", default=["hgpo", "gigpo", "grpo", "rloo"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")
+    p.add_argument("--golden-cases", type=int, default=12, help="cases per estimator in the file")
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    ref32 = load_reference(args.ref_dir, float64=False)
+    ref64 = load_reference(args.ref_dir, float64=True)
+    rng = np.random.default_rng(args.seed)
+    golden: list[dict[str, Any]] = []
+    status = 0
+    for est in args.estimators:
+        counts = np.zeros(4, dtype=np.int64)
+        worst = np.zeros(3)  # max |ours - f32| on "both" rows, on "float64 only" rows; |ours - f64|
+        bad_cases: list[tuple[int, int]] = []
+        first_bad: dict[str, Any] | None = None
+        for c in range(args.cases):
+            case = random_case(rng, est)
+            a = ours(case)
+            f32 = run_reference(case, ref32, float64=False)
+            f64 = run_reference(case, ref64, float64=True)
+            cls = classify(a, f32, f64)
+            counts += np.bincount(cls, minlength=4)
+            d32, d64 = np.abs(a - f32), np.abs(a - f64)
+            worst = np.maximum(
+                worst,
+                [
+                    d32[cls == 0].max(initial=0.0),
+                    d32[cls == 1].max(initial=0.0),
+                    d64[cls <= 1].max(initial=0.0),
+                ],
+            )
+            unexplained = (cls >= 2) & ~rounding_decided(case)
+            if unexplained.any():
+                bad_cases.append((c, int(unexplained.sum())))
+                if first_bad is None:
+                    i = int(np.flatnonzero(unexplained)[0])
+                    first_bad = dict(
+                        case=c,
+                        row=i,
+                        ours=a[i],
+                        f64=f64[i],
+                        f32=f32[i],
+                        **{k: case[k] for k in ("env", "K", "gamma", "alpha", "base_group")},
+                    )
+            # The file keeps the first cases and every case where a row is not "both".
+            if args.write and (c < args.golden_cases or (cls >= 2).any()):
+                golden.append(
+                    {
+                        **case,
+                        "reference_f32": [float(np.float32(x)) for x in f32],
+                        "reference_f64": f64.tolist(),
+                        "classes": np.bincount(cls, minlength=4).tolist(),
+                    }
+                )
+        shares = ", ".join(f"{name} {n}" for name, n in zip(CLASSES, counts, strict=True))
+        print(
+            f"{est:<6} {args.cases} cases, {counts.sum()} rows; ours equals: {shares}"
+            + (f"; UNEXPLAINED in {len(bad_cases)} cases, first: {first_bad}" if bad_cases else "")
+        )
+        print(
+            f"       max |ours - f32|: {worst[0]:.2g} where both agree, {worst[1]:.2g} where only"
+            f" the float64 run agrees; max |ours - f64| on those rows: {worst[2]:.2g}"
+        )
+        if bad_cases:
+            status = 1
+    if args.write:
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "about": (
+                "Inputs and the outputs of the authors' public advantage code (verl-agent "
+                "recipe/hgpo/core_hgpo.py, gigpo/core_gigpo.py, verl core_algos grpo/rloo) "
+                "made by benchmarks/make_verl_agent_golden.py; reference_f32 as published "
+                "(float32), reference_f64 the same code with float32 replaced by float64."
+            ),
+            "reference": REF_COMMIT,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "seed": args.seed,
+            "cases": golden,
+        }
+        GOLDEN.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+        print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size / 1024:.0f} KiB, {len(golden)} cases)")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
