@@ -17,9 +17,10 @@ from tests.hgpo.strategies import configs, step_batches
 GROUP_ESTIMATORS = [name for name in ESTIMATORS if name != "gae"]
 
 
-@pytest.mark.parametrize("name", GROUP_ESTIMATORS)
+@pytest.mark.parametrize("estimator", GROUP_ESTIMATORS)
 @given(batch=step_batches(), cfg=configs())
-def test_fast_equals_reference(name, batch, cfg):
+def test_fast_equals_reference(estimator, batch, cfg):
+    name = estimator
     out = compute_advantages(name, batch, cfg)
     fast = out.advantages
     ref = np.asarray(ref_estimate(name, batch, cfg))
