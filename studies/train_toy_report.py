@@ -79,10 +79,11 @@ def _ci(x: np.ndarray) -> tuple[float, float]:
 
 
 def compare(
-    rows: list[dict[str, Any]], metric: str, baseline: str = "hgpo"
+    rows: list[dict[str, Any]], metric: str, baseline: str = "hgpo", suffix: str = ""
 ) -> list[dict[str, Any]]:
     """Welch t-tests (statsmodels) of each label against ``baseline`` per env, Holm-corrected
-    over the labels of that env. Positive ``diff`` = the label beats the baseline."""
+    over the labels of that env. Positive ``diff`` = the label beats the baseline. With
+    ``suffix`` (e.g. ":norm=mean") only labels ending in it are compared."""
     from statsmodels.stats.multitest import multipletests
     from statsmodels.stats.weightstats import ttest_ind
 
@@ -92,7 +93,7 @@ def compare(
         base = np.array([r[metric] for r in sub if r["label"] == baseline], dtype=np.float64)
         tests = []
         for label in dict.fromkeys(r["label"] for r in sub):
-            if label == baseline:
+            if label == baseline or (suffix and not label.endswith(suffix)):
                 continue
             x = np.array([r[metric] for r in sub if r["label"] == label], dtype=np.float64)
             x, b = x[np.isfinite(x)], base[np.isfinite(base)]
@@ -152,24 +153,26 @@ def orderings(
 ) -> list[dict[str, Any]]:
     """Per env: does each of the paper's orderings hold on ``metric`` (means), and which of its
     pairwise differences with HGPO are significant (Welch + Holm)?"""
-    sig = {(t["env"], t["label"]): t for t in tests if t["metric"] == metric}
+    sig = {(t["env"], t["label"], t["baseline"]): t for t in tests if t["metric"] == metric}
     out = []
     for env in dict.fromkeys(r["env"] for r in rows):
         have = {r["label"] for r in rows if r["env"] == env}
         m = {lab: _mean(rows, env, lab, metric) for lab in have}
 
         def s(lab: str, env: str = env) -> str:
-            t = sig.get((env, lab))
+            base = "hgpo:norm=mean" if lab.endswith(":norm=mean") else "hgpo"
+            t = sig.get((env, lab, base))
             if not t:
                 return ""
             return f" (diff {t['diff']:+.3f}, Holm p = {t['p_holm']:.2g})"
 
         checks = []
-        if {"hgpo", "gigpo", "grpo"} <= have:
-            ok = m["hgpo"] > m["gigpo"] > m["grpo"]
-            checks.append(("HGPO > GiGPO > GRPO", ok,
-                           f"hgpo {m['hgpo']:.3f}, gigpo {m['gigpo']:.3f}{s('gigpo')}, "
-                           f"grpo {m['grpo']:.3f}{s('grpo')}"))  # fmt: skip
+        for sfx in ("", ":norm=mean"):
+            h, gi, gr = "hgpo" + sfx, "gigpo" + sfx, "grpo" + sfx
+            if {h, gi, gr} <= have:
+                checks.append((f"HGPO > GiGPO > GRPO{' (norm=mean)' if sfx else ''}",
+                               m[h] > m[gi] > m[gr],
+                               f"{h} {m[h]:.3f}, {gi} {m[gi]:.3f}{s(gi)}, {gr} {m[gr]:.3f}{s(gr)}"))  # fmt: skip
         abl = [a for a in ("oracle", "hgpo-nohog2", "hgpo-uniform") if a in have]
         if "hgpo" in have and abl:
             ok = all(m[a] < m["hgpo"] for a in abl)
@@ -299,8 +302,10 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     tests = []
     for metric in ("auc_train", "final_train", "final_heldout"):
         tests += compare(rows, metric)
+        tests += compare(rows, metric, "hgpo:norm=mean", ":norm=mean")
     _write_csv(out / "tests.csv", tests)
-    ords = orderings(rows, tests, "auc_train") + orderings(rows, tests, "final_train")
+    ords_auc = orderings(rows, tests, "auc_train")
+    ords = ords_auc + orderings(rows, tests, "final_train")
     abl_labels = [lab for lab in labels if lab.split(" [")[0] in ABLATIONS or lab == "hgpo"]
     main_labels = [lab for lab in labels if lab not in abl_labels or lab == "hgpo"]
     table = _console_table(rows, labels, envs)
@@ -332,14 +337,15 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
         "",
         orderings_text,
         "",
-        "## Welch t-tests against hgpo (Holm-corrected per environment and metric)",
+        "## Welch t-tests against hgpo (the :norm=mean settings against hgpo:norm=mean), "
+        "Holm-corrected per environment, metric and baseline",
         "",
-        "| env | metric | setting | diff | p | p (Holm) |",
-        "|---|---|---|---|---|---|",
+        "| env | metric | setting | baseline | diff | p | p (Holm) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for t in tests:
         md.append(
-            f"| {_short(t['env'])} | {t['metric']} | {t['label']} | {t['diff']:+.3f} | "
+            f"| {_short(t['env'])} | {t['metric']} | {t['label']} | {t['baseline']} | {t['diff']:+.3f} | "
             f"{t['p']:.2g} | {t['p_holm']:.2g}{' *' if t['significant'] else ''} |"
         )
     md += ["", "Plots: learning_curves.png, ablations.png, training_metrics.png.", ""]
@@ -347,6 +353,7 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     summary = {
         "config": asdict(cfg), "final": rows, "tests": tests, "orderings": ords,
         "notes": SETTING_NOTES, "table": table, "orderings_text": orderings_text,
+        "orderings_text_auc": _orderings_text(ords_auc),
     }  # fmt: skip
     (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
     _plot(results, rows, out, main_labels, envs, "learning_curves.png",
