@@ -232,7 +232,7 @@ def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
     if not labels:
         return
     label_of = {(r["env"], r["setting"], r["K"], r["seed"]): r["label"] for r in rows}
-    fig, axes = plt.subplots(1, len(envs), figsize=(4.2 * len(envs), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(envs), figsize=(4.2 * len(envs), 3.8), squeeze=False)
     for ax, env in zip(axes[0], envs, strict=True):
         for lab in labels:
             runs = [r for r in results if r["env"] == env
@@ -248,9 +248,10 @@ def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
         ax.set_xlabel("iteration")
         ax.set_ylim(-0.02, 1.02)
     axes[0][0].set_ylabel("train-task success (T = 0.4)")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 7), fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06 * (1 + (len(names) - 1) // 7), 1, 1))
     fig.savefig(out / name, dpi=110)
     plt.close(fig)
 
