@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from dataclasses import asdict
@@ -11,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from studies.io import write_csv
+
 __all__ = ["write_results"]
 
 
@@ -18,17 +19,6 @@ def _fmt(x: Any, nd: int = 3) -> str:
     if isinstance(x, float):
         return "nan" if math.isnan(x) else f"{x:.{nd}g}" if abs(x) >= 1e-3 or x == 0 else f"{x:.2e}"
     return str(x)
-
-
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    cols: list[str] = []
-    for r in rows:
-        cols += [c for c in r if c not in cols]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -202,8 +192,8 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [r for res in results for r in res["rows"]]
     levels = [r for res in results for r in res["levels"]]
     props = [res["prop41"] for res in results]
-    _write_csv(out / "results.csv", rows)
-    _write_csv(out / "levels.csv", levels)
+    write_csv(out / "results.csv", rows)
+    write_csv(out / "levels.csv", levels)
     settings = asdict(cfg)
     tmp = out / "results.json.tmp"
     tmp.write_text(

@@ -24,9 +24,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import os
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -34,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from studies.io import atomic_write_json
 
 __all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
 
@@ -386,23 +386,9 @@ def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the study
 
 
-def _atomic_write_json(path: Path, obj: Any) -> None:
-    """Write JSON to a temporary file in the same folder, fsync, then rename over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, allow_nan=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _job(args: tuple[TrainToyConfig, dict[str, Any], str]) -> str:
     cfg, run, path = args
-    _atomic_write_json(Path(path), run_one(cfg, run))
+    atomic_write_json(Path(path), run_one(cfg, run))
     return path
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from dataclasses import asdict
@@ -10,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from studies.io import write_csv
 
 __all__ = ["compare", "summarise", "write_results"]
 
@@ -21,16 +22,6 @@ CURVE_PLOT_METRICS = (
     ("clip_frac", "clip fraction"),
     ("entropy", "policy entropy"),
 )
-
-
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    cols: list[str] = []
-    for r in rows:
-        cols += [c for c in r if c not in cols]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
 
 
 def _label(setting: str, k: int, single_k: int | None) -> str:
@@ -297,14 +288,14 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
         key = {"env": r["env"], "setting": r["setting"], "K": r["K"], "seed": r["seed"]}
         curve_rows += [{**key, **c} for c in r["curve"]]
         eval_rows += [{**key, **e} for e in r["evals"]]
-    _write_csv(out / "curves.csv", curve_rows)
-    _write_csv(out / "evals.csv", eval_rows)
-    _write_csv(out / "final.csv", rows)
+    write_csv(out / "curves.csv", curve_rows)
+    write_csv(out / "evals.csv", eval_rows)
+    write_csv(out / "final.csv", rows)
     tests = []
     for metric in ("auc_train", "final_train", "final_heldout"):
         tests += compare(rows, metric)
         tests += compare(rows, metric, "hgpo:norm=mean", ":norm=mean")
-    _write_csv(out / "tests.csv", tests)
+    write_csv(out / "tests.csv", tests)
     ords_auc = orderings(rows, tests, "auc_train")
     ords = ords_auc + orderings(rows, tests, "final_train")
     abl_labels = [lab for lab in labels if lab.split(" [")[0] in ABLATIONS or lab == "hgpo"]

@@ -1,0 +1,41 @@
+"""Small file helpers shared by the studies: CSV tables and atomic JSON writes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_write_json", "write_csv"]
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Rows of dicts as CSV; the columns are the union of the keys, in first-seen order, and
+    list values are written as JSON."""
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    with Path(path).open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Write JSON to a temporary file in the same folder, fsync, then rename over ``path``: a
+    kill leaves either the old file or the new one, never half of one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, allow_nan=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
