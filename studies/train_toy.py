@@ -45,7 +45,7 @@ DEFAULT_ENVS = (
 )
 FULL_ENVS = (
     *DEFAULT_ENVS,
-    "household:n_rooms=1,receptacles_per_room=5,n_tasks=8,horizon=12,start=0.03",
+    "household:n_rooms=1,receptacles_per_room=5,n_tasks=8,horizon=12,start=0.005",
     "random:n_states=30,aliasing=0.7,n_tasks=8",
 )
 MAIN_SETTINGS = ("grpo", "rloo", "gigpo", "hgpo", "hgpo:base_group=true")
