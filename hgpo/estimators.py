@@ -15,8 +15,8 @@ import numpy as np
 
 from hgpo.batch import StepBatch
 from hgpo.config import EstimatorConfig
-from hgpo.groups import Grouping, dense_rank, group_by, normalise
-from hgpo.keys import context_groupings
+from hgpo.groups import dense_rank, group_by, normalise
+from hgpo.keys import Hierarchy, hierarchy
 from hgpo.returns import discounted_returns, episode_returns, penalised_rewards
 
 __all__ = [
@@ -61,6 +61,8 @@ class Advantages:
 
 
 # --------------------------------------------------------------------------- shared pieces
+
+_BLOCK = 1 << 14  # columns per block of the (L, n) arithmetic of Eq. (7)
 
 
 def step_returns(batch: StepBatch, cfg: EstimatorConfig) -> np.ndarray:
@@ -112,41 +114,53 @@ def _episode_advantage(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarr
     return vals[units], informative[units]
 
 
-def _levels(
-    batch: StepBatch, cfg: EstimatorConfig, R: np.ndarray, K: int
-) -> tuple[np.ndarray, np.ndarray, list[Grouping], np.ndarray]:
-    """A_k of Eq. (6) for k = 0..K: R_t normalised within G_k (Eq. 4).
-
-    Returns (A float64[K+1, n], informative bool[K+1, n], groupings, keys int64[K+1, n]).
-    """
-    groupings = context_groupings(batch, K, include_actions=cfg.include_actions, early=cfg.early)
-    keys = np.stack([gr.ids for gr in groupings])
-    pairs = [normalise(gr, R, cfg.norm, cfg.std, cfg.eps) for gr in groupings]
-    A = np.stack([p[0] for p in pairs])
-    informative = np.stack([p[1] for p in pairs])
-    return A, informative, groupings, keys
+def _levels(batch: StepBatch, cfg: EstimatorConfig, R: np.ndarray, K: int) -> Hierarchy:
+    """G_k (Eq. 4) and A_k of Eq. (6) for k = 0..K: R_t normalised within G_k."""
+    return hierarchy(
+        batch,
+        K,
+        R,
+        include_actions=cfg.include_actions,
+        early=cfg.early,
+        norm=cfg.norm,
+        std=cfg.std,
+        eps=cfg.eps,
+    )
 
 
 def _level_diagnostics(
-    names: list[str], groupings: list[Grouping | None], n: int, weights: np.ndarray | None = None
+    names: list[str],
+    levels: list[tuple[int, np.ndarray] | None],
+    n: int,
+    mean_w: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Per level: groups, mean size, utilisation (share of all steps whose group has >= 2
-    members), share of steps left out, the group-size histogram, and the mean weight used."""
+    members), share of steps left out, the group-size histogram, and the mean weight used.
+
+    levels: per level (n_groups, step_size_hist) with step_size_hist[s] the number of steps
+        whose group has s members, or None for a level that is not a grouping.
+    mean_w: float64[L] the mean over steps of each level's weight in Eq. (7), or None.
+    """
     out: dict[str, Any] = {"levels": []}
-    for j, (name, gr) in enumerate(zip(names, groupings, strict=True)):
+    for j, (name, level) in enumerate(zip(names, levels, strict=True)):
         d: dict[str, Any] = {"level": name}
-        if gr is not None:
-            member_sizes = gr.sizes
-            d["n_groups"] = gr.n_groups
-            d["mean_group_size"] = float(member_sizes.mean()) if gr.n_groups else 0.0
-            d["utilisation"] = float(member_sizes[member_sizes >= 2].sum() / n)
-            d["left_out"] = float(1.0 - member_sizes.sum() / n)
-            # histogram over steps: hist[s] = number of steps whose group has size s
-            d["step_size_hist"] = np.bincount(member_sizes, weights=member_sizes).astype(np.int64)
-        if weights is not None:
-            d["mean_weight"] = float(weights[j].mean())
+        if level is not None:
+            n_groups, hist = level
+            hist = np.trim_zeros(hist, "b")
+            members = int(hist.sum())
+            d["n_groups"] = int(n_groups)
+            d["mean_group_size"] = members / n_groups if n_groups else 0.0
+            d["utilisation"] = float((members - (hist[1] if hist.size > 1 else 0)) / n)
+            d["left_out"] = float(1.0 - members / n)
+            d["step_size_hist"] = hist
+        if mean_w is not None:
+            d["mean_weight"] = float(mean_w[j])
         out["levels"].append(d)
     return out
+
+
+def _levels_of(h: Hierarchy) -> list[tuple[int, np.ndarray] | None]:
+    return [(int(g), hist) for g, hist in zip(h.n_groups, h.step_size_hist, strict=True)]
 
 
 def level_weights(cfg: EstimatorConfig, n_levels: int) -> np.ndarray:
@@ -189,8 +203,11 @@ def stepwise(
     """Step-level advantage, Eq. (2): R_t normalised within G_0, the steps of the same rollout
     group with the same current state. Singleton or tied groups give 0."""
     R = step_returns(batch, cfg)
-    A, _, grs, keys = _levels(batch, cfg, R, 0)
-    return Advantages(A[0], R, A, keys, ("0",), _level_diagnostics(["0"], grs, batch.n_steps))
+    h = _levels(batch, cfg, R, 0)
+    A = h.advantages
+    return Advantages(
+        A[0], R, A, h.ids, ("0",), _level_diagnostics(["0"], _levels_of(h), batch.n_steps)
+    )
 
 
 def gigpo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None) -> Advantages:
@@ -199,15 +216,16 @@ def gigpo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = No
     Both terms use ``cfg.norm``; the episode term ``cfg.episode_std``, the step term ``cfg.std``.
     """
     R = step_returns(batch, cfg)
-    A, _, grs, keys = _levels(batch, cfg, R, 0)
+    h = _levels(batch, cfg, R, 0)
+    A0 = h.advantages[0]
     ep, _ = _episode_advantage(batch, cfg)
     return Advantages(
-        ep + cfg.omega * A[0],
+        ep + cfg.omega * A0,
         R,
-        np.stack([A[0], ep]),
-        np.stack([keys[0], np.full_like(keys[0], -1)]),
+        np.stack([A0, ep]),
+        np.stack([h.ids[0], np.full_like(h.ids[0], -1)]),
         ("0", "episode"),
-        _level_diagnostics(["0", "episode"], [grs[0], None], batch.n_steps),
+        _level_diagnostics(["0", "episode"], [_levels_of(h)[0], None], batch.n_steps),
     )
 
 
@@ -217,10 +235,11 @@ def oracle(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = N
     Steps whose G_K is a singleton (or, with ``early="drop"``, that have t < K) get 0.
     """
     R = step_returns(batch, cfg)
-    A, _, grs, keys = _levels(batch, cfg, R, cfg.K)
+    h = _levels(batch, cfg, R, cfg.K)
     names = [str(k) for k in range(cfg.K + 1)]
+    A = h.advantages
     return Advantages(
-        A[cfg.K], R, A, keys, tuple(names), _level_diagnostics(names, grs, batch.n_steps)
+        A[cfg.K], R, A, h.ids, tuple(names), _level_diagnostics(names, _levels_of(h), batch.n_steps)
     )
 
 
@@ -230,16 +249,17 @@ def hgpo_nohog2(
     """HGPO without the hierarchy ("w/o HoG-2"): the oracle advantage A_K where |G_K| >= 2,
     the step-level advantage A_0 elsewhere."""
     R = step_returns(batch, cfg)
-    A, _, grs, keys = _levels(batch, cfg, R, cfg.K)
-    use_oracle = grs[cfg.K].size_of_row() >= 2
+    h = _levels(batch, cfg, R, cfg.K)
+    A = h.advantages
+    use_oracle = h.size_of_row(cfg.K) >= 2
     names = [str(k) for k in range(cfg.K + 1)]
     return Advantages(
         np.where(use_oracle, A[cfg.K], A[0]),
         R,
         A,
-        keys,
+        h.ids,
         tuple(names),
-        _level_diagnostics(names, grs, batch.n_steps),
+        _level_diagnostics(names, _levels_of(h), batch.n_steps),
     )
 
 
@@ -256,36 +276,63 @@ def hgpo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = Non
     episode advantage as one more level of raw weight ``base_weight``.
     """
     R = step_returns(batch, cfg)
-    A, informative, grs, keys = _levels(batch, cfg, R, cfg.K)
+    h = _levels(batch, cfg, R, cfg.K)
+    A, informative, keys = h.advantages, h.informative, h.ids
     names = [str(k) for k in range(cfg.K + 1)]
     raw = level_weights(cfg, cfg.K + 1)
-    member = keys >= 0
-    groupings: list[Grouping | None] = list(grs)
+    sizes: list[tuple[int, np.ndarray] | None] = _levels_of(h)
     if cfg.base_group:
         ep, ep_informative = _episode_advantage(batch, cfg)
         A = np.vstack([A, ep[None]])
         informative = np.vstack([informative, ep_informative[None]])
         keys = np.vstack([keys, np.full((1, batch.n_steps), -1, dtype=np.int64)])
-        member = np.vstack([member, np.ones((1, batch.n_steps), dtype=np.bool_)])
         raw = np.append(raw, cfg.base_weight)
         names.append("base")
-        groupings.append(None)
+        sizes.append(None)
+    adv, used, mean_w = _aggregate(A, informative, keys, raw, cfg, cfg.base_group)
+    diag = _level_diagnostics(names, sizes, batch.n_steps, mean_w)
+    diag["raw_weights"] = raw
+    diag["used"] = used
+    return Advantages(adv, R, A, keys, tuple(names), diag)
+
+
+def _aggregate(
+    A: np.ndarray,
+    informative: np.ndarray,
+    keys: np.ndarray,
+    raw: np.ndarray,
+    cfg: EstimatorConfig,
+    base_group: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Eq. (7): A^H = sum_k w_k A_k over the levels used, w_k = raw_k / (sum of used raw_k
+    + weight_eps); 0 where no level is used.
+
+    Returns (float64[n] A^H, bool[L, n] used, float64[L] mean weight per level). Works in
+    blocks of columns so that the (L, block) temporaries stay in the caches.
+    """
+    L, n = A.shape
     if cfg.zero_rule == "degenerate":
         used = informative
     elif cfg.zero_rule == "value":
         used = A != 0
     else:
-        used = member
-    w = raw[:, None] * used  # (L, n)
-    den = w.sum(axis=0) + cfg.weight_eps
-    any_used = used.any(axis=0)
-    safe = np.where(any_used & (den > 0), den, 1.0)
-    weights = np.where(any_used, w / safe, 0.0)
-    adv = (weights * A).sum(axis=0)
-    diag = _level_diagnostics(names, groupings, batch.n_steps, weights)
-    diag["raw_weights"] = raw
-    diag["used"] = used
-    return Advantages(adv, R, A, keys, tuple(names), diag)
+        used = keys >= 0
+        if base_group:
+            used[-1] = True
+    adv = np.empty(n)
+    w_sum = np.zeros(L)
+    rw = raw[:, None]
+    for lo in range(0, n, _BLOCK):
+        hi = min(n, lo + _BLOCK)
+        u = used[:, lo:hi]
+        w = rw * u  # (L, block)
+        den = w.sum(axis=0)
+        den += cfg.weight_eps
+        # den > 0 wherever a level is used, unless every used raw weight is 0 (base_weight 0).
+        np.divide(w, np.where(u.any(axis=0) & (den > 0), den, 1.0), out=w)
+        adv[lo:hi] = np.einsum("ln,ln->n", w, A[:, lo:hi])
+        w_sum += w.sum(axis=1)
+    return adv, used, w_sum / n
 
 
 def hgpo_uniform(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Grouping", "dense_rank", "group_by", "normalise"]
+__all__ = ["Grouping", "dense_rank", "group_by", "normalise", "segment_normalise"]
 
 # Deviations below _SNAP * (|G| + 1) * spread are rounding residue (4 float64 ulps per member).
 _SNAP = 4.0 * np.finfo(np.float64).eps
@@ -108,9 +108,8 @@ def normalise(
 
     Returns:
         (values, informative): float64[n] and bool[n], informative = the row is in a group of
-        >= 2 members whose values are not all equal (or a passed-through singleton). A group whose members are all exactly equal yields exactly 0: the deviations
-        are taken from the group's minimum first, so ties never leave rounding residue (the
-        ``sum / n`` of equal floats need not equal them) and near-ties keep full precision.
+        >= 2 members whose values are not all equal (or a passed-through singleton). A group
+        whose members are all exactly equal yields exactly 0 (see :func:`segment_normalise`).
     """
     n = x.shape[0]
     out = np.zeros(n, dtype=np.float64)
@@ -130,23 +129,46 @@ def normalise(
         sizes = sizes[multi]
         starts = np.zeros(sizes.shape[0], dtype=np.int64)
         np.cumsum(sizes[:-1], out=starts[1:])
-    xs = x[order]
     seg = np.repeat(np.arange(starts.shape[0]), sizes)
-    # Deviations from the group minimum are >= 0, exact for equal members, and sum to 0
-    # exactly when the group is tied.
+    vals, tied = segment_normalise(x[order], seg, starts, sizes, mode, std, eps)
+    out[order] = vals
+    informative[order] = ~tied[seg]
+    return out, informative
+
+
+def segment_normalise(
+    xs: np.ndarray,
+    seg: np.ndarray,
+    starts: np.ndarray,
+    sizes: np.ndarray,
+    mode: str,
+    std: str,
+    eps: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Normalise contiguous groups of >= 2 members: (x - mean) [/ (std + eps)] per group.
+
+    Args:
+        xs: float64[m] the values, each group's members contiguous.
+        seg: int64[m] the group of each value (0..G-1, non-decreasing).
+        starts, sizes: int64[G] offset and size (>= 2) of each group.
+        mode, std, eps: as :func:`normalise`.
+
+    Returns:
+        (float64[m] values, bool[G] tied). A tied group (all members equal) gives exactly 0:
+        deviations are taken from the group's minimum, so they are exact for equal members and
+        sum to 0 exactly when the group is tied; near-ties keep full precision. A member at its
+        group's mean in exact arithmetic can keep a rounding residue of about |G| ulps of the
+        group's spread: it is snapped to 0, so that "A_k == 0" (zero_rule="value") means what it
+        means in exact arithmetic and in the public reference code.
+    """
     d = xs - np.minimum.reduceat(xs, starts)[seg]
-    sum_d = np.add.reduceat(d, starts)
-    dev = d - (sum_d / sizes)[seg]
-    # A member at its group's mean in exact arithmetic can keep a rounding residue of about
-    # |G| ulps of the group's spread; snap it to 0 so that "A_k == 0" (zero_rule="value")
-    # means what it means in exact arithmetic and in the reference code.
     spread = np.maximum.reduceat(d, starts)
+    tied = spread == 0.0
+    dev = d - (np.add.reduceat(d, starts) / sizes)[seg]
     dev[np.abs(dev) <= (_SNAP * (sizes + 1) * spread)[seg]] = 0.0
     if mode == "mean_std":
         ddof = 0 if std == "population" else 1
         sd = np.sqrt(np.add.reduceat(dev * dev, starts) / (sizes - ddof))
-        dev = dev / (sd[seg] + eps)
-    tied = (sum_d == 0.0)[seg]
-    out[order] = np.where(tied, 0.0, dev)
-    informative[order] = ~tied
-    return out, informative
+        # A tied group has sd = 0 and dev = 0; keep 0 / eps (or 0 / 1 when eps = 0) at 0.
+        dev /= np.where(tied, 1.0, sd + eps)[seg]
+    return dev, tied

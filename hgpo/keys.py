@@ -1,74 +1,272 @@
-"""Context keys of Eq. (3) for every level k = 0..K, vectorised and collision-free."""
+"""Context keys of Eq. (3) for every level k = 0..K, and the level groups' advantages (Eq. 6).
+
+The hierarchy is computed in chunks of whole rollout groups (a group never crosses a rollout
+group, so chunking is exact): the cost is linear in the number of steps and the temporaries
+stay the size of a chunk. Within a chunk, level k refines level k - 1 by the state k steps
+back; a step alone in its level-(k-1) group stays alone at every deeper level (Eq. 5: the
+groups are nested), so only the steps of shared groups are sorted again, and deep levels,
+which are mostly singletons, cost little.
+"""
 
 from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
 
 import numpy as np
 
 from hgpo.batch import StepBatch
-from hgpo.groups import Grouping, dense_rank, group_by
+from hgpo.groups import Grouping, dense_rank, group_by, segment_normalise
 
-__all__ = ["EARLY_RULES", "context_groupings", "context_keys"]
+__all__ = [
+    "CHUNK_ROWS",
+    "EARLY_RULES",
+    "Hierarchy",
+    "context_groupings",
+    "context_keys",
+    "hierarchy",
+]
 
 EARLY_RULES = ("paper", "drop")
+CHUNK_ROWS = 1 << 16
+"""Rows per chunk (whole rollout groups; a larger rollout group is one chunk). 2^16 rows keep a
+chunk's arrays in the caches; the result does not depend on it."""
+_RADIX = 1 << 16  # keys below this sort as uint16 with numpy's O(n) radix sort
+_PACK = 1 << 31  # codes below this pack in pairs into int64 without overflow
 
 
-def context_keys(
-    batch: StepBatch, K: int, include_actions: bool = False, early: str = "paper"
-) -> np.ndarray:
-    """int64[K + 1, n]: row k the dense level-k key of each step (see ``context_groupings``)."""
-    return np.stack([g.ids for g in context_groupings(batch, K, include_actions, early)])
+@dataclass(frozen=True)
+class Hierarchy:
+    """The level groups G_0 ... G_K of every step and, given returns, A_k of Eq. (6).
+
+    Attributes:
+        ids: int64[K + 1, n] dense level-k group id of each step (0..n_groups_k - 1), -1 for
+            a step left out of level k (``early="drop"`` and t < k).
+        n_groups: int64[K + 1] groups per level.
+        step_size_hist: K + 1 arrays, ``step_size_hist[k][s]``: the number of steps whose
+            level-k group has s members.
+        advantages: float64[K + 1, n] or None, R_t normalised within G_k (0 where the step is
+            alone, left out, or its group is tied).
+        informative: bool[K + 1, n] or None, the step's group has >= 2 members whose returns
+            are not all equal.
+    """
+
+    ids: np.ndarray
+    n_groups: np.ndarray
+    step_size_hist: list[np.ndarray]
+    advantages: np.ndarray | None = None
+    informative: np.ndarray | None = None
+
+    def size_of_row(self, k: int) -> np.ndarray:
+        """int64[n] size of each step's level-k group, 0 for steps left out."""
+        ids = self.ids[k]
+        out = np.zeros(ids.shape[0], dtype=np.int64)
+        member = ids >= 0
+        out[member] = np.bincount(ids[member], minlength=int(self.n_groups[k]))[ids[member]]
+        return out
 
 
-def context_groupings(
-    batch: StepBatch, K: int, include_actions: bool = False, early: str = "paper"
-) -> list[Grouping]:
-    """Integer keys of the k-step contexts C_k(s_t), k = 0..K, within each rollout group.
+def _check(K: object, early: str) -> None:
+    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 0:
+        raise ValueError(f"K must be a non-negative integer, got {K!r}")
+    if early not in EARLY_RULES:
+        raise ValueError(f"early must be one of {EARLY_RULES}, got {early!r}")
 
-    Eq. (3): C_k(s_t) = (s_{t-k}, ..., s_t) when t >= k, else (s_0, ..., s_t). Two steps share
-    a level-k key iff they are in the same rollout group and their C_k are equal as whole
+
+def _codes(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """Non-negative integer codes of ``x`` (equal values, equal codes) and their bound:
+    x - min when the range is small enough to pack, dense ranks otherwise."""
+    lo, hi = int(x.min()), int(x.max())
+    if hi - lo < _PACK:
+        return x - lo, hi - lo + 1
+    return dense_rank(x)
+
+
+def _sort(key: np.ndarray, bound: int) -> np.ndarray:
+    """Indices that sort ``key`` (values in [0, bound)); any order within equal keys."""
+    if bound <= _RADIX:
+        return np.argsort(key.astype(np.uint16), kind="stable")
+    return np.argsort(key)
+
+
+def _chunks(batch: StepBatch, chunk_rows: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """(perm, bounds): rows ``perm[bounds[c]:bounds[c + 1]]`` (or that slice when perm is None)
+    are chunk c, made of whole rollout groups with their trajectories contiguous and ordered."""
+    n = batch.n_steps
+    if n <= chunk_rows:
+        return None, np.array([0, n], dtype=np.int64)
+    tg = batch.group[batch.traj_start]
+    run_start = np.flatnonzero(np.concatenate(([True], tg[1:] != tg[:-1])))
+    perm = None
+    if np.unique(tg[run_start]).size != run_start.size:  # a rollout group is split: regroup
+        torder = np.argsort(tg, kind="stable")
+        lens = batch.traj_len[torder]
+        first = np.cumsum(lens) - lens
+        perm = np.repeat(batch.traj_start[torder] - first, lens) + np.arange(n, dtype=np.int64)
+        tg = tg[torder]
+        run_start = np.flatnonzero(np.concatenate(([True], tg[1:] != tg[:-1])))
+        lens_sorted = lens
+    else:
+        lens_sorted = batch.traj_len
+    traj_row = np.concatenate(([0], np.cumsum(lens_sorted)))
+    group_row = traj_row[run_start]  # first row of each rollout group, ascending
+    cuts = np.searchsorted(group_row, np.arange(chunk_rows, n, chunk_rows, dtype=np.int64))
+    bounds = np.unique(np.concatenate(([0], group_row[np.minimum(cuts, group_row.size - 1)], [n])))
+    return perm, bounds
+
+
+def hierarchy(
+    batch: StepBatch,
+    K: int,
+    returns: np.ndarray | None = None,
+    *,
+    include_actions: bool = False,
+    early: str = "paper",
+    norm: str = "mean_std",
+    std: str = "population",
+    eps: float = 1e-6,
+    chunk_rows: int | None = None,
+) -> Hierarchy:
+    """Level groups G_k (Eq. 4) of every step for k = 0..K and, given ``returns``, A_k (Eq. 6).
+
+    Eq. (3): C_k(s_t) = (s_{t-k}, ..., s_t) when t >= k, else (s_0, ..., s_t). Two steps share a
+    level-k group iff they are in the same rollout group and their C_k are equal as whole
     sequences (length included). With ``include_actions`` the past actions enter too:
     (s_{t-k}, a_{t-k}, ..., s_{t-1}, a_{t-1}, s_t), as in the memory-module prompt.
 
     Args:
         batch: the steps.
         K: deepest level, >= 0.
+        returns: float64[n] R_t to normalise within each group, or None for the groups only.
         include_actions: put past actions in the key (needs ``batch.action``).
         early: "paper" (t < k uses the shorter full history) or "drop" (the public reference
-            code: a step with t < k is left out of level k, key -1).
+            code: a step with t < k is left out of level k).
+        norm, std, eps: the normalisation of :func:`hgpo.groups.normalise`.
+        chunk_rows: rows per chunk of whole rollout groups (default ``CHUNK_ROWS``); the
+            result does not depend on it beyond the numbering of the groups.
 
-    Returns:
-        K + 1 groupings; ``groupings[k].ids`` is the dense level-k key of each step (-1 = left
-        out). Keys are
-        exact, never hashed: level k refines level k-1 by the pair (key_{k-1}, s_{t-k}), a
-        start-of-trajectory marker standing in for s_{t-k} when t < k, and the pair is ranked
-        densely, so no two different contexts can share a key. Every packed pair is below
-        n * (n + 1), so int64 holds it for any batch under 3 * 10^9 steps.
+    Keys are exact, never hashed: level k refines level k - 1 by the pair (group_{k-1},
+    s_{t-k}), a start-of-trajectory marker standing in for s_{t-k} when t < k, ranked by a
+    sort, so no two different contexts can share a group.
     """
-    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 0:
-        raise ValueError(f"K must be a non-negative integer, got {K!r}")
-    if early not in EARLY_RULES:
-        raise ValueError(f"early must be one of {EARLY_RULES}, got {early!r}")
-    n = batch.n_steps
-    s, n_s = dense_rank(batch.state)
+    _check(K, early)
+    if include_actions and batch.action is None:
+        raise ValueError("include_actions=True needs StepBatch.action, which is None")
+    n, L = batch.n_steps, K + 1
+    ids = np.empty((L, n), dtype=np.int64)  # every entry is written chunk by chunk
+    A = np.zeros((L, n)) if returns is not None else None
+    info = np.zeros((L, n), dtype=np.bool_) if returns is not None else None
+    hist = [np.zeros(2, dtype=np.int64) for _ in range(L)]
+    offset = np.zeros(L, dtype=np.int64)
+    perm, bounds = _chunks(batch, CHUNK_ROWS if chunk_rows is None else chunk_rows)
+    for lo, hi in itertools.pairwise(bounds.tolist()):
+        rows = slice(lo, hi) if perm is None else perm[lo:hi]
+        _chunk(
+            batch, rows, K, returns, include_actions, early, norm, std, eps,
+            ids, A, info, hist, offset,
+        )  # fmt: skip
+    return Hierarchy(ids, offset, hist, A, info)
+
+
+def _chunk(
+    batch: StepBatch,
+    rows: slice | np.ndarray,
+    K: int,
+    R: np.ndarray | None,
+    include_actions: bool,
+    early: str,
+    norm: str,
+    std: str,
+    eps: float,
+    ids_out: np.ndarray,
+    A_out: np.ndarray | None,
+    info_out: np.ndarray | None,
+    hist_out: list[np.ndarray],
+    offset: np.ndarray,
+) -> None:
+    """The hierarchy of one chunk of whole rollout groups, written into the outputs."""
+    g, g_n = _codes(batch.group[rows])
+    s, s_n = _codes(batch.state[rows])
+    t = batch.step[rows]
+    x = R[rows] if R is not None else None
+    m = t.shape[0]
     if include_actions:
-        if batch.action is None:
-            raise ValueError("include_actions=True needs StepBatch.action, which is None")
-        a, n_a = dense_rank(batch.action)
-        past, n_past = dense_rank(s * n_a + a)  # the (s, a) pair of an earlier step
+        a, a_n = _codes(batch.action[rows])
+        past, past_n = _codes(s * a_n + a) if s_n * a_n >= _PACK else (s * a_n + a, s_n * a_n)
     else:
-        past, n_past = s, n_s
-    g, _ = dense_rank(batch.group)
-    groupings = [group_by(g * n_s + s)]
-    t = batch.step
-    for k in range(1, K + 1):
-        prev = groupings[-1].ids
-        idx = np.flatnonzero(t >= k)
-        # past[i - k] is the same trajectory's step t - k because rows are contiguous;
-        # 0 marks "history starts here" (t < k under the paper's rule).
-        shifted = np.zeros(n, dtype=np.int64)
-        shifted[idx] = past[idx - k] + 1
-        key = prev * (n_past + 1) + shifted
-        if early == "drop":
-            key[t < k] = -1
-        groupings.append(group_by(key))
-    return groupings
+        past, past_n = s, s_n
+    glob = (lambda i: i + rows.start) if isinstance(rows, slice) else (lambda i: rows[i])
+
+    # Candidates for level k: the steps whose level-(k-1) group has >= 2 members (all steps
+    # at level 0), with that group's dense rank among such groups.
+    cand = np.arange(m, dtype=np.int64)
+    key = g * s_n + s
+    bound = g_n * s_n
+    alone = np.zeros(0, dtype=np.int64)  # steps alone at level k - 1: alone at k as well
+    prev, n_prev = cand, m  # level k - 1 group (dense among shared groups) of each candidate
+    for k in range(K + 1):
+        if k > 0:
+            if early == "drop":
+                ids_out[k, glob(np.flatnonzero(t < k))] = -1
+                keep = t[cand] >= k
+                cand, prev = cand[keep], prev[keep]
+                alone = alone[t[alone] >= k]
+            back = cand - k
+            shifted = np.where(t[cand] >= k, past[np.maximum(back, 0)] + 1, 0)
+            bound = n_prev * (past_n + 1)
+            key = prev * (past_n + 1) + shifted
+        order = _sort(key, bound)
+        members = cand[order]
+        ks = key[order]
+        boundary = np.empty(ks.shape[0], dtype=np.bool_)
+        if ks.shape[0]:
+            boundary[0] = True
+            np.not_equal(ks[1:], ks[:-1], out=boundary[1:])
+        starts = np.flatnonzero(boundary)
+        size = np.diff(starts, append=ks.shape[0])
+        rank = np.cumsum(boundary) - 1  # group of each member, in sorted order
+        n_groups = starts.shape[0]
+        ids_out[k, glob(members)] = rank + offset[k]
+        ids_out[k, glob(alone)] = offset[k] + n_groups + np.arange(alone.shape[0])
+        h = np.bincount(size, weights=size).astype(np.int64) if n_groups else np.zeros(0, np.int64)
+        if h.shape[0] > hist_out[k].shape[0]:
+            hist_out[k] = np.concatenate(
+                (hist_out[k], np.zeros(h.shape[0] - hist_out[k].shape[0], np.int64))
+            )
+        hist_out[k][: h.shape[0]] += h
+        hist_out[k][1] += alone.shape[0]
+        offset[k] += n_groups + alone.shape[0]
+
+        multi = size >= 2
+        in_multi = multi[rank]
+        alone = np.concatenate((alone, members[~in_multi]))
+        cand = members[in_multi]
+        n_prev = int(np.count_nonzero(multi))
+        multi_rank = np.cumsum(multi) - 1
+        prev = multi_rank[rank[in_multi]]
+        if x is not None and n_prev:
+            m_size = size[multi]
+            m_start = np.zeros(n_prev, dtype=np.int64)
+            np.cumsum(m_size[:-1], out=m_start[1:])
+            vals, tied = segment_normalise(x[cand], prev, m_start, m_size, norm, std, eps)
+            where = glob(cand)
+            A_out[k, where] = vals
+            info_out[k, where] = ~tied[prev]
+
+
+def context_keys(
+    batch: StepBatch, K: int, include_actions: bool = False, early: str = "paper"
+) -> np.ndarray:
+    """int64[K + 1, n]: row k the dense level-k group id of each step (-1 = left out).
+
+    See :func:`hierarchy`: two steps share a level-k id iff they are in the same rollout group
+    and their contexts C_k (Eq. 3) are equal; the ids are exact, never hashed.
+    """
+    return hierarchy(batch, K, include_actions=include_actions, early=early).ids
+
+
+def context_groupings(
+    batch: StepBatch, K: int, include_actions: bool = False, early: str = "paper"
+) -> list[Grouping]:
+    """The level groups of :func:`context_keys` as K + 1 :class:`Grouping` objects."""
+    return [group_by(row) for row in context_keys(batch, K, include_actions, early)]

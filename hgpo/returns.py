@@ -16,6 +16,9 @@ def penalised_rewards(batch: StepBatch, invalid_penalty: float) -> np.ndarray:
     return batch.reward - invalid_penalty * batch.invalid
 
 
+_BLOCK_ROWS = 1 << 16  # rows per block of whole trajectories (keeps the work in the caches)
+
+
 def discounted_returns(
     batch: StepBatch, gamma: float, rewards: np.ndarray | None = None
 ) -> np.ndarray:
@@ -27,29 +30,61 @@ def discounted_returns(
         rewards: float64[n] rewards to discount; defaults to ``batch.reward``.
 
     Returns:
-        float64[n]. The recursion R_t = r_t + gamma R_{t+1} runs over "distance to the end of the
-        trajectory": one vector operation per distance, touching only the rows at it, so the
-        work is O(n) in max(T) numpy calls and no gamma^(-t) rescaling loses precision on long
-        trajectories.
+        float64[n]. Computed as the recursion R_t = r_t + gamma R_{t+1} from each trajectory's
+        last step back, with exactly that rounding (no gamma^(-t) rescaling, which loses
+        precision on long trajectories), vectorised across trajectories: in blocks of whole
+        trajectories, one vector operation per step index (or per distance to the end when
+        lengths differ a lot), so the work is O(n) and the arrays of a block stay in cache.
     """
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
     r = batch.reward if rewards is None else np.asarray(rewards, dtype=np.float64)
-    out = r.copy()
     if gamma == 0.0:
-        return out
-    ends = batch.traj_start + batch.traj_len  # one past the last row
-    to_end = np.repeat(ends, batch.traj_len) - 1 - np.arange(batch.n_steps)  # 0 on last row
-    order = np.argsort(to_end, kind="stable")
-    bounds = np.searchsorted(to_end[order], np.arange(int(batch.traj_len.max()) + 1))
-    for d in range(1, bounds.shape[0] - 1 + 1):
-        lo = bounds[d]
-        hi = bounds[d + 1] if d + 1 < bounds.shape[0] else order.shape[0]
-        if lo == hi:
-            break
-        rows = order[lo:hi]
-        out[rows] += gamma * out[rows + 1]
+        return r.copy()
+    out = np.empty_like(r)
+    starts, lens = batch.traj_start, batch.traj_len
+    n, n_traj = batch.n_steps, batch.n_traj
+    cut = np.searchsorted(starts, np.arange(_BLOCK_ROWS, n, _BLOCK_ROWS, dtype=np.int64))
+    tb = np.unique(np.concatenate(([0], cut, [n_traj])))
+    for t0, t1 in zip(tb[:-1].tolist(), tb[1:].tolist(), strict=True):
+        lo, hi = int(starts[t0]), int(starts[t1 - 1] + lens[t1 - 1])
+        block_lens = lens[t0:t1]
+        T = int(block_lens.max())
+        if (t1 - t0) * T <= 2 * (hi - lo) + 64:
+            _returns_padded(r[lo:hi], out[lo:hi], batch.step[lo:hi], batch.traj_index[lo:hi] - t0,
+                            t1 - t0, T, gamma)  # fmt: skip
+        else:
+            _returns_by_distance(r[lo:hi], out[lo:hi], block_lens, T, gamma)
     return out
+
+
+def _returns_padded(
+    r: np.ndarray, out: np.ndarray, step: np.ndarray, col: np.ndarray, n_traj: int, T: int,
+    gamma: float,
+) -> None:  # fmt: skip
+    """The recursion on a (T + 1, n_traj) table, one row per step index; 0 past each end."""
+    P = np.zeros((T + 1, n_traj))
+    P[step, col] = r
+    tmp = np.empty(n_traj)
+    for j in range(T - 1, -1, -1):
+        np.multiply(P[j + 1], gamma, out=tmp)
+        P[j] += tmp  # r_j + gamma R_{j+1}; past a trajectory's end R = 0 and r_j + 0.0 = r_j
+    out[:] = P[step, col]
+
+
+def _returns_by_distance(
+    r: np.ndarray, out: np.ndarray, lens: np.ndarray, T: int, gamma: float
+) -> None:
+    """The recursion over "distance to the end": one vector operation per distance, touching
+    only the rows at it (for blocks whose trajectory lengths differ a lot)."""
+    out[:] = r
+    ends = np.cumsum(lens)
+    to_end = np.repeat(ends, lens) - 1 - np.arange(r.shape[0])  # 0 on last row
+    order = np.argsort(to_end.astype(np.uint16) if T <= 1 << 16 else to_end, kind="stable")
+    bounds = np.searchsorted(to_end[order], np.arange(T + 1))
+    for d in range(1, T):
+        rows = order[bounds[d] : bounds[d + 1]]
+        out[rows] += gamma * out[rows + 1]
 
 
 def episode_returns(batch: StepBatch, rewards: np.ndarray | None = None) -> np.ndarray:
