@@ -32,6 +32,7 @@ def init(device: str) -> tuple[int, int, Any]:
     Returns (rank, world_size, torch.device).
     """
     import deepspeed
+    import deepspeed.ops
     import torch
 
     ensure_launcher_env()
@@ -42,6 +43,10 @@ def init(device: str) -> tuple[int, int, Any]:
         dev = torch.device("cuda", local)
     else:
         dev = torch.device("cpu")
+    if not use_cuda and os.environ.get("HGPO_DS_SHM_COMM", "0") != "1":
+        # DeepSpeed compiles a shared-memory all-reduce with g++ (about 30 s) when its CPU
+        # backend starts; gloo alone serves this trainer's few collectives.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if use_cuda else "gloo")
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), dev

@@ -1,0 +1,202 @@
+"""GPU check of the trainer's engines: vLLM rollouts + DeepSpeed updates on a real-size
+Qwen2.5-1.5B architecture with random weights (nothing is downloaded).
+
+    python -m benchmarks.gpu_check_train                 # 3 iterations, prints the figures
+    python -m benchmarks.gpu_check_train --zero-stage 2 --iterations 5 --prompts 128
+
+Per iteration: vLLM generates ``--prompts`` responses of up to ``--response-tokens`` tokens
+(temperature 1, ignore_eos so the length is fixed) from random prompts of ``--prompt-tokens``
+tokens; the trainer scores them (old and reference log-probs) and takes PPO steps over them in
+micro-batches with DeepSpeed (bf16, ZeRO ``--zero-stage``); the new weights go to vLLM
+(tied embeddings, as in the 1.5B model); the vLLM log-probs of greedy responses are compared
+with the trainer's after the sync. Prints rollout tokens/s, score and update seconds, sync
+seconds, the log-prob gap and the peak GPU memory. Exit status 1 when the gap exceeds 0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=1024)
+    ap.add_argument("--response-tokens", type=int, default=256)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--zero-stage", type=int, default=0)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    ap.add_argument("--out", default="/tmp/gpu_check_train")
+    args = ap.parse_args()
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from hgpo.train import dist
+    from hgpo.train.config import resolve
+    from hgpo.train.model import kl_k3, load_tokenizer, pack, policy_loss, response_logprobs
+    from hgpo.train.tiny import train_tokenizer
+    from hgpo.train.vllm_engine import VLLMEngine
+
+    _rank, world, device = dist.init("cuda")
+    t0 = time.perf_counter()
+    # Qwen2.5-1.5B-Instruct's architecture (config.json of the hub model), random weights.
+    qcfg = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        sliding_window=None,
+        use_sliding_window=False,
+        max_window_layers=21,
+        eos_token_id=151645,
+        pad_token_id=151643,
+    )
+    os.makedirs(args.out, exist_ok=True)
+    tok = train_tokenizer(args.out, [], 512)  # the tokenizer only frames prompts here
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(qcfg, dtype=torch.bfloat16)
+    model.config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
+    model.config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(args.out)
+    tok = load_tokenizer(args.out)
+    model = model.to(device)
+    model.gradient_checkpointing_enable()
+    ref = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.bfloat16).to(device).eval()
+    ref.requires_grad_(False)
+    build_s = time.perf_counter() - t0
+    cfg = resolve(
+        preset="tiny",
+        overrides={
+            "max_prompt_tokens": args.prompt_tokens,
+            "max_response_tokens": args.response_tokens,
+            "vllm_gpu_memory_utilization": args.gpu_memory_utilization,
+            "precision": "bf16",
+        },
+    )
+    t = time.perf_counter()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+    ds = {
+        "train_micro_batch_size_per_gpu": args.micro_batch,
+        "gradient_accumulation_steps": max(1, args.prompts // (args.micro_batch * world)),
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": args.zero_stage},
+        "bf16": {"enabled": True},
+        "steps_per_print": 10**9,
+    }
+    actor, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
+    ds_init_s = time.perf_counter() - t
+    t = time.perf_counter()
+    eng = VLLMEngine(args.out, tok, cfg, actor.module)
+    vllm_init_s = time.perf_counter() - t
+
+    from vllm import SamplingParams
+
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for it in range(1, args.iterations + 1):
+        prompts = [
+            torch.randint(10, 500, (args.prompt_tokens,), generator=g).tolist()
+            for _ in range(args.prompts)
+        ]
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        sp = SamplingParams(temperature=1.0, max_tokens=args.response_tokens, ignore_eos=True)
+        outs = eng.llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], sampling_params=sp, use_tqdm=False
+        )
+        responses = [list(o.outputs[0].token_ids) for o in outs]
+        gen_s = time.perf_counter() - t
+        n_tok = sum(len(r) for r in responses)
+        t = time.perf_counter()
+        old, refl = [], []
+        actor.module.eval()
+        with torch.no_grad():
+            for s in range(0, len(prompts), args.micro_batch):
+                b = pack(
+                    prompts[s : s + args.micro_batch],
+                    responses[s : s + args.micro_batch],
+                    tok.pad_token_id,
+                    device,
+                )
+                old.append(response_logprobs(actor.module, b)[0].float())
+                refl.append(response_logprobs(ref, b)[0].float())
+        actor.module.train()
+        torch.cuda.synchronize()
+        score_s = time.perf_counter() - t
+        t = time.perf_counter()
+        for j, s in enumerate(range(0, len(prompts), args.micro_batch)):
+            b = pack(
+                prompts[s : s + args.micro_batch],
+                responses[s : s + args.micro_batch],
+                tok.pad_token_id,
+                device,
+            )
+            lp, ent = response_logprobs(actor.module, b, with_entropy=True)
+            adv = torch.randn(lp.shape[0], 1, device=device).expand_as(lp)
+            pg, _ = policy_loss(lp, old[j], adv, 0.2, 3.0)
+            m = b.response_mask
+            loss = ((pg + 0.01 * kl_k3(lp, refl[j]) - 0.001 * ent) * m).sum() / m.sum()
+            actor.backward(loss)
+            actor.step()
+        torch.cuda.synchronize()
+        update_s = time.perf_counter() - t
+        t = time.perf_counter()
+        eng.sync(actor.module)
+        torch.cuda.synchronize()
+        sync_s = time.perf_counter() - t
+        check = prompts[:8]
+        ids, lps = eng.logprobs([p[:256] for p in check], 32)
+        b = pack([p[:256] for p in check], ids, tok.pad_token_id, device)
+        with torch.no_grad():
+            ours = response_logprobs(actor.module, b)[0].float().cpu()
+        gap = max(
+            (ours[i, : len(r)] - torch.tensor(lps[i])).abs().max().item() for i, r in enumerate(ids)
+        )
+        row = {
+            "iteration": it,
+            "rollout_tokens": n_tok,
+            "rollout_tokens_per_s": n_tok / gen_s,
+            "generate_s": gen_s,
+            "score_s": score_s,
+            "update_s": update_s,
+            "sync_s": sync_s,
+            "logprob_gap_after_sync": gap,
+            "tied_head_copies": eng.head_copies,
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    summary = {
+        "gpu": torch.cuda.get_device_name(),
+        "zero_stage": args.zero_stage,
+        "prompts": args.prompts,
+        "prompt_tokens": args.prompt_tokens,
+        "response_tokens": args.response_tokens,
+        "build_s": build_s,
+        "deepspeed_init_s": ds_init_s,
+        "vllm_init_s": vllm_init_s,
+        "peak_mem_gib_torch": torch.cuda.max_memory_allocated() / 2**30,
+        "gpu_mem_used_gib": (torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]) / 2**30,
+        "max_logprob_gap": max(r["logprob_gap_after_sync"] for r in rows),
+    }
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    return 0 if summary["max_logprob_gap"] < 0.1 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""TrainConfig: presets, CLI overrides, validation messages, saved config."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from hgpo.train.config import PRESETS, TrainConfig, build_parser, field_docs, parse_args, resolve
+
+
+def test_every_field_has_a_docstring_and_a_flag():
+    docs = field_docs()
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    assert set(docs) == set(names)
+    helptext = build_parser().format_help()
+    for name in names:
+        assert "--" + name.replace("_", "-") in helptext
+
+
+def test_paper_presets_carry_the_paper_settings():
+    assert {
+        f"{e}-{s}-k{k}" for e in ("alfworld", "webshop") for s in ("1.5b", "7b") for k in (2, 4)
+    } < set(PRESETS)
+    c = resolve(preset="alfworld-1.5b-k4")
+    assert (c.env, c.model, c.history_length) == ("alfworld", "Qwen/Qwen2.5-1.5B-Instruct", 4)
+    assert (c.max_steps, c.max_prompt_tokens, c.max_response_tokens, c.mini_batch_size) == (
+        50,
+        2048,
+        512,
+        256,
+    )
+    assert (c.groups_per_iter, c.group_size, c.iterations, c.val_tasks) == (16, 8, 160, 128)
+    assert (c.lr, c.critic_lr, c.kl_coef, c.gamma, c.clip_ratio, c.dual_clip) == (
+        1e-6,
+        1e-5,
+        0.01,
+        0.95,
+        0.2,
+        3.0,
+    )
+    assert (c.entropy_coef, c.grad_clip, c.ppo_epochs, c.temperature, c.val_temperature) == (
+        0.001,
+        1.0,
+        1,
+        1.0,
+        0.4,
+    )
+    w = resolve(preset="webshop-7b-k2")
+    assert (w.env, w.model, w.max_steps, w.max_prompt_tokens, w.mini_batch_size, w.val_tasks) == (
+        "webshop",
+        "Qwen/Qwen2.5-7B-Instruct",
+        15,
+        4096,
+        64,
+        256,
+    )
+    assert resolve(env="webshop").max_steps == 15  # env defaults without a preset
+    assert w.estimator_config().K == 2
+
+
+def test_cli_overrides_every_kind_of_field(tmp_path):
+    cfg, _ = parse_args(
+        [
+            "--preset",
+            "tiny",
+            "--env",
+            "webshop",
+            "--lr",
+            "3e-4",
+            "--history-length",
+            "4",
+            "--estimator",
+            "gigpo",
+            "--wandb",
+            "--tensorboard",
+            "false",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
+    assert (cfg.env, cfg.lr, cfg.history_length, cfg.estimator, cfg.wandb, cfg.tensorboard) == (
+        "webshop",
+        3e-4,
+        4,
+        "gigpo",
+        True,
+        False,
+    )
+    assert cfg.model == "tiny" and cfg.out_dir == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--estimator", "ppo"], "unknown estimator 'ppo'; known estimators: grpo"),
+        (["--lr", "-1"], "TrainConfig.lr must be > 0, got -1.0"),
+        (["--env", "minecraft"], "TrainConfig.env must be one of"),
+        (["--estimator-options", "nrm=mean"], "unknown estimator option 'nrm'"),
+        (["--estimator-options", "norm=median"], "EstimatorConfig.norm must be one of"),
+        (["--zero-stage", "4"], "TrainConfig.zero_stage must be 0, 1, 2 or 3, got 4"),
+        (["--dual-clip", "0.5"], "TrainConfig.dual_clip must be 0 (off) or > 1"),
+        (["--no-such-field", "1"], "unrecognized arguments: --no-such-field"),
+    ],
+)
+def test_bad_values_are_named(argv, needle, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--preset", "tiny", *argv])
+    assert needle in capsys.readouterr().err
+
+
+def test_unknown_field_in_overrides_and_saved_config(tmp_path):
+    with pytest.raises(ValueError, match="unknown TrainConfig field 'lrr'"):
+        resolve(preset="tiny", overrides={"lrr": 1.0})
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps({"lr": 1e-3, "bogus": 1}))
+    with pytest.raises(ValueError, match="unknown TrainConfig field 'bogus'"):
+        TrainConfig.load(bad)
+
+
+def test_missing_model_fails_before_heavy_work(tmp_path):
+    from hgpo.train.trainer import validate_config
+
+    with pytest.raises(ValueError, match=r"TrainConfig\.model: .* is not a model folder"):
+        validate_config(resolve(preset="tiny", overrides={"model": str(tmp_path / "nothing")}))
+    with pytest.raises(ValueError, match=r"TrainConfig\.model: cannot load 'no-org/no-model'"):
+        validate_config(resolve(preset="tiny", overrides={"model": "no-org/no-model"}))
+    with pytest.raises(ValueError, match="alfworld_games_dir"):
+        validate_config(resolve(preset="tiny", overrides={"alfworld_games_dir": str(tmp_path)}))
+
+
+def test_saved_config_round_trips_and_resume_reads_it(tmp_path):
+    cfg = resolve(preset="tiny", env="webshop", overrides={"out_dir": str(tmp_path), "lr": 5e-5})
+    cfg.save(tmp_path / "config.json")
+    assert TrainConfig.load(tmp_path / "config.json") == cfg
+    # --resume: the saved config is the base, the given flags change it
+    again, _ = parse_args(["--out-dir", str(tmp_path), "--resume", "--iterations", "7"])
+    assert again == dataclasses.replace(cfg, resume=True, iterations=7)
+
+
+def test_import_hgpo_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hgpo, hgpo.train.config; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_error_exit_for_missing_model(tmp_path):
+    from tests.train.conftest import run_cli
+
+    r = run_cli(
+        ["--preset", "tiny", "--model", str(tmp_path / "missing"), "--out-dir", str(tmp_path)]
+    )
+    assert r.returncode == 2
+    assert "is not a model folder" in r.stderr
+    assert not (tmp_path / "checkpoints").exists()
