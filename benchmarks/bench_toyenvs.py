@@ -6,18 +6,26 @@ sizes.
 
 Throughput counts env step + policy sampling + context keys (k = 0..K) per step, one thread,
 as steps per CPU-second of this process (``time.process_time``, so per core even on a busy
-machine) and per wall-second. Rollouts run on a warm policy table (contexts already met) with
-reused output buffers, in calls of 256 groups x 8 rollouts.
+machine) and per wall-second. "kernel" is the numba rollout call (``rollout_arrays``: warm
+policy table, reused output buffers, calls of 256 groups x 8 rollouts); "end-to-end" is the
+public ``toyenvs.rollout`` (fresh buffers, ``hgpo.StepBatch`` construction and validation).
+Each figure is the best of ``--repeat`` measurements (the median is printed beside it), and
+the load average is printed before and after: on a shared machine other processes slow a core
+down even in CPU time (caches, frequency). A plain numba grid loop with a random draw per step
+is timed as a reference for what the core gives at the moment.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
+import statistics
 import time
 
 import gymnasium as gym
 import numpy as np
+from numba import njit
 
 import toyenvs
 from toyenvs.rollout import alloc_buffers, rollout_arrays
@@ -32,8 +40,47 @@ def _timed(fn, min_cpu: float) -> tuple[float, float, int]:
     return time.process_time() - c0, time.perf_counter() - w0, steps
 
 
-def bench_family(name: str, K: int, min_cpu: float, groups: int = 256, n: int = 8,
-                 **params) -> tuple[float, float, float]:  # fmt: skip
+def _rates(fn, min_cpu: float, repeat: int) -> dict[str, float]:
+    """Best and median steps per CPU-second over ``repeat`` runs, and the best per wall-second."""
+    runs = [_timed(fn, min_cpu) for _ in range(repeat)]
+    cpu = [s / c for c, _, s in runs]
+    return {"cpu": max(cpu), "median": statistics.median(cpu),
+            "wall": max(s / w for _, w, s in runs)}  # fmt: skip
+
+
+@njit(cache=True)
+def _grid_loop(n: int, seed: int) -> int:
+    """A 10x10 grid random walk with one random draw per step (the machine's reference)."""
+    np.random.seed(seed)
+    x = 0
+    y = 0
+    hits = 0
+    for _ in range(n):
+        a = np.random.randint(0, 4)
+        if a == 0:
+            x = min(x + 1, 9)
+        elif a == 1:
+            x = max(x - 1, 0)
+        elif a == 2:
+            y = min(y + 1, 9)
+        else:
+            y = max(y - 1, 0)
+        if x == 9 and y == 9:
+            x = 0
+            y = 0
+            hits += 1
+    return hits
+
+
+def bench_reference(min_cpu: float, repeat: int) -> dict[str, float]:
+    _grid_loop(10, 0)
+    n = 2_000_000
+    return _rates(lambda: (_grid_loop(n, 1), n)[1], min_cpu, repeat)
+
+
+def bench_family(name: str, K: int, min_cpu: float, repeat: int, groups: int = 256, n: int = 8,
+                 **params) -> tuple[dict[str, float], dict[str, float] | None]:  # fmt: skip
+    """(kernel rates, end-to-end rates or None); end-to-end is measured for keydoor only."""
     env = toyenvs.make(name, **params)
     pol = toyenvs.TabularPolicy(env, K=K)
     tasks = np.resize(env.tasks, groups)
@@ -45,19 +92,18 @@ def bench_family(name: str, K: int, min_cpu: float, groups: int = 256, n: int = 
     def one() -> int:
         return rollout_arrays(env, pol, tasks, n, next(seed), buf)["step"].size
 
-    cpu, wall, steps = _timed(one, min_cpu)
-    full_cpu = None
-    if name == "keydoor":  # the whole public call, StepBatch validation included
+    kernel = _rates(one, min_cpu, repeat)
+    full = None
+    if name == "keydoor":
 
-        def full() -> int:
+        def e2e() -> int:
             return toyenvs.rollout(env, pol, tasks=tasks, n_rollouts=n, seed=next(seed)).n_steps
 
-        c, _, s = _timed(full, min_cpu / 2)
-        full_cpu = s / c
-    return steps / cpu, steps / wall, full_cpu
+        full = _rates(e2e, min_cpu, repeat)
+    return kernel, full
 
 
-def bench_frozenlake(min_cpu: float) -> tuple[float, float]:
+def bench_frozenlake(min_cpu: float, repeat: int) -> dict[str, float]:
     env = gym.make("FrozenLake-v1", map_name="8x8", is_slippery=True)
     env.reset(seed=0)
     actions = np.random.default_rng(0).integers(0, 4, size=100_000).tolist()
@@ -69,8 +115,7 @@ def bench_frozenlake(min_cpu: float) -> tuple[float, float]:
                 env.reset()
         return len(actions)
 
-    cpu, wall, steps = _timed(chunk, min_cpu)
-    return steps / cpu, steps / wall
+    return _rates(chunk, min_cpu, repeat)
 
 
 def bench_exact(name: str, K: int, **params) -> dict:
@@ -112,26 +157,41 @@ SWEEP = [
 ]
 
 
+def _load() -> str:
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--K", type=int, default=4, help="history length of the policy")
-    ap.add_argument("--seconds", type=float, default=2.0, help="CPU seconds per measurement")
+    ap.add_argument("--seconds", type=float, default=1.0, help="CPU seconds per measurement")
+    ap.add_argument("--repeat", type=int, default=3, help="measurements per figure (best kept)")
     ap.add_argument("--exact", action="store_true", help="also run the exact-solver sweep")
     args = ap.parse_args()
 
-    fl_cpu, fl_wall = bench_frozenlake(args.seconds)
-    print(f"rollout throughput, K={args.K}, uniform policy, steps/s (per CPU-second | wall)")
-    print(f"{'env':<34}{'steps/s/core':>14}{'wall':>14}{'x FrozenLake':>14}")
-    print(f"{'gymnasium FrozenLake-v1 8x8':<34}{fl_cpu:>14,.0f}{fl_wall:>14,.0f}{1.0:>14.1f}")
+    print(f"before: {_load()} ({os.cpu_count()} cores)")
+    ref = bench_reference(args.seconds, args.repeat)
+    fl = bench_frozenlake(args.seconds, args.repeat)
+    print(f"rollout throughput, K={args.K}, uniform policy, steps/s: per CPU-second best of "
+          f"{args.repeat} (median) | per wall-second")  # fmt: skip
+    print(f"{'env':<36}{'steps/s/core':>14}{'median':>14}{'wall':>14}{'x FrozenLake':>14}")
+
+    def line(label: str, r: dict[str, float]) -> None:
+        ratio = r["cpu"] / fl["cpu"]
+        print(f"{label:<36.36}{r['cpu']:>14,.0f}{r['median']:>14,.0f}{r['wall']:>14,.0f}"
+              f"{ratio:>14.1f}")  # fmt: skip
+
+    line("reference: numba 10x10 grid loop", ref)
+    line("gymnasium FrozenLake-v1 8x8", fl)
     for name, params in FAMILY_PARAMS.items():
-        cpu, wall, full = bench_family(name, args.K, args.seconds, **params)
-        label = f"{name} {params}" if params else name
-        print(f"{label:<34.34}{cpu:>14,.0f}{wall:>14,.0f}{cpu / fl_cpu:>14.1f}")
+        kernel, full = bench_family(name, args.K, args.seconds, args.repeat, **params)
+        line(f"{name} {params}" if params else name, kernel)
         if full is not None:
-            lab = "  keydoor via rollout() + StepBatch"
-            print(f"{lab:<34}{full:>14,.0f}{'':>14}{full / fl_cpu:>14.1f}")
+            line("  keydoor end-to-end: rollout()", full)
+    print(f"after: {_load()}")
+    bench_exact("keydoor", 2, size=6, horizon=30)  # compiles the solver kernels if needed
     r = bench_exact("keydoor", 2, size=6, horizon=30)
-    print(f"\nexact ground truth keydoor 6x6 K=2: {r['nodes']:,} nodes, {r['contexts']:,} contexts, "
+    print(f"\nexact ground truth keydoor 6x6 K=2 (compiled): {r['nodes']:,} nodes, {r['contexts']:,} contexts, "
           f"{r['seconds']:.2f} s, {r['MiB']:.1f} MiB")  # fmt: skip
     if args.exact:
         print(f"\n{'env':<42}{'K':>3}{'states':>8}{'nodes':>12}{'contexts':>11}{'s':>8}{'MiB':>8}")

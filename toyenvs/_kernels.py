@@ -30,6 +30,7 @@ SH30 = np.uint64(30)
 SH27 = np.uint64(27)
 SH31 = np.uint64(31)
 SH11 = np.uint64(11)
+SH32 = np.uint64(32)
 TO_UNIT = 1.0 / 9007199254740992.0  # 2^-53
 INVALID_PENALTY = 0.1
 INIT_UNIFORM = 0
@@ -123,10 +124,21 @@ def fill_cdf(logits, cdf, n, inv_temp):
 
 
 @njit(cache=True)
+def slot_of(code, mask):
+    """First probe slot of a context code: multiplicative hash folded to the table size.
+
+    One multiply instead of a full mix: codes are already spread by the mixed radix, and the
+    fold (high half xor low half) makes every bit of the code reach the slot.
+    """
+    x = np.uint64(code) * GOLD
+    return np.int64((x ^ (x >> SH32)) & np.uint64(mask))
+
+
+@njit(cache=True)
 def table_find(code, htab):
     """Dense row of a context code, or -1 when absent (htab[2h] = code, htab[2h + 1] = row)."""
     mask = np.uint64((htab.shape[0] >> 1) - 1)
-    h = np.int64(mix64(np.uint64(code)) & mask)
+    h = slot_of(code, mask)
     while True:
         k = htab[2 * h]
         if k == code:
@@ -142,7 +154,7 @@ def table_find_or_insert(
 ):
     """Dense row of a context code, inserting it with its initial logits; -1 when full."""
     mask = np.uint64((htab.shape[0] >> 1) - 1)
-    h = np.int64(mix64(np.uint64(code)) & mask)
+    h = slot_of(code, mask)
     while True:
         k = htab[2 * h]
         if k == code:
@@ -201,7 +213,7 @@ def rehash(codes, n, htab):
     """Insert dense rows 0..n-1 into an empty hash table."""
     mask = np.int64((htab.shape[0] >> 1) - 1)
     for i in range(n):
-        h = np.int64(mix64(np.uint64(codes[i])) & np.uint64(mask))
+        h = slot_of(codes[i], mask)
         while htab[2 * h] != -1:
             h = (h + 1) & mask
         htab[2 * h] = codes[i]
@@ -225,12 +237,18 @@ def env_next(s, a, st, next_state, next_prob):
 
 @njit(cache=True)
 def sample_action(cdf, row, st):
+    """Inverse-cdf draw: the first a with u < cdf[row, a], and the advanced stream.
+
+    Counted without branches as #{a < A - 1 : cdf[row, a] <= u} (equal to the first index
+    because the cdf is non-decreasing): a data-dependent early exit mispredicts about once per
+    step under a spread-out policy.
+    """
     st, u = rng_uniform(st)
     A = cdf.shape[1]
-    for a in range(A - 1):
-        if u < cdf[row, a]:
-            return a, st
-    return A - 1, st
+    a = 0
+    for k in range(A - 1):
+        a += cdf[row, k] <= u
+    return a, st
 
 
 @njit(cache=True)
@@ -650,122 +668,198 @@ def lookup_nodes(index, t, s, P):
     return out
 
 
-LANES = 8  # trajectories stepped in lockstep by rollout_kernel
+LANES = 8  # trajectories in flight at once in rollout_kernel_fast
 
 
 @njit(cache=True)
-def rollout_kernel_lanes(
+def fill_step_rows(n_rollouts, horizon, n_obs, n_actions, powM, K, obs_of_state, invalid,
+                   reward_enter, final, o_group, o_traj, o_step, o_reward, o_obs, o_action,
+                   o_invalid, o_hidden, o_ctx, o_keys, o_len):  # fmt: skip
+    """Second pass of :func:`rollout_kernel_fast`: compact the rows and fill the other columns.
+
+    On entry step t of trajectory tr sits at the padded position tr * horizon + t of
+    ``o_hidden``, ``o_action`` and ``o_ctx``. Trajectory by trajectory, in order, its rows move
+    forward to their contiguous place (a row never moves to a later index, and every source
+    row is read before anything is written over it), and group / traj / step, observation,
+    invalid flag and reward are filled in (the reward of a step is ``reward_enter`` of the next
+    step's hidden state, or of ``final[tr]`` on the last step); then the k-step context keys
+    come from :func:`context_keys_pass`. Returns the number of rows.
+    """
+    row = 0
+    for tr in range(final.shape[0]):  # o_len may be longer than this call's trajectories
+        g = tr // n_rollouts
+        L = o_len[tr]
+        src = tr * horizon
+        for tt in range(L):
+            r = row + tt
+            s = o_hidden[src + tt]
+            a = o_action[src + tt]
+            c = o_ctx[src + tt]
+            s2 = o_hidden[src + tt + 1] if tt + 1 < L else final[tr]
+            o_hidden[r] = s
+            o_action[r] = a
+            o_ctx[r] = c
+            o_group[r] = g
+            o_traj[r] = tr
+            o_step[r] = tt
+            o_obs[r] = obs_of_state[s]
+            o_invalid[r] = invalid[s, a]
+            o_reward[r] = reward_enter[s2]
+            o_keys[0, r] = obs_of_state[s]
+        row += L
+    context_keys_pass(row, K, n_obs, n_actions, powM, o_step, o_obs, o_action, o_keys)
+    return row
+
+
+@njit(cache=True)
+def context_keys_pass(n_rows, K, n_obs, n_actions, powM, o_step, o_obs, o_action, o_keys):
+    """Fill rows 1..K of ``o_keys[:, :n_rows]`` from row 0 (= o_t), the steps and the actions.
+
+    With key_k(t) = P_k(t) n_obs + o_t and P_k(t) = P_{k-1}(t-1) M + pair_{t-1}:
+    key_k(t) = (key_{k-1}(t-1) - o_{t-1}) M + pair_{t-1} n_obs + o_t, and at t = 0 (all
+    padding) key_k(0) = (M^k - 1) n_obs + o_0: one loop per k with no loop-carried dependence.
+    """
+    M = (n_obs + 1) * (n_actions + 1)
+    for k in range(1, K + 1):
+        pad = (powM[k] - 1) * n_obs
+        for r in range(n_rows):
+            if o_step[r] == 0:
+                o_keys[k, r] = pad + o_obs[r]
+            else:
+                o1 = o_obs[r - 1]
+                pair = o1 * (n_actions + 1) + o_action[r - 1]
+                o_keys[k, r] = (o_keys[k - 1, r - 1] - o1) * M + pair * n_obs + o_obs[r]
+
+
+@njit(cache=True)
+def rollout_kernel_fast(
     starts, n_rollouts, seed, horizon, K, n_obs, powM,
     obs_of_state, next_state, next_prob, invalid, reward_enter, terminal,
     htab, codes, logits, cdf, count, init_mode, init_seed, init_scale, inv_temp,
     o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_keys,
     o_success, o_len,
 ):  # fmt: skip
-    """Same contract and same trajectories as :func:`rollout_kernel`, faster.
+    """Same contract and same trajectories as :func:`rollout_kernel`, bit for bit, faster.
 
-    LANES trajectories advance in lockstep into small scratch buffers, so the table lookups of
-    independent trajectories overlap in the CPU instead of waiting on each other; each block's
-    rows are then copied out contiguously. Trajectory i still draws from stream (seed, i) only,
-    so its actions and states equal the one-at-a-time kernel's; only the order in which new
-    contexts get dense rows can differ.
+    Only the dense row numbers of contexts met for the first time in this call can differ (they
+    follow the order in which the table meets them); codes, actions, states and keys do not.
+
+    How: LANES trajectories are in flight at once and step in turn, so the table lookups of
+    independent trajectories overlap in the CPU instead of waiting on each other; a lane that
+    finishes takes the next trajectory. The step loop does only what the next step depends on
+    (context code, table probe, action draw, env move) and records hidden state, action and
+    dense row at the padded position tr * horizon + t of the outputs;
+    :func:`fill_step_rows` then compacts the rows and fills every other column. The context's
+    past part P is updated from a ring of the last K pairs, P' = (P - oldest * M^(K-1)) * M +
+    pair (no loop over k, no division). The draw and the move are written inline: helper calls
+    that take arrays cost reference counting in the hot loop.
     """
     A = next_state.shape[1]
     M = (n_obs + 1) * (A + 1)
-    pad = M - 1
     W = LANES
-    Kh = max(K, 1)
-    hist = np.empty((W, Kh), dtype=np.int64)
-    s = np.empty(W, dtype=np.int64)
-    st = np.empty(W, dtype=np.int64)
-    alive = np.zeros(W, dtype=np.bool_)
-    succ = np.zeros(W, dtype=np.bool_)
-    ln = np.zeros(W, dtype=np.int64)
-    sc_r = np.empty((W, horizon))
-    sc_o = np.empty((W, horizon), dtype=np.int64)
-    sc_a = np.empty((W, horizon), dtype=np.int64)
-    sc_inv = np.empty((W, horizon), dtype=np.bool_)
-    sc_s = np.empty((W, horizon), dtype=np.int64)
-    sc_c = np.empty((W, horizon), dtype=np.int64)
-    sc_k = np.empty((W, horizon, K + 1), dtype=np.int64)
+    Kr = max(K, 1)
+    top = powM[K - 1] if K > 0 else np.int64(0)
+    mask = np.uint64((htab.shape[0] >> 1) - 1)
+    imask = np.int64(mask)
+    deterministic = True
+    for x in next_prob[:, :, 0].ravel():
+        if x < 1.0:
+            deterministic = False
     n_traj = starts.shape[0] * n_rollouts
-    row = 0
-    for b0 in range(0, n_traj, W):
-        nb = min(W, n_traj - b0)
-        for w in range(nb):
-            tr = b0 + w
-            s[w] = starts[tr // n_rollouts]
-            st[w] = stream_seed(seed, tr)
+    final = np.empty(n_traj, dtype=np.int64)
+    ring = np.empty((W, Kr), dtype=np.int64)
+    l_tr = np.full(W, -1, dtype=np.int64)
+    l_s = np.zeros(W, dtype=np.int64)
+    l_st = np.zeros(W, dtype=np.int64)  # stream states as int64 bits (see stream_seed)
+    l_P = np.zeros(W, dtype=np.int64)
+    l_pos = np.zeros(W, dtype=np.int64)
+    l_t = np.zeros(W, dtype=np.int64)
+    nxt = 0
+    active = 0
+    for w in range(W):
+        if nxt < n_traj:
+            l_tr[w] = nxt
+            l_s[w] = starts[nxt // n_rollouts]
+            l_st[w] = stream_seed(seed, nxt)
+            l_P[w] = powM[K] - 1  # all padding pairs (M - 1)
+            l_pos[w] = 0
+            l_t[w] = 0
             for k in range(K):
-                hist[w, k] = pad
-            alive[w] = True
-            succ[w] = False
-        n_alive = nb
-        t = 0
-        while n_alive > 0:
-            for w in range(nb):
-                if not alive[w]:
-                    continue
-                sw = s[w]
-                o = obs_of_state[sw]
-                acc = np.int64(0)
-                for k in range(K):
-                    sc_k[w, t, k] = acc * n_obs + o
-                    acc += hist[w, k] * powM[k]
-                code = acc * n_obs + o
-                sc_k[w, t, K] = code
-                c = table_find(code, htab)
+                ring[w, k] = M - 1
+            nxt += 1
+            active += 1
+    while active > 0:
+        for w in range(W):
+            tr = l_tr[w]
+            if tr < 0:
+                continue
+            s = l_s[w]
+            t = l_t[w]
+            P = l_P[w]
+            o = obs_of_state[s]
+            code = P * n_obs + o
+            h = slot_of(code, mask)
+            c = np.int64(-2)
+            while True:  # the first slot holds the code most of the time
+                kc = htab[2 * h]
+                if kc == code:
+                    c = htab[2 * h + 1]
+                    break
+                if kc == -1:
+                    break
+                h = (h + 1) & imask
+            if c == -2:
+                c = table_find_or_insert(
+                    code, htab, codes, logits, cdf, count, init_mode, init_seed, init_scale,
+                    inv_temp,
+                )  # fmt: skip
                 if c < 0:
-                    c = table_find_or_insert(
-                        code,
-                        htab,
-                        codes,
-                        logits,
-                        cdf,
-                        count,
-                        init_mode,
-                        init_seed,
-                        init_scale,
-                        inv_temp,
-                    )
-                    if c < 0:
-                        return -1
-                a, stw = sample_action(cdf, c, st[w])
-                s2, stw = env_next(sw, a, stw, next_state, next_prob)
-                st[w] = stw
-                sc_r[w, t] = reward_enter[s2]
-                sc_o[w, t] = o
-                sc_a[w, t] = a
-                sc_inv[w, t] = invalid[sw, a]
-                sc_s[w, t] = sw
-                sc_c[w, t] = c
-                if terminal[s2] or t + 1 >= horizon:
-                    alive[w] = False
-                    succ[w] = terminal[s2] and reward_enter[s2] > 0.0
-                    ln[w] = t + 1
-                    n_alive -= 1
-                    continue
-                for k in range(K - 1, 0, -1):
-                    hist[w, k] = hist[w, k - 1]
-                if K > 0:
-                    hist[w, 0] = o * (A + 1) + a
-                s[w] = s2
+                    return -1
+            # splitmix64 draw (as rng_uniform) and inverse-cdf action (as sample_action)
+            st = np.uint64(l_st[w]) + GOLD
+            u = np.float64(mix64(st) >> SH11) * TO_UNIT
+            a = 0
+            for k in range(A - 1):
+                a += cdf[c, k] <= u
+            if deterministic or next_prob[s, a, 0] >= 1.0:
+                s2 = next_state[s, a, 0]
+            else:
+                s2, sti = env_next(s, a, np.int64(st), next_state, next_prob)
+                st = np.uint64(np.int64(sti))
+            i = tr * horizon + t
+            o_hidden[i] = s
+            o_action[i] = a
+            o_ctx[i] = c
             t += 1
-        for w in range(nb):
-            tr = b0 + w
-            g = tr // n_rollouts
-            for tt in range(ln[w]):
-                o_group[row] = g
-                o_traj[row] = tr
-                o_step[row] = tt
-                o_reward[row] = sc_r[w, tt]
-                o_obs[row] = sc_o[w, tt]
-                o_action[row] = sc_a[w, tt]
-                o_invalid[row] = sc_inv[w, tt]
-                o_hidden[row] = sc_s[w, tt]
-                o_ctx[row] = sc_c[w, tt]
-                for k in range(K + 1):
-                    o_keys[k, row] = sc_k[w, tt, k]
-                row += 1
-            o_success[tr] = succ[w]
-            o_len[tr] = ln[w]
-    return row
+            if terminal[s2] or t >= horizon:
+                o_len[tr] = t
+                final[tr] = s2
+                o_success[tr] = terminal[s2] and reward_enter[s2] > 0.0
+                if nxt < n_traj:  # this lane takes the next trajectory
+                    l_tr[w] = nxt
+                    l_s[w] = starts[nxt // n_rollouts]
+                    l_st[w] = stream_seed(seed, nxt)
+                    l_P[w] = powM[K] - 1
+                    l_pos[w] = 0
+                    l_t[w] = 0
+                    for k in range(K):
+                        ring[w, k] = M - 1
+                    nxt += 1
+                else:
+                    l_tr[w] = -1
+                    active -= 1
+                continue
+            if K > 0:
+                pair = o * (A + 1) + a
+                pos = l_pos[w]
+                l_P[w] = (P - ring[w, pos] * top) * M + pair
+                ring[w, pos] = pair
+                l_pos[w] = pos + 1 if pos + 1 < K else 0
+            l_s[w] = s2
+            l_st[w] = np.int64(st)
+            l_t[w] = t
+    return fill_step_rows(
+        n_rollouts, horizon, n_obs, A, powM, K, obs_of_state, invalid, reward_enter, final,
+        o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_keys,
+        o_len,
+    )  # fmt: skip

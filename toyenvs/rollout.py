@@ -127,7 +127,7 @@ def rollout_arrays(
     names = ("group", "traj", "step", "reward", "state", "action", "invalid", "hidden", "context")
 
     def call(tables: tuple) -> int:
-        return kn.rollout_kernel_lanes(
+        return kn.rollout_kernel_fast(
             tasks, n_rollouts, seed, env.horizon, pol.K, pol.n_obs, pol.powM, *env_args(env),
             *tables, *(b[k] for k in names), b["context_keys"], b["success"], b["length"],
         )  # fmt: skip

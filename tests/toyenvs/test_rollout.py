@@ -115,7 +115,7 @@ def _run_kernel(fn, env: toyenvs.POMDP, K: int = 2) -> tuple[int, dict]:
     return n, out
 
 
-@pytest.mark.parametrize("kernel", [kn.rollout_kernel, kn.rollout_kernel_lanes])
+@pytest.mark.parametrize("kernel", [kn.rollout_kernel, kn.rollout_kernel_fast])
 def test_rollout_kernels_compiled_equal_python(kernel) -> None:
     env = make_small("keydoor_slip")
     (n1, a), (n2, b) = _run_kernel(kernel, env), _run_kernel(kernel.py_func, env)
@@ -124,17 +124,46 @@ def test_rollout_kernels_compiled_equal_python(kernel) -> None:
         np.testing.assert_array_equal(a[k], b[k])
 
 
-def test_lane_kernel_equals_the_one_at_a_time_reference() -> None:
-    # Same trajectories; dense context rows may be numbered differently, codes may not.
-    env = make_small("random")
+@pytest.mark.parametrize("key", sorted(SMALL))
+@pytest.mark.parametrize("K", [0, 1, 4])
+def test_fast_kernel_equals_the_one_at_a_time_reference(key: str, K: int) -> None:
+    # Same trajectories; only the dense rows of newly met contexts may be numbered differently
+    # (the lanes meet them in another order), so rows are compared through their codes.
+    env = make_small(key)
     (n1, a), (n2, b) = (
-        _run_kernel(kn.rollout_kernel, env),
-        _run_kernel(kn.rollout_kernel_lanes, env),
+        _run_kernel(kn.rollout_kernel, env, K=K),
+        _run_kernel(kn.rollout_kernel_fast, env, K=K),
     )
-    assert n1 == n2
+    assert n1 == n2 > 0
     for k in a:
         if k != "context":
             np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_context_keys_pass_compiled_equals_python_and_the_encoding() -> None:
+    n_obs, n_actions, K = 5, 3, 3
+    M = (n_obs + 1) * (n_actions + 1)
+    powM = np.array([M**k for k in range(K + 1)], dtype=np.int64)
+    rng = np.random.default_rng(0)
+    step = np.concatenate([np.arange(4), np.arange(6), np.arange(1)])
+    obs = rng.integers(0, n_obs, step.size)
+    act = rng.integers(0, n_actions, step.size)
+    outs = []
+    for fn in (kn.context_keys_pass, kn.context_keys_pass.py_func):
+        keys = np.empty((K + 1, step.size), dtype=np.int64)
+        keys[0] = obs
+        fn(step.size, K, n_obs, n_actions, powM, step, obs, act, keys)
+        outs.append(keys)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    for i in range(step.size):
+        t = int(step[i])
+        for k in range(K + 1):
+            lo = i - min(t, k)
+            expect = toyenvs.encode_context(
+                obs[lo:i].tolist(), act[lo:i].tolist(), int(obs[i]), K=k, n_obs=n_obs,
+                n_actions=n_actions,
+            )  # fmt: skip
+            assert outs[0][k, i] == expect
 
 
 def test_rng_and_init_kernels_compiled_equals_python() -> None:
