@@ -5,7 +5,9 @@ plays ``tasks[g]``, so every member of a group starts from the same state (envir
 deterministic given the task). ``step(actions)`` sends one text action per slot; finished slots
 are not stepped again (reward 0, done True, their last observation).
 
-Each worker process hosts a share of the slots. An exception inside one environment is caught in
+Each worker process hosts a contiguous block of slots, so the members of a group (consecutive
+slots) live in as few workers as possible and share what a worker caches per task (ALFWorld's
+per-game translation and grammar, see :mod:`agentenvs.alfworld.engine`). An exception inside one environment is caught in
 its worker: that slot reports ``info["crashed"] = True`` and done, and its environment is rebuilt.
 A worker that dies or does not answer within ``timeout_s`` is killed and restarted with fresh
 environments; all its slots report ``crashed`` and done for that step. The rest of the batch is
@@ -76,7 +78,8 @@ class BatchedEnv:
 
     factory: a zero-argument callable building one environment (called in the workers).
     num_envs: batch size B = number of tasks x group size.
-    num_workers: worker processes (slots are dealt round-robin).
+    num_workers: worker processes (each hosts a contiguous block of slots; block sizes differ
+        by at most one).
     timeout_s: seconds a worker may take for one reset/step of its slots before it is restarted.
     start_method: multiprocessing start method ("fork" is fastest on Linux).
     """
@@ -100,7 +103,9 @@ class BatchedEnv:
         self.num_workers = min(num_workers, num_envs)
         self.timeout_s = timeout_s
         self._ctx = mp.get_context(start_method)
-        self._slots = [list(range(w, num_envs, self.num_workers)) for w in range(self.num_workers)]
+        base, extra = divmod(num_envs, self.num_workers)
+        bounds = [w * base + min(w, extra) for w in range(self.num_workers + 1)]
+        self._slots = [list(range(bounds[w], bounds[w + 1])) for w in range(self.num_workers)]
         self._procs: list[Any] = [None] * self.num_workers
         self._conns: list[Connection | None] = [None] * self.num_workers
         for w in range(self.num_workers):

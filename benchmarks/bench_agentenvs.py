@@ -1,13 +1,16 @@
 """Environment steps per second with 128 environments in worker processes, per benchmark.
 
 Run: ``python -m benchmarks.bench_agentenvs [--envs 128] [--workers 2] [--steps 10]``.
-Random admissible actions; resets are timed apart from steps. ALFWorld plays generated games
-through the real engine (needs the alfworld package).
+Random admissible actions; resets are timed apart from steps (wall seconds, and the CPU
+seconds of the worker processes, which a shared machine does not inflate). ALFWorld plays
+generated games through the real engine (needs the alfworld package); a group's members share
+their worker's per-game translation and grammar (:mod:`agentenvs.alfworld.engine`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import tempfile
 import time
@@ -16,12 +19,28 @@ from agentenvs.batched import BatchedEnv
 from agentenvs.factories import alfworld_factory, webshop_factory
 
 
+def _workers_cpu(env: BatchedEnv) -> float:
+    """CPU seconds (user + system) used so far by the env's worker processes (Linux /proc)."""
+    total = 0.0
+    for p in env._procs:
+        try:
+            with open(f"/proc/{p.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, AttributeError, IndexError, ValueError):
+            return float("nan")
+    return total
+
+
 def _bench(name: str, env: BatchedEnv, n_tasks: int, group_n: int, steps: int) -> None:
     rng = random.Random(0)
+    c0 = _workers_cpu(env)
     t0 = time.perf_counter()
     _, infos = env.reset(list(range(n_tasks)), group_n)
     t_reset = time.perf_counter() - t0
+    c_reset = _workers_cpu(env) - c0
     n_steps, t_step = 0, 0.0
+    c0 = _workers_cpu(env)
     for _ in range(steps):
         acts = []
         for info in infos:
@@ -38,9 +57,11 @@ def _bench(name: str, env: BatchedEnv, n_tasks: int, group_n: int, steps: int) -
         _, _, _, infos = env.step(acts)
         t_step += time.perf_counter() - t0
         n_steps += live
+    c_step = _workers_cpu(env) - c0
     print(
         f"{name:9s} envs={env.num_envs:4d} workers={env.num_workers} "
-        f"reset={t_reset:6.1f}s steps={n_steps:5d} step_time={t_step:6.1f}s "
+        f"reset={t_reset:6.1f}s (workers' CPU {c_reset:6.1f}s) steps={n_steps:5d} "
+        f"step_time={t_step:6.1f}s (workers' CPU {c_step:6.1f}s) "
         f"-> {n_steps / max(t_step, 1e-9):8.1f} env-steps/s"
     )
 
@@ -54,6 +75,7 @@ def main() -> None:
     ap.add_argument("--skip-alfworld", action="store_true")
     a = ap.parse_args()
     n_tasks = a.envs // a.group
+    print("load average before: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     with BatchedEnv(webshop_factory(), a.envs, a.workers) as env:
         _bench("webshop", env, n_tasks, a.group, a.steps)
     if a.skip_alfworld:
@@ -67,6 +89,7 @@ def main() -> None:
         files = [str(p) for p in generate_split(tmp, "train", n_tasks, seed=1)]
         with BatchedEnv(alfworld_factory(files), a.envs, a.workers) as env:
             _bench("alfworld", env, n_tasks, a.group, a.steps)
+    print("load average after: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
 if __name__ == "__main__":

@@ -72,15 +72,21 @@ class AlfWorldEnv:
         return len(self.game_files)
 
     def _load(self, game_file: str) -> None:
-        import textworld
-        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+        """Load ``game_file`` into this env's engine (made on first use, reused after).
 
-        if self._env is not None:
-            self._env.close()
-        req = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
-        self._env = textworld.start(
-            game_file, request_infos=req, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos]
-        )
+        The engine is :class:`agentenvs.alfworld.engine.CachedPddlEnv`: the game's PDDL
+        translation, grammar and text-generation parses are computed once per process and
+        shared by every env of the process that plays the same game.
+        """
+        import textworld
+
+        from agentenvs.alfworld import engine
+
+        if self._env is None:
+            req = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+            self._env = engine.start(game_file, req)
+        else:
+            self._env.load(game_file)
         self._loaded = game_file
 
     def reset(self, task: int) -> tuple[str, dict[str, Any]]:

@@ -73,10 +73,10 @@ def test_exception_in_one_env_is_reported_and_env_rebuilt():
 def test_dead_worker_is_restarted():
     with BatchedEnv(ToyEnv, num_envs=4, num_workers=2) as env:
         env.reset([0, 1], group_n=2)
-        # slot 0 lives in worker 0 with slot 2; worker 1 (slots 1, 3) is unaffected
+        # slot 0 lives in worker 0 with slot 1; worker 1 (slots 2, 3) is unaffected
         obs, r, d, infos = env.step(["die", "inc", "inc", "inc"])
-        assert infos[0]["crashed"] and infos[2]["crashed"] and d[0] and d[2]
-        assert not infos[1]["crashed"] and obs[1] == "task 0 t 1"
+        assert infos[0]["crashed"] and infos[1]["crashed"] and d[0] and d[1]
+        assert not infos[2]["crashed"] and obs[2] == "task 1 t 1"
         assert env.restarts == 1
         obs, _ = env.reset([5, 6], group_n=2)
         assert obs == ["start 5", "start 5", "start 6", "start 6"] and not env.done.any()
