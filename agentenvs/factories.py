@@ -39,6 +39,28 @@ def webshop_factory(
     return functools.partial(_webshop, split, seed, n_products, n_goals, n_eval, max_steps)
 
 
+def _web_agent_site(goal_indices: tuple[int, ...], max_steps: int, env_kwargs: dict) -> TextEnv:
+    from agentenvs.webshop.adapter import WebAgentSiteEnv
+
+    return WebAgentSiteEnv(list(goal_indices), max_steps=max_steps, **env_kwargs)
+
+
+def web_agent_site_factory(
+    goal_indices: list[int], max_steps: int = 15, **env_kwargs: object
+) -> Callable[[], TextEnv]:
+    """Factory of the original WebShop (``web_agent_site``, when installed) over goal numbers.
+
+    ``reset(task)`` plays goal ``goal_indices[task]`` (the real split: 0-499 test, 500-1499
+    eval, 1500+ train); ``env_kwargs`` go to ``WebAgentTextEnv`` (e.g. ``num_products``,
+    ``human_goals``). See :class:`agentenvs.webshop.adapter.WebAgentSiteEnv`.
+    """
+    if not goal_indices:
+        raise ValueError("goal_indices must not be empty")
+    return functools.partial(
+        _web_agent_site, tuple(int(g) for g in goal_indices), max_steps, dict(env_kwargs)
+    )
+
+
 def _alfworld(game_files: tuple[str, ...], max_steps: int) -> TextEnv:
     from agentenvs.alfworld.env import AlfWorldEnv
 

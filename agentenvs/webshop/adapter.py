@@ -1,9 +1,24 @@
 """Adapter to the original WebShop (``web_agent_site``) when a user has it installed.
 
 The original package is not on the package registries (its catalog comes from a file host and
-its search index needs Java), so this is only exercised where it is installed; tests skip it
-otherwise. It exposes the same ``reset(task)`` / ``step(action)`` protocol as
-:class:`agentenvs.webshop.env.WebShopEnv`.
+its search index needs Java). It exposes the same ``reset(task)`` / ``step(action)`` protocol as
+:class:`agentenvs.webshop.env.WebShopEnv`. Tests run it against a stand-in ``web_agent_site``
+(and ``gym``) with the real package's names, constructor, signatures and return shapes
+(``tests/agentenvs/test_webshop_adapter.py``).
+
+What the real package does, and what the adapter relies on (princeton-nlp/WebShop,
+``web_agent_site/envs/web_agent_text_env.py``): ``import web_agent_site.envs`` registers
+``WebAgentTextEnv-v0`` with ``gym``; ``WebAgentTextEnv(observation_mode='html',
+file_path=..., server=None, **kwargs)`` (kwargs: ``num_products``, ``human_goals``,
+``filter_goals``, ``limit_goals``, ``session``, ``session_prefix``, ``show_attrs``, ...);
+``reset(session=None, instruction_text=None) -> (obs, None)``, where the goal is
+``goals[session]`` only if ``session`` is a Python ``int`` (anything else, numpy integers
+included, draws a random goal); ``step(action) -> (obs, reward, done, None)`` with the score
+in [0, 1] as reward when "Buy Now" is clicked (done) and 0 otherwise;
+``get_available_actions() -> {"has_search_bar": bool, "clickables": [str, ...]}``. The env
+defines no ``action_space``, which gym >= 0.24's passive env checker refuses; verl-agent passes
+``disable_env_checker=True`` to ``gym.make`` (older gym hands it to the env, whose ``**kwargs``
+ignore it).
 """
 
 from __future__ import annotations
@@ -33,12 +48,23 @@ class WebAgentSiteEnv:
         import gym
         import web_agent_site.envs  # noqa: F401 (registers WebAgentTextEnv-v0)
 
+        goal_indices = list(goal_indices)
         if not goal_indices:
             raise ValueError("goal_indices must not be empty")
-        kwargs = {"observation_mode": "text", "num_products": None, **env_kwargs}
+        if any(isinstance(g, bool) or int(g) != g or g < 0 for g in goal_indices):
+            raise ValueError(f"goal_indices must be non-negative integers, got {goal_indices!r}")
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got max_steps={max_steps}")
+        kwargs = {
+            "observation_mode": "text", "num_products": None, "disable_env_checker": True,
+            **env_kwargs,
+        }  # fmt: skip
         self._env = gym.make("WebAgentTextEnv-v0", **kwargs)
-        self.goal_indices = list(goal_indices)
+        # the real env picks goals[session] only for a Python int session
+        self.goal_indices = [int(g) for g in goal_indices]
         self.max_steps = max_steps
+        self.steps, self.done, self._score = 0, True, 0.0
+        self._obs: str | None = None
 
     @property
     def num_tasks(self) -> int:
@@ -58,13 +84,28 @@ class WebAgentSiteEnv:
         }
 
     def reset(self, task: int) -> tuple[str, dict[str, Any]]:
+        """Start goal ``goal_indices[task]``; returns the site's first page and info."""
+        if not 0 <= task < len(self.goal_indices):
+            raise ValueError(f"task must be in [0, {len(self.goal_indices)}), got task={task}")
         obs, _ = self._env.reset(session=self.goal_indices[task])
-        self.steps, self.done = 0, False
+        self.steps, self.done, self._score = 0, False, 0.0
+        self._obs = obs
         return obs, self._info(0.0)
 
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        obs, reward, done, _ = self._env.step(action)
+        """One ``search[...]`` / ``click[...]``; reward 10 when the purchase scores 1, done on
+        "Buy Now" or after ``max_steps`` steps. A finished episode is not stepped again."""
+        if self._obs is None:
+            raise ValueError("step called before reset")
+        if self.done:
+            return self._obs, 0.0, True, self._info(self._score)
+        obs, reward, done, _ = self._env.step(action if isinstance(action, str) else "")
+        self._obs = obs
         self.steps += 1
         self.done = bool(done) or self.steps >= self.max_steps
-        info = self._info(float(reward) if done else 0.0)
+        self._score = float(reward) if done else 0.0
+        info = self._info(self._score)
         return obs, SUCCESS_REWARD if info["won"] else 0.0, self.done, info
+
+    def close(self) -> None:
+        self._env.close()
