@@ -3,7 +3,8 @@
     python -m benchmarks.bench_estimators [--sizes 6400 100000 1000000 10000000] [--K 4]
 
 Prints, per estimator and size, the median wall and CPU time, steps per second and the peak memory
-that numpy allocated (tracemalloc sees numpy's buffers). Everything runs on one core: the
+that numpy allocated (tracemalloc sees numpy's buffers), and the machine's load average before
+each size (on a shared machine the CPU time is the fairer per-core figure). Everything runs on one core: the
 estimators are single-threaded numpy. The batch imitates ALFWorld: groups of 8 rollouts of
 50 steps, states drawn from a small per-phase alphabet so that contexts share prefixes and
 every level of the hierarchy has groups of several sizes.
@@ -12,6 +13,7 @@ every level of the hierarchy has groups of several sizes.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import time
 import tracemalloc
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     print("compete for the machine); steps/s from cpu")
     print(f"{'estimator':<14}{'steps':>11}{'wall':>12}{'cpu':>12}{'steps/s':>14}{'peak MiB':>10}")
     for size in args.sizes:
+        print(f"# load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
         batch = synthetic_batch(size)
         repeat = args.repeat or (50 if size <= 10_000 else 5 if size <= 1_000_000 else 1)
         for name in args.estimators:
