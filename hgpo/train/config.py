@@ -55,6 +55,8 @@ class TrainConfig:
     """K: memory length of the prompt and depth of the HGPO hierarchy."""
     gamma: float = 0.95
     """Discount of the step return."""
+    train_tasks: int = 0
+    """Training tasks are drawn from the first n of the split (0 = all of them)."""
     # --- rollout -------------------------------------------------------------------------------
     groups_per_iter: int = 16
     """Tasks per iteration (rollout groups)."""
@@ -215,7 +217,7 @@ class TrainConfig:
         for name in ("weight_decay", "kl_coef", "entropy_coef", "grad_clip", "value_clip"):
             if not getattr(self, name) >= 0:
                 raise bad(name, ">= 0")
-        for name in ("history_length", "val_every", "save_every"):
+        for name in ("history_length", "val_every", "save_every", "train_tasks"):
             if getattr(self, name) < 0:
                 raise bad(name, ">= 0")
         if not 0 < self.clip_ratio < 1:

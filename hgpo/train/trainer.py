@@ -227,6 +227,8 @@ class Trainer:
     def _tasks(self, iteration: int) -> list[int]:
         cfg = self.cfg
         n = self.train_envs.num_tasks
+        if cfg.train_tasks:
+            n = min(n, cfg.train_tasks)
         rng = np.random.default_rng([cfg.seed, iteration])
         tasks = rng.choice(n, size=cfg.groups_per_iter, replace=n < cfg.groups_per_iter)
         g = self.groups_per_rank
