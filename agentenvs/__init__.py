@@ -2,7 +2,13 @@
 action parser (see docs/agentenvs.md)."""
 
 from agentenvs.batched import BatchedEnv
-from agentenvs.factories import alfworld_factory, alfworld_games, observation_key, webshop_factory
+from agentenvs.factories import (
+    alfworld_factory,
+    alfworld_games,
+    observation_key,
+    web_agent_site_factory,
+    webshop_factory,
+)
 from agentenvs.memory import BatchMemory, EpisodeMemory
 from agentenvs.parser import INVALID_ACTION_PENALTY, ParsedAction, parse_action, project_actions
 from agentenvs.prompts import alfworld_prompt, alfworld_task, webshop_prompt
@@ -20,6 +26,7 @@ __all__ = [
     "observation_key",
     "parse_action",
     "project_actions",
+    "web_agent_site_factory",
     "webshop_factory",
     "webshop_prompt",
 ]
