@@ -19,10 +19,16 @@ pickled to a disk cache (``$AGENTENVS_ALFWORLD_CACHE``, default
 ``~/.cache/agentenvs/alfworld/engine``; ``off`` disables it), keyed by a hash of their input
 text and of the textworld / alfworld versions, so other workers and later runs load them in
 about a millisecond instead of computing them again (about 1 s per game). The cache holds
-pickles this code wrote; point it only at a folder you own. Only the mutable state is per environment:
-the fast-downward library copy (its state lives in C globals), the ``PddlState`` facts and the
-entity names. What the engine returns is unchanged (the tests compare observations and
-admissible commands with the stock engine, step by step, along expert plans).
+pickles this code wrote: point it only at a folder you own.
+
+Text generation is patched in the worker process (``_install_textgen_cache``): tatsu parses
+are memoised (a deep copy is handed out), contexts are copied without deep-copying the game
+state, and conditional queries are parsed once. The first reset after a load reuses the state
+the load built. Only the mutable state is per environment: the fast-downward library copy
+(its state lives in C globals), the ``PddlState`` facts and the entity names. What the engine
+returns is unchanged: ``tests/agentenvs/test_alfworld_engine.py`` compares observations,
+admissible commands and won flags with the stock engine step by step, over two episodes of
+random admissible commands and an invalid one per game.
 """
 
 from __future__ import annotations
