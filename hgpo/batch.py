@@ -109,42 +109,44 @@ class StepBatch:
             raise ValueError(f"StepBatch.step[{i}] is {self.step[i]}; step indices start at 0")
 
         # A trajectory starts where step == 0; every other row continues the previous row's
-        # trajectory with step + 1 and the same traj and group.
-        starts = np.flatnonzero(self.step == 0)
-        if starts.size == 0 or starts[0] != 0:
-            raise ValueError(
-                f"StepBatch.step[0] is {self.step[0]}; a trajectory must start at step 0"
-            )
-        cont = np.ones(n, dtype=np.bool_)
-        cont[starts] = False
-        idx = np.flatnonzero(cont)
-        bad = (self.step[idx] != self.step[idx - 1] + 1) | (self.traj[idx] != self.traj[idx - 1])
+        # trajectory with step + 1 and the same traj and group. Checked on shifted slices
+        # (contiguous, no gathers): this runs on every batch.
+        step, traj, group = self.step, self.traj, self.group
+        if step[0] != 0:
+            raise ValueError(f"StepBatch.step[0] is {step[0]}; a trajectory must start at step 0")
+        is_start = step == 0
+        cont = ~is_start[1:]  # row i + 1 continues row i
+        bad = cont & ((step[1:] != step[:-1] + 1) | (traj[1:] != traj[:-1]))
         if bad.any():
-            i = int(idx[np.flatnonzero(bad)[0]])
+            i = int(np.flatnonzero(bad)[0]) + 1
             raise ValueError(
-                f"StepBatch.step[{i}] is {self.step[i]} (traj {self.traj[i]}) after step "
-                f"{self.step[i - 1]} (traj {self.traj[i - 1]}): the rows of a trajectory must be "
+                f"StepBatch.step[{i}] is {step[i]} (traj {traj[i]}) after step "
+                f"{step[i - 1]} (traj {traj[i - 1]}): the rows of a trajectory must be "
                 "contiguous and ordered 0..T-1"
             )
-        badg = self.group[idx] != self.group[idx - 1]
+        badg = cont & (group[1:] != group[:-1])
         if badg.any():
-            i = int(idx[np.flatnonzero(badg)[0]])
+            i = int(np.flatnonzero(badg)[0]) + 1
             raise ValueError(
-                f"StepBatch.group[{i}] is {self.group[i]} but trajectory {self.traj[i]} started in "
-                f"group {self.group[i - 1]}: a trajectory lies in one rollout group"
+                f"StepBatch.group[{i}] is {group[i]} but trajectory {traj[i]} started in "
+                f"group {group[i - 1]}: a trajectory lies in one rollout group"
             )
-        traj_at_start = self.traj[starts]
-        if np.unique(traj_at_start).size != starts.size:
+        starts = np.flatnonzero(is_start)
+        traj_at_start = traj[starts]
+        # Ids that rise from one trajectory to the next are unique; only others need a count.
+        if starts.size > 1 and not (traj_at_start[1:] > traj_at_start[:-1]).all():
             vals, counts = np.unique(traj_at_start, return_counts=True)
-            dup = vals[np.flatnonzero(counts > 1)[0]]
-            raise ValueError(
-                f"StepBatch.traj value {dup} labels two separate runs of rows; trajectory ids "
-                "must be unique across the batch"
-            )
-        lengths = np.diff(np.append(starts, n))
-        set_(self, "traj_start", starts.astype(np.int64))
-        set_(self, "traj_len", lengths.astype(np.int64))
-        set_(self, "traj_index", np.repeat(np.arange(starts.size, dtype=np.int64), lengths))
+            if counts.max() > 1:
+                dup = vals[np.flatnonzero(counts > 1)[0]]
+                raise ValueError(
+                    f"StepBatch.traj value {dup} labels two separate runs of rows; trajectory "
+                    "ids must be unique across the batch"
+                )
+        traj_index = np.cumsum(is_start, dtype=np.int64)
+        traj_index -= 1
+        set_(self, "traj_start", starts.astype(np.int64, copy=False))
+        set_(self, "traj_len", np.diff(starts, append=n).astype(np.int64, copy=False))
+        set_(self, "traj_index", traj_index)
 
     @property
     def n_steps(self) -> int:
