@@ -36,6 +36,17 @@ def test_step_batch_validation(over, match):
         batch(**over)
 
 
+def test_trajectory_ids_need_not_rise_only_be_unique():
+    """Uniqueness has a fast path for rising ids; falling or gapped unique ids are fine too, and
+    a duplicate among non-rising ids is still found."""
+    b = StepBatch(group=[0, 0, 1, 1], traj=[7, 7, 3, 9], step=[0, 1, 0, 0], reward=[0.0] * 4,
+                  state=[0] * 4)  # fmt: skip
+    assert b.traj_start.tolist() == [0, 2, 3] and b.traj_index.tolist() == [0, 0, 1, 2]
+    assert b.traj_len.tolist() == [2, 1, 1]
+    with pytest.raises(ValueError, match="traj value 7 labels two separate runs"):
+        StepBatch(group=[0, 0, 0], traj=[7, 3, 7], step=[0, 0, 0], reward=[0.0] * 3, state=[0] * 3)
+
+
 def test_unknown_estimator_and_option():
     with pytest.raises(ValueError, match=r"unknown estimator 'ppo'; known estimators: grpo, rloo"):
         compute_advantages("ppo", batch())
