@@ -81,9 +81,12 @@ def expert_samples(
 
 
 def finetune(
-    model, samples, epochs: int, lr: float, batch: int, pad_id: int, seed: int
+    model, samples, epochs: int, lr: float, batch: int, pad_id: int, seed: int, on_epoch=None
 ) -> list[float]:
-    """Cross-entropy on the response tokens; returns the mean loss of each epoch."""
+    """Cross-entropy on the response tokens; returns the mean loss of each epoch.
+
+    on_epoch: optional callable(epoch, model) run after each epoch (saving snapshots).
+    """
     import torch
 
     from hgpo.train.model import pack, response_logprobs
@@ -105,6 +108,9 @@ def finetune(
             opt.step()
             tot.append(float(loss.detach()))
         losses.append(float(np.mean(tot)))
+        log.info("warm start epoch %d: loss %.4f", len(losses), losses[-1])
+        if on_epoch is not None:
+            on_epoch(len(losses), model)
     return losses
 
 
@@ -123,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--out", default="runs/warm")
+    ap.add_argument(
+        "--save-epochs", default="", help="also save model_e{N} after these epochs, e.g. 4,8"
+    )
     ap.add_argument(
         "--override",
         action="append",
@@ -163,7 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     samples, expert_success = expert_samples(cfg, tok, list(range(args.tasks)))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    losses = finetune(model, samples, args.epochs, args.lr, args.batch, tok.pad_token_id, cfg.seed)
+    snapshots = {int(x) for x in args.save_epochs.split(",") if x.strip()}
+
+    def snapshot(epoch: int, m) -> None:
+        if epoch in snapshots:
+            m.save_pretrained(str(out / f"model_e{epoch}"))
+            tok.save_pretrained(str(out / f"model_e{epoch}"))
+
+    losses = finetune(
+        model, samples, args.epochs, args.lr, args.batch, tok.pad_token_id, cfg.seed, snapshot
+    )
     model.save_pretrained(str(out / "model"))
     tok.save_pretrained(str(out / "model"))
     report = {
