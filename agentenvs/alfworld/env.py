@@ -141,6 +141,32 @@ class AlfWorldEnv:
             self._env, self._loaded = None, None
 
 
+def planner_plan(env: AlfWorldEnv, task: int) -> list[str]:
+    """The PDDL planner's plan (fast-downward, TextWorld's ``replan``) from game ``task``'s start.
+
+    Works on any game the engine loads, official or generated, so plan lengths of the two can
+    be compared like for like. Resets the env to ``task``.
+    """
+    env.reset(task)
+    e = env._env
+    while not hasattr(e, "_pddl_state") and hasattr(e, "_wrapped_env"):
+        e = e._wrapped_env
+    return list(e._pddl_state.replan(e._entity_infos))
+
+
+def play(env: AlfWorldEnv, task: int, plan: list[str]) -> bool:
+    """Send ``plan`` to game ``task`` from its start; True when it wins with every command
+    admissible when sent."""
+    env.reset(task)
+    for cmd in plan:
+        if cmd not in env.admissible_actions():
+            return False
+        _, _, done, info = env.step(cmd)
+        if done:
+            return bool(info["won"])
+    return env.won
+
+
 def run_expert(env: AlfWorldEnv, task: int) -> tuple[bool, list[str]]:
     """Play the scripted expert's plan of generated game ``task`` through the engine.
 

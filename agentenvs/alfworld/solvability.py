@@ -2,6 +2,14 @@
 
 Run: ``python -m agentenvs.alfworld.solvability --n 500 --workers 2`` (prints a JSON report with
 the solved share and the plan-length distribution per task type).
+
+``--planner`` plans with the PDDL planner (fast-downward through TextWorld) instead of the
+scripted expert; ``--official SPLIT`` does that on the official games under $ALFWORLD_DATA, so
+that the real benchmark's optimal-plan lengths per task type can stand beside the generated
+games' (``--planner`` on both)::
+
+    python -m agentenvs.alfworld.solvability --planner --n 500
+    ALFWORLD_DATA=/data/alfworld python -m agentenvs.alfworld.solvability --official train --n 500
 """
 
 from __future__ import annotations
@@ -13,17 +21,21 @@ from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from agentenvs.alfworld.env import AlfWorldEnv, run_expert
+from agentenvs.alfworld.env import AlfWorldEnv, official_games, planner_plan, play, run_expert
 from agentenvs.alfworld.generator import generate_split
 
 
-def _check(args: tuple[str, list[str]]) -> list[tuple[str, bool, int]]:
-    _, files = args
+def _check(args: tuple[bool, list[str]]) -> list[tuple[str, bool, int]]:
+    planner, files = args
     env = AlfWorldEnv(files, max_steps=50)
     out = []
     for i in range(len(files)):
         try:
-            won, plan = run_expert(env, i)
+            if planner:
+                plan = planner_plan(env, i)
+                won = play(env, i, plan)
+            else:
+                won, plan = run_expert(env, i)
         except Exception:  # a crash counts as unsolved
             won, plan = False, []
         out.append((env.traj.get("task_type", ""), won and len(plan) <= 50, len(plan)))
@@ -31,22 +43,53 @@ def _check(args: tuple[str, list[str]]) -> list[tuple[str, bool, int]]:
     return out
 
 
+def _run(files: list[str], workers: int, planner: bool) -> list[tuple[str, bool, int]]:
+    chunks = [(planner, files[w::workers]) for w in range(workers)]
+    chunks = [c for c in chunks if c[1]]
+    if len(chunks) == 1:
+        return _check(chunks[0])
+    with ProcessPoolExecutor(len(chunks)) as pool:
+        return [r for part in pool.map(_check, chunks) for r in part]
+
+
 def solvability_report(
-    n_games: int = 500, split: str = "train", seed: int = 123, workers: int = 2
+    n_games: int = 500,
+    split: str = "train",
+    seed: int = 123,
+    workers: int = 2,
+    planner: bool = False,
+    official: bool = False,
 ) -> dict[str, Any]:
-    """Generate ``n_games`` games of ``split`` and report the expert's success and plan lengths."""
-    with tempfile.TemporaryDirectory() as tmp:
-        files = [str(p) for p in generate_split(tmp, split, n_games, seed)]
-        chunks = [(str(w), files[w::workers]) for w in range(workers)]
-        with ProcessPoolExecutor(workers) as pool:
-            results = [r for part in pool.map(_check, chunks) for r in part]
+    """Report the expert's (or planner's) success and plan lengths per task type.
+
+    Generated games (``n_games`` of ``split`` from ``seed``) by default; with ``official`` the
+    first ``n_games`` official games of ``split`` in a seeded random order (always planned:
+    the scripted expert needs the generator's record of a game).
+    """
+    if official:
+        files = official_games(split)
+        if not files:
+            raise ValueError(
+                f"official: no official games of split={split!r}: set ALFWORLD_DATA to the "
+                "folder holding json_2.1.1/ (from alfworld-download)"
+            )
+        import random
+
+        random.Random(seed).shuffle(files)
+        results = _run(files[:n_games], workers, True)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            files = [str(p) for p in generate_split(tmp, split, n_games, seed)]
+            results = _run(files, workers, planner)
     by_type: dict[str, list[int]] = defaultdict(list)
     for tt, won, n in results:
         if won:
             by_type[tt].append(n)
     report: dict[str, Any] = {
+        "games": "official" if official else "generated",
+        "plans": "planner" if (planner or official) else "scripted expert",
         "split": split,
-        "n_games": n_games,
+        "n_games": len(results),
         "solved": sum(w for _, w, _ in results),
         "solved_share": sum(w for _, w, _ in results) / max(1, len(results)),
         "plan_length": {
@@ -69,8 +112,18 @@ def main() -> None:
     ap.add_argument("--split", default="train")
     ap.add_argument("--seed", type=int, default=123)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--planner", action="store_true", help="plan with fast-downward")
+    ap.add_argument(
+        "--official", metavar="SPLIT", default=None,
+        help="the official games of SPLIT under $ALFWORLD_DATA (planner plans)",
+    )  # fmt: skip
     a = ap.parse_args()
-    print(json.dumps(solvability_report(a.n, a.split, a.seed, a.workers), indent=1))
+    split = a.official or a.split
+    try:
+        rep = solvability_report(a.n, split, a.seed, a.workers, a.planner, a.official is not None)
+    except ValueError as exc:
+        ap.error(str(exc))
+    print(json.dumps(rep, indent=1))
 
 
 if __name__ == "__main__":

@@ -117,3 +117,39 @@ def test_batched_alfworld_groups_start_identical(games):
         assert observation_key("alfworld", obs[0]) == obs[0]
         obs, _r, _d, infos = env.step(["look", "look", "inventory", "inventory"])
         assert obs[0] == obs[1] and obs[2] == "You are not carrying anything."
+
+
+def test_planner_solves_every_shipped_game_no_longer_than_the_expert(games):
+    """The PDDL planner (used for official games, where no generator record exists) finds a
+    winning plan, and an optimal one cannot be longer than the scripted expert's."""
+    from agentenvs.alfworld.env import planner_plan, play
+
+    files = games["train"] + games["valid_unseen"]
+    env = AlfWorldEnv(files)
+    for t in range(len(files)):
+        plan = planner_plan(env, t)
+        assert play(env, t, plan), (files[t], plan)
+        assert len(plan) <= len(run_expert(env, t)[1]), files[t]
+    env.close()
+
+
+def test_official_plan_lengths_from_alfworld_data(games, tmp_path, monkeypatch):
+    """--official reads $ALFWORLD_DATA/json_2.1.1/<split> as the official layout: stand the
+    shipped train games there and the planner's report covers them."""
+    import shutil
+
+    from agentenvs.alfworld.solvability import solvability_report
+
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    with pytest.raises(ValueError, match="set ALFWORLD_DATA"):
+        solvability_report(3, "train", official=True, workers=1)
+    root = tmp_path / "json_2.1.1" / "train"
+    for f in games["train"]:
+        trial = Path(f).parent
+        shutil.copytree(trial, root / trial.parent.name / trial.name)
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))
+    rep = solvability_report(4, "train", seed=0, official=True, workers=1)
+    assert (rep["games"], rep["plans"], rep["n_games"], rep["solved"]) == (
+        "official", "planner", 4, 4,
+    )  # fmt: skip
+    assert sum(v["n"] for v in rep["plan_length"].values()) == 4
