@@ -81,7 +81,7 @@ def test_alfworld_end_to_end_with_shipped_games(tmp_path):
         assert any(k.startswith(f"val/{split}/type/") for k in row)
 
 
-def test_gae_trains_a_critic(tmp_path):
+def test_gae_trains_a_critic_under_zero2(tmp_path):
     out = tmp_path / "gae"
     r = run_cli(
         [
@@ -91,6 +91,8 @@ def test_gae_trains_a_critic(tmp_path):
             "webshop",
             "--estimator",
             "gae",
+            "--zero-stage",
+            "2",
             "--iterations",
             "1",
             "--val-every",
