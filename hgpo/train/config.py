@@ -449,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
         kw: dict[str, Any] = {
             "dest": f.name,
             "default": argparse.SUPPRESS,
-            "help": docs.get(f.name, ""),
+            "help": f"{docs.get(f.name, '')} (default {f.default!r}; env/preset may change it)",
         }
         if kind is bool:
             p.add_argument(flag, type=_bool, nargs="?", const=True, metavar="BOOL", **kw)
