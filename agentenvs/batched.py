@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import signal
+import sys
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
@@ -46,7 +48,21 @@ def _crash_info(err: str) -> dict[str, Any]:
     }
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when its parent dies.
+
+    A forked worker holds copies of its parent's pipe ends, so after a SIGKILL of the parent it
+    would wait forever on its pipe (and keep the parent's stdout open for whoever reads it).
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+
+
 def _worker(conn: Connection, factory: Callable[[], TextEnv], slots: list[int]) -> None:
+    _die_with_parent()
     envs: dict[int, TextEnv] = {s: factory() for s in slots}
     while True:
         try:

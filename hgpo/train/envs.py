@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import signal
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,20 +39,6 @@ def _alfworld_files(cfg: TrainConfig, split: str) -> list[str]:
     return alfworld_games(split, n_games=n, seed=cfg.seed)
 
 
-def _die_with_parent(factory: Callable[[], Any]) -> Any:
-    """Build an env inside a worker that the kernel kills when its parent dies.
-
-    A worker holds a copy of its parent's pipe end (fork), so after a SIGKILL of the trainer it
-    would wait forever on that pipe, keeping the trainer's stdout open.
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    return factory()
-
-
 def split_size(cfg: TrainConfig, split: str) -> int:
     """Number of tasks of ``split``."""
     if cfg.env == "alfworld":
@@ -89,7 +71,7 @@ class EnvSet:
                 max_steps=cfg.max_steps,
             )
         self.env = BatchedEnv(
-            functools.partial(_die_with_parent, factory),
+            factory,
             num_envs,
             num_workers=cfg.env_workers,
             timeout_s=cfg.env_timeout_s,

@@ -111,3 +111,46 @@ def test_webshop_groups_share_the_start():
         obs, _, _, _ = env.step(["search[tea]"] * 8)
         task = webshop_task(env.reset([3, 17], group_n=4)[0][0])
         assert observation_key("webshop", obs[0], task).startswith("'Back to Search'")
+
+
+def _running(pid):
+    """The process exists and is not a zombie."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(os.uname().sysname != "Linux", reason="PR_SET_PDEATHSIG is Linux-only")
+def test_workers_die_with_a_killed_parent(tmp_path):
+    """A SIGKILLed parent cannot close its workers; the kernel must kill them, or they would
+    wait forever on their pipes (keeping the parent's stdout open for whoever reads it)."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(os.path.dirname(__file__))!r})\n"
+        "from test_batched import ToyEnv\n"
+        "from agentenvs.batched import BatchedEnv\n"
+        "env = BatchedEnv(ToyEnv, num_envs=2, num_workers=2)\n"
+        "env.reset([0], group_n=2)\n"
+        "print(' '.join(str(p.pid) for p in env._procs), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              cwd=os.getcwd())  # fmt: skip
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    assert len(pids) == 2
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(10)
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _running(p)]
+        time.sleep(0.1)
+    assert not alive, f"workers {alive} outlived their killed parent"
