@@ -222,7 +222,8 @@ def run_reference(
     return adv[:, 0].double().numpy()  # every row has >= 1 response token
 
 
-def _batch(case: dict[str, Any]) -> StepBatch:
+def case_batch(case: dict[str, Any]) -> StepBatch:
+    """The StepBatch of one golden case (also used by tests/hgpo/test_verl_agent_golden.py)."""
     return StepBatch(
         group=np.asarray(case["group"]),
         traj=np.asarray(case["traj"]),
@@ -235,7 +236,7 @@ def _batch(case: dict[str, Any]) -> StepBatch:
 
 def ours(case: dict[str, Any]) -> np.ndarray:
     """``compute_advantages`` with the reference preset on the same case."""
-    batch = _batch(case)
+    batch = case_batch(case)
     est = case["estimator"]
     opts: dict[str, Any] = dict(K=case["K"], gamma=case["gamma"])
     if est == "hgpo":
@@ -254,7 +255,7 @@ def rounding_decided(case: dict[str, Any]) -> np.ndarray:
     n = len(case["group"])
     if case["estimator"] != "hgpo":
         return np.zeros(n, dtype=bool)
-    batch = _batch(case)
+    batch = case_batch(case)
     cfg = reference_config(
         "hgpo",
         env=case["env"],

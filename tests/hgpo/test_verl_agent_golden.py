@@ -23,21 +23,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hgpo import StepBatch, compute_advantages, reference_config
+from benchmarks.make_verl_agent_golden import case_batch
+from hgpo import compute_advantages, reference_config
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "verl_agent_golden.json").read_text())
 F32_TOL, F64_TOL = 1e-6, 1e-7
-
-
-def _batch(case: dict[str, Any]) -> StepBatch:
-    return StepBatch(
-        group=np.asarray(case["group"]),
-        traj=np.asarray(case["traj"]),
-        step=np.asarray(case["step"]),
-        reward=np.asarray(case["reward"], dtype=np.float64),
-        state=np.asarray(case["state"]),
-        invalid=np.asarray(case["invalid"], dtype=bool),
-    )
 
 
 def _config(case: dict[str, Any]):
@@ -71,7 +61,7 @@ def test_reference_preset_reproduces_verl_agent(estimator):
     cases = [c for c in GOLDEN["cases"] if c["estimator"] == estimator]
     assert cases
     for n, case in enumerate(cases):
-        out = compute_advantages(estimator, _batch(case), config=_config(case))
+        out = compute_advantages(estimator, case_batch(case), config=_config(case))
         a = out.advantages
         f32, f64 = np.asarray(case["reference_f32"]), np.asarray(case["reference_f64"])
         scale = np.maximum(1.0, np.abs(a))
