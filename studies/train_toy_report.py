@@ -24,11 +24,10 @@ CURVE_PLOT_METRICS = (
 )
 
 
-def _label(setting: str, k: int, single_k: int | None) -> str:
-    """A row label: the setting, with its K when it differs from the study's single K."""
-    if "K=" in setting or (single_k is not None and k == single_k):
-        return setting
-    return f"{setting} [K={k}]"
+def _env_label(env: str, k: int, single_k: int | None) -> str:
+    """The column an env's runs go to: the env, and with several Ks in the study, its K (so
+    that every comparison and ordering is made within one K, as in the paper's Table 1)."""
+    return env if single_k is not None else f"{env} K={k}"
 
 
 def summarise(results: list[dict[str, Any]], default_K: int | None) -> list[dict[str, Any]]:
@@ -41,9 +40,10 @@ def summarise(results: list[dict[str, Any]], default_K: int | None) -> list[dict
         last = r["curve"][-1]
         rows.append(
             {
-                "env": r["env"],
+                "env": _env_label(r["env"], r["K"], default_K),
+                "env_spec": r["env"],
                 "setting": r["setting"],
-                "label": _label(r["setting"], r["K"], default_K),
+                "label": r["setting"],
                 "estimator": r["estimator"],
                 "K": r["K"],
                 "seed": r["seed"],
@@ -222,12 +222,16 @@ def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
 
     if not labels:
         return
-    label_of = {(r["env"], r["setting"], r["K"], r["seed"]): r["label"] for r in rows}
-    fig, axes = plt.subplots(1, len(envs), figsize=(4.2 * len(envs), 3.8), squeeze=False)
-    for ax, env in zip(axes[0], envs, strict=True):
+    where = {(r["env_spec"], r["setting"], r["K"], r["seed"]): (r["env"], r["label"]) for r in rows}
+    ncol = min(len(envs), 6)
+    nrow = (len(envs) + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.4 * nrow + 0.4), squeeze=False)
+    for ax in axes.flat[len(envs) :]:
+        ax.set_visible(False)
+    for ax, env in zip(axes.flat, envs, strict=False):
         for lab in labels:
-            runs = [r for r in results if r["env"] == env
-                    and label_of[(r["env"], r["setting"], r["K"], r["seed"])] == lab]  # fmt: skip
+            runs = [r for r in results
+                    if where[(r["env"], r["setting"], r["K"], r["seed"])] == (env, lab)]  # fmt: skip
             if not runs:
                 continue
             its = np.array([e["iteration"] for e in runs[0]["evals"]])
@@ -242,7 +246,7 @@ def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
     handles, names = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 7), fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.06 * (1 + (len(names) - 1) // 7), 1, 1))
+    fig.tight_layout(rect=(0, 0.06 * (1 + (len(names) - 1) // 7) / nrow, 1, 1))
     fig.savefig(out / name, dpi=110)
     plt.close(fig)
 
@@ -254,12 +258,12 @@ def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    label_of = {(r["env"], r["setting"], r["K"], r["seed"]): r["label"] for r in rows}
+    where = {(r["env_spec"], r["setting"], r["K"], r["seed"]): (r["env"], r["label"]) for r in rows}
     fig, axes = plt.subplots(2, 3, figsize=(12, 6))
     for ax, (metric, title) in zip(axes.flat, CURVE_PLOT_METRICS, strict=True):
         for lab in labels:
-            runs = [r for r in results if r["env"] == env
-                    and label_of[(r["env"], r["setting"], r["K"], r["seed"])] == lab]  # fmt: skip
+            runs = [r for r in results
+                    if where[(r["env"], r["setting"], r["K"], r["seed"])] == (env, lab)]  # fmt: skip
             if not runs:
                 continue
             Y = np.array([[c[metric] for c in r["curve"]] for r in runs], dtype=np.float64)
