@@ -312,7 +312,7 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
         "",
         f"Settings: {json.dumps(asdict(cfg))}",
         "",
-        f"{len(results)} runs, {secs:.0f} s of training in all. Success rates are in percent at "
+        f"{len(results)} runs, {secs:.0f} s of run time (wall, summed over runs). Success rates are in percent at "
         f"temperature {cfg.eval_temperature}, mean ± 95% t-interval half-width over "
         f"{cfg.seeds} seeds; *final* = after the last iteration, *auc* = mean over the "
         "evaluations after iteration 0 (how fast a setting learns).",

@@ -189,6 +189,17 @@ def test_changed_settings_do_not_reuse_old_runs(tmp_path: Path) -> None:
     assert len(list((Path(cfg.out) / "runs").glob("*.json"))) == 2
 
 
+def test_several_k_compare_within_each_k(tmp_path: Path) -> None:
+    """With K = 2 and 4 the columns are (env, K): tests and orderings exist for each K."""
+    cfg = _cfg(tmp_path, settings=("grpo", "gigpo", "hgpo"), Ks=(2, 4), iterations=2,
+               eval_every=1)  # fmt: skip
+    s = tt.run_study(cfg, progress=False)
+    envs = {t["env"] for t in s["tests"]}
+    assert envs == {"tmaze:length=2 K=2", "tmaze:length=2 K=4"}
+    assert {o["env"] for o in s["orderings"]} == envs
+    assert {r["label"] for r in s["final"]} == {"grpo", "gigpo", "hgpo"}
+
+
 def test_settings_k_and_dedup(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, settings=("hgpo", "hgpo:K=4", "gigpo"), Ks=(2, 4), seeds=1)
     runs = tt._runs(cfg)
