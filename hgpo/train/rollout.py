@@ -58,6 +58,8 @@ def score_and_sample(
     with probability softmax(log pi(response | prompt) / temperature) (torch's global RNG)."""
     import torch
 
+    if not all(candidates):
+        raise ValueError('action_mode="score": an environment listed no admissible actions')
     eos = [tok.eos_token_id]
     resp = [
         [tok(response_text(a), add_special_tokens=False)["input_ids"] + eos for a in cands]

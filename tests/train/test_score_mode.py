@@ -47,6 +47,11 @@ def test_sampling_follows_the_softmax_of_the_scores():
     assert len(counts) == 2 and 0.25 < counts[len(want)] / 2000 < 0.42
 
 
+def test_no_admissible_action_is_a_clear_error():
+    with pytest.raises(ValueError, match="no admissible actions"):
+        score_and_sample(_FixedScores([]), _Tok(), [[1]], [[]], 1.0)
+
+
 def test_webshop_search_placeholder_becomes_the_task():
     got = candidate_actions("webshop", ["search[<your query>]", "click[search]"], "red shoes")
     assert got == ["search[red shoes]", "click[search]"]
