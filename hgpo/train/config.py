@@ -74,6 +74,11 @@ class TrainConfig:
     """Sampling temperature of training rollouts."""
     top_p: float = 1.0
     """Nucleus sampling of rollouts (1 = off)."""
+    action_mode: str = "generate"
+    """"generate": sample free text and parse the action (the paper); "score": score every
+    admissible action's response ``<think>...</think><action>a</action>`` with the policy and
+    sample one from the softmax of their log-probabilities at the rollout temperature (hf
+    engine only; WebShop's ``search[<your query>]`` becomes ``search[<task text>]``)."""
     rollout_engine: str = "hf"
     """"hf" (transformers generate; CPU and GPU fallback) or "vllm" (GPU)."""
     rollout_batch_size: int = 64
@@ -175,6 +180,7 @@ class TrainConfig:
         choices = {
             "env": ENVS,
             "rollout_engine": ("hf", "vllm"),
+            "action_mode": ("generate", "score"),
             "precision": ("auto", "bf16", "fp32"),
             "device": ("auto", "cpu", "cuda"),
         }
@@ -230,6 +236,8 @@ class TrainConfig:
             raise bad("gamma", "in [0, 1]")
         if not 0 < self.vllm_gpu_memory_utilization < 1:
             raise bad("vllm_gpu_memory_utilization", "in (0, 1)")
+        if self.action_mode == "score" and self.rollout_engine != "hf":
+            raise bad("action_mode", "'generate' with rollout_engine='vllm' ('score' needs 'hf')")
         if self.zero_stage not in (0, 1, 2, 3):
             raise bad("zero_stage", "0, 1, 2 or 3")
         if not self.webshop_eval_goals < self.webshop_goals:

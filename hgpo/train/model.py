@@ -214,6 +214,27 @@ class HFEngine:
             self.model.train()
         return out
 
+    @torch.no_grad()
+    def score(
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+    ) -> list[float]:
+        """Sum of the response tokens' log-probabilities (temperature 1) given each prompt."""
+        out: list[float] = []
+        was_training = self.model.training
+        self.model.eval()
+        for s in range(0, len(prompts), self.batch_size):
+            b = pack(
+                prompts[s : s + self.batch_size],
+                responses[s : s + self.batch_size],
+                self.tok.pad_token_id,
+                self.device,
+            )
+            lp, _ = response_logprobs(self.model, b)
+            out.extend((lp.float() * b.response_mask).sum(-1).tolist())
+        if was_training:
+            self.model.train()
+        return out
+
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, denom: float | torch.Tensor) -> torch.Tensor:
     """sum(x * mask) / denom (token-mean over a mini-batch when denom = its token count)."""

@@ -26,6 +26,57 @@ class Engine(Protocol):
     ) -> list[list[int]]: ...
 
 
+SCORE_THINK = "<think>I follow the plan.</think>"
+"""The fixed think of action_mode="score" (the warm start's too)."""
+
+
+def candidate_actions(bench: str, admissible: Sequence[str], task: str) -> list[str]:
+    """The actions action_mode="score" chooses from: the admissible ones, with WebShop's
+    ``search[<your query>]`` placeholder filled with the task text."""
+    out = []
+    for a in admissible:
+        if bench == "webshop" and a.startswith("search[") and "<" in a:
+            a = f"search[{task}]"
+        if a not in out:
+            out.append(a)
+    return out
+
+
+def response_text(action: str) -> str:
+    """The response of one candidate action in action_mode="score"."""
+    return f"{SCORE_THINK}<action>{action}</action>"
+
+
+def score_and_sample(
+    engine: Any,
+    tok: Any,
+    prompts: Sequence[Sequence[int]],
+    candidates: Sequence[Sequence[str]],
+    temperature: float,
+) -> list[list[int]]:
+    """action_mode="score": one response per prompt, sampled among its candidates' responses
+    with probability softmax(log pi(response | prompt) / temperature) (torch's global RNG)."""
+    import torch
+
+    if not all(candidates):
+        raise ValueError('action_mode="score": an environment listed no admissible actions')
+    eos = [tok.eos_token_id]
+    resp = [
+        [tok(response_text(a), add_special_tokens=False)["input_ids"] + eos for a in cands]
+        for cands in candidates
+    ]
+    flat_p = [p for p, rs in zip(prompts, resp, strict=True) for _ in rs]
+    flat_r = [r for rs in resp for r in rs]
+    scores = engine.score(flat_p, flat_r)
+    out, k = [], 0
+    for rs in resp:
+        s = torch.tensor(scores[k : k + len(rs)], dtype=torch.float64)
+        k += len(rs)
+        j = int(torch.multinomial(torch.softmax(s / temperature, 0), 1))
+        out.append(rs[j])
+    return out
+
+
 @dataclass
 class Rollout:
     """The step samples of one batch of episodes, trajectory by trajectory.
@@ -78,8 +129,13 @@ def run_episodes(
     max_prompt: int,
     max_steps: int,
     keep_samples: bool = True,
+    action_mode: str = "generate",
 ) -> Rollout:
-    """Play ``task_ids`` x ``group_n`` episodes to the end; group g = task_ids[g]."""
+    """Play ``task_ids`` x ``group_n`` episodes to the end; group g = task_ids[g].
+
+    action_mode "generate" samples free text; "score" samples among the admissible actions'
+    responses (:func:`score_and_sample`).
+    """
     from hgpo.train.model import encode_prompt
 
     t0 = time.perf_counter()
@@ -96,7 +152,14 @@ def run_episodes(
             break
         prompts = [encode_prompt(tok, envs.prompt(i, obs[i], infos[i]), max_prompt) for i in live]
         t = time.perf_counter()
-        responses = engine.generate(prompts, temperature, top_p, max_new)
+        if action_mode == "score":
+            cands = [
+                candidate_actions(envs.bench, infos[i].get("admissible_actions", []), envs.tasks[i])
+                for i in live
+            ]
+            responses = score_and_sample(engine, tok, prompts, cands, temperature)
+        else:
+            responses = engine.generate(prompts, temperature, top_p, max_new)
         gen_s += time.perf_counter() - t
         gen_tokens += sum(len(r) for r in responses)
         actions = [""] * B

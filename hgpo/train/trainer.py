@@ -374,6 +374,7 @@ class Trainer:
             cfg.max_response_tokens,
             cfg.max_prompt_tokens,
             cfg.max_steps,
+            action_mode=cfg.action_mode,
         )
         t1 = time.perf_counter()
         scored = self._score(roll)
@@ -444,6 +445,7 @@ class Trainer:
                     cfg.max_prompt_tokens,
                     cfg.max_steps,
                     keep_samples=False,
+                    action_mode=cfg.action_mode,
                 )
                 res = {"success": roll.success, "score": roll.score, "task_type": roll.task_type}
             parts = dist.gather(res)

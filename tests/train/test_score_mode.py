@@ -1,0 +1,111 @@
+"""action_mode="score": the rollout samples among the admissible actions' responses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentenvs import parse_action
+from hgpo.train.config import TrainConfig
+from hgpo.train.metrics import read_metrics
+from hgpo.train.model import HFEngine, pack, response_logprobs
+from hgpo.train.rollout import candidate_actions, response_text, run_episodes, score_and_sample
+from hgpo.train.tiny import build_tiny
+from tests.train.conftest import GAMES, run_cli
+
+
+class _Tok:
+    eos_token_id = 0
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+class _FixedScores:
+    def __init__(self, scores):
+        self.scores = scores
+
+    def score(self, prompts, responses):
+        assert len(prompts) == len(responses) == len(self.scores)
+        return list(self.scores)
+
+
+def test_sampling_follows_the_softmax_of_the_scores():
+    tok = _Tok()
+    cands = [["a", "bb", "c"]]
+    want = [ord(c) for c in response_text("bb")] + [0]
+    torch.manual_seed(0)
+    picks = [
+        score_and_sample(_FixedScores([-50.0, 0.0, -50.0]), tok, [[1]], cands, 1.0)[0]
+        for _ in range(20)
+    ]
+    assert all(p == want for p in picks)
+    counts = {}
+    for _ in range(2000):  # equal scores: uniform at any temperature
+        r = score_and_sample(_FixedScores([1.0, 1.0, 1.0]), tok, [[1]], cands, 0.5)[0]
+        counts[len(r)] = counts.get(len(r), 0) + 1
+    assert len(counts) == 2 and 0.25 < counts[len(want)] / 2000 < 0.42
+
+
+def test_no_admissible_action_is_a_clear_error():
+    with pytest.raises(ValueError, match="no admissible actions"):
+        score_and_sample(_FixedScores([]), _Tok(), [[1]], [[]], 1.0)
+
+
+def test_webshop_search_placeholder_becomes_the_task():
+    got = candidate_actions("webshop", ["search[<your query>]", "click[search]"], "red shoes")
+    assert got == ["search[red shoes]", "click[search]"]
+    assert candidate_actions("alfworld", ["look", "look", "go to desk 1"], "") == [
+        "look",
+        "go to desk 1",
+    ]
+
+
+def test_score_mode_rollout_is_admissible_and_logprobs_match_the_trainer(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from hgpo.train.envs import EnvSet
+    from hgpo.train.model import load_tokenizer
+
+    torch.manual_seed(0)
+    path = build_tiny(tmp_path / "m", ["go to fridge 1, take apple 1 from fridge 1"], 400)
+    tok = load_tokenizer(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    engine = HFEngine(model, tok, 8, torch.device("cpu"))
+    cfg = TrainConfig(
+        env="alfworld", alfworld_games_dir=str(GAMES), max_steps=3, history_length=1,
+        env_workers=1,
+    )  # fmt: skip
+    envs = EnvSet(cfg, "train", 2)
+    try:
+        roll = run_episodes(envs, engine, tok, [0], 2, 1.0, 1.0, 16, 1024, 3, action_mode="score")
+    finally:
+        envs.close()
+    assert len(roll) == 6 and not any(roll.invalid)
+    for p, r in zip(roll.prompt_ids, roll.response_ids, strict=True):
+        text = tok.decode(r, skip_special_tokens=True)
+        assert text == response_text(parse_action(text, "alfworld").action)
+        assert r[-1] == tok.eos_token_id
+        # the engine's score of the chosen response is the trainer's summed token log-prob
+        b = pack([p], [r], tok.pad_token_id, "cpu")
+        with torch.no_grad():
+            lp, _ = response_logprobs(model, b)
+        assert engine.score([p], [r])[0] == pytest.approx(float(lp.sum()), abs=1e-4)
+
+
+def test_score_mode_needs_the_hf_engine():
+    with pytest.raises(ValueError, match="action_mode"):
+        TrainConfig(action_mode="score", rollout_engine="vllm")
+    with pytest.raises(ValueError, match="action_mode"):
+        TrainConfig(action_mode="pick")
+
+
+def test_score_mode_trains_two_iterations(tmp_path):
+    out = tmp_path / "sc"
+    args = ["--preset", "tiny", "--env", "alfworld", "--alfworld-games-dir", str(GAMES)]
+    args += ["--action-mode", "score", "--history-length", "1", "--max-prompt-tokens", "1024"]
+    r = run_cli([*args, "--val-every", "0", "--save-every", "0", "--out-dir", str(out)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = read_metrics(out)
+    assert [row["iteration"] for row in rows] == [1, 2]
+    assert all(row["invalid_rate"] == 0 and row["grad_norm"] > 0 for row in rows)
