@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EstimatorConfig", "reference_config"]
+__all__ = ["EstimatorConfig", "field_docs", "reference_config"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "norm": ("mean_std", "mean"),
@@ -18,6 +21,23 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "episode_singleton": ("zero", "raw"),
     "zero_rule": ("degenerate", "value", "none"),
 }
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring of dataclass ``cls`` (the string literal under the field in the
+    class body, whitespace collapsed), e.g. for ``--help`` texts."""
+    body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import itertools
 import json
 import sys
 import time
@@ -440,7 +439,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m studies.train_toy", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    doc = _field_docs()
+    from hgpo.config import field_docs
+
+    doc = field_docs(TrainToyConfig)
     for f in dataclasses.fields(TrainToyConfig):
         flag = "--" + _FLAGS.get(f.name, f.name).replace("_", "-")
         default = f.default
@@ -464,25 +465,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="discard finished runs in --out first")
     p.add_argument("--no-progress", action="store_true")
     return p
-
-
-def _field_docs() -> dict[str, str]:
-    """Per-field docstrings of TrainToyConfig (the string after each field), for --help."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(TrainToyConfig))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    out = {}
-    for a, b in itertools.pairwise(body):
-        if (
-            isinstance(a, ast.AnnAssign)
-            and isinstance(a.target, ast.Name)
-            and isinstance(b, ast.Expr)
-            and isinstance(b.value, ast.Constant)
-        ):
-            out[a.target.id] = " ".join(str(b.value.value).split())
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

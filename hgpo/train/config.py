@@ -8,11 +8,8 @@ before any model or environment is built.
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import functools
-import inspect
-import itertools
 import json
 import os
 import typing
@@ -21,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hgpo.config import EstimatorConfig
+from hgpo.config import field_docs as dataclass_field_docs
 from hgpo.estimators import ESTIMATORS
 
 __all__ = ["PRESETS", "TrainConfig", "build_parser", "field_docs", "parse_args", "resolve"]
@@ -315,19 +313,7 @@ def _field_types() -> dict[str, type]:
 @functools.cache
 def field_docs() -> dict[str, str]:
     """Each field's docstring (the string literal under it in the class body)."""
-    tree = ast.parse(inspect.getsource(TrainConfig))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, nxt in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
+    return dataclass_field_docs(TrainConfig)
 
 
 # --- presets ------------------------------------------------------------------------------------
