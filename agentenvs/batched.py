@@ -7,8 +7,10 @@ are not stepped again (reward 0, done True, their last observation).
 
 Each worker process hosts a contiguous block of slots, so the members of a group (consecutive
 slots) live in as few workers as possible and share what a worker caches per task (ALFWorld's
-per-game translation and grammar, see :mod:`agentenvs.alfworld.engine`). An exception inside one environment is caught in
-its worker: that slot reports ``info["crashed"] = True`` and done, and its environment is rebuilt.
+per-game translation and grammar, see :mod:`agentenvs.alfworld.engine`). An exception inside one
+environment is caught in its worker: that slot reports ``info["crashed"] = True`` and done, and
+its environment is rebuilt. A reset at which every slot crashes (twice) raises ``RuntimeError``
+with the first error, e.g. a factory that cannot build its environment at all.
 A worker that dies or does not answer within ``timeout_s`` is killed and restarted with fresh
 environments; all its slots report ``crashed`` and done for that step. The rest of the batch is
 unaffected.
@@ -63,7 +65,12 @@ def _die_with_parent() -> None:
 
 def _worker(conn: Connection, factory: Callable[[], TextEnv], slots: list[int]) -> None:
     _die_with_parent()
-    envs: dict[int, TextEnv] = {s: factory() for s in slots}
+    try:
+        envs: dict[int, TextEnv] = {s: factory() for s in slots}
+        build_error = ""
+    except Exception as e:  # e.g. a missing optional dependency: report it on every command
+        envs, build_error = {}, f"building the environment failed: {e!r}"
+        log.error("%s", build_error)
     while True:
         try:
             cmd, payload = conn.recv()
@@ -71,6 +78,9 @@ def _worker(conn: Connection, factory: Callable[[], TextEnv], slots: list[int]) 
             return
         if cmd == "close":
             return
+        if build_error:
+            conn.send([(slot, "", 0.0, True, _crash_info(build_error)) for slot, _ in payload])
+            continue
         out = []
         for slot, arg in payload:
             try:
@@ -200,6 +210,12 @@ class BatchedEnv:
         retry = {s: self.tasks[s] for s, r in res.items() if r[3].get("crashed")}
         if retry:
             res.update(self._run("reset", retry))
+        errors = [r[3]["error"] for r in res.values() if r[3].get("crashed")]
+        if len(errors) == self.num_envs:  # nothing to play: say why instead of an empty batch
+            raise RuntimeError(
+                f"every one of the {self.num_envs} environments crashed at reset, twice; "
+                f"first error: {errors[0]}"
+            )
         for s, (obs, _, _, info) in res.items():
             info = dict(info)
             info.setdefault("crashed", False)

@@ -154,3 +154,16 @@ def test_workers_die_with_a_killed_parent(tmp_path):
         alive = [p for p in alive if _running(p)]
         time.sleep(0.1)
     assert not alive, f"workers {alive} outlived their killed parent"
+
+
+def _unbuildable() -> ToyEnv:
+    raise ModuleNotFoundError("No module named 'bm25s'")
+
+
+def test_factory_that_cannot_build_raises_with_its_error():
+    # before: every slot reported crashed, and the trainer failed later on an empty batch
+    with (
+        BatchedEnv(_unbuildable, num_envs=4, num_workers=2) as env,
+        pytest.raises(RuntimeError, match=r"every one of the 4 environments.*bm25s"),
+    ):
+        env.reset([0, 1], group_n=2)
