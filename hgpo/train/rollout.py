@@ -82,7 +82,7 @@ class Rollout:
     """The step samples of one batch of episodes, trajectory by trajectory.
 
     Per step (n rows, trajectories contiguous, steps 0..T-1): prompt_ids, response_ids, group,
-    traj, step, reward (env reward, no penalty), invalid, key (state key text).
+    traj, step, reward (env reward, no penalty), invalid, key (state key text), engine_logprobs.
     Per trajectory: success, score, task_type, length.
     """
 
@@ -94,6 +94,8 @@ class Rollout:
     reward: list[float] = field(default_factory=list)
     invalid: list[bool] = field(default_factory=list)
     key: list[str] = field(default_factory=list)
+    engine_logprobs: list[list[float] | None] = field(default_factory=list)
+    """The rollout engine's log-probs of each response's tokens, where it reports them (vLLM)."""
     success: list[bool] = field(default_factory=list)
     score: list[float] = field(default_factory=list)
     task_type: list[str] = field(default_factory=list)
@@ -158,8 +160,10 @@ def run_episodes(
                 for i in live
             ]
             responses = score_and_sample(engine, tok, prompts, cands, temperature)
+            engine_lps = None
         else:
             responses = engine.generate(prompts, temperature, top_p, max_new)
+            engine_lps = getattr(engine, "last_logprobs", None)  # vLLM gives them; hf does not
         gen_s += time.perf_counter() - t
         gen_tokens += sum(len(r) for r in responses)
         actions = [""] * B
@@ -174,6 +178,7 @@ def run_episodes(
                     "response": responses[j] if keep_samples else [],
                     "key": envs.key(i, obs[i]),
                     "invalid": not parsed.valid,
+                    "engine_lp": engine_lps[j] if engine_lps and keep_samples else None,
                 }
             )
             envs.memory[i].store(envs.shown(i, obs[i]), parsed.action)
@@ -200,4 +205,23 @@ def run_episodes(
             out.reward.append(s["reward"])
             out.invalid.append(s["invalid"])
             out.key.append(s["key"])
+            out.engine_logprobs.append(s["engine_lp"])
     return out
+
+
+def logprob_gap(
+    engine_logprobs: Sequence[Sequence[float] | None], trainer_logprobs: Sequence[Any]
+) -> tuple[float, int, float]:
+    """How far the rollout engine's log-probs of the sampled tokens are from the trainer's
+    (its old log-probs, same weights): (sum of |difference| over tokens, tokens, max). A weight
+    sync that missed a layer shows here at once. Samples without engine log-probs are skipped;
+    ``(0.0, 0, 0.0)`` when there are none (the hf engine)."""
+    total, n, worst = 0.0, 0, 0.0
+    for eng, ours in zip(engine_logprobs, trainer_logprobs, strict=True):
+        if not eng:
+            continue
+        ours = ours[: len(eng)]
+        ours = ours.tolist() if hasattr(ours, "tolist") else ours
+        d = [abs(float(a) - float(b)) for a, b in zip(eng, ours, strict=True)]
+        total, n, worst = total + sum(d), n + len(d), max(worst, *d)
+    return total, n, worst

