@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,16 +167,89 @@ class Critic(nn.Module):
         return self.head(hidden[:, -1]).squeeze(-1).float()
 
 
-class HFEngine:
-    """Rollout engine on ``transformers.generate`` (CPU, or GPU fallback)."""
+def load_named(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy (name, full tensor) pairs into ``model``'s parameters of the same names; every
+    parameter must be given exactly once."""
+    params = dict(model.named_parameters())
+    seen: set[str] = set()
+    with torch.no_grad():
+        for name, t in named:
+            if name not in params:
+                raise KeyError(f"load_named: parameter {name!r} is not in the target model")
+            if params[name].shape != t.shape:
+                raise ValueError(
+                    f"load_named: parameter {name!r} has shape {tuple(params[name].shape)} "
+                    f"in the target model, got {tuple(t.shape)}"
+                )
+            params[name].data.copy_(t)
+            seen.add(name)
+    missing = sorted(set(params) - seen)
+    if missing:
+        raise KeyError(f"load_named: parameters not given: {missing[:5]}")
 
-    def __init__(self, model: nn.Module, tok: Any, batch_size: int, device: torch.device) -> None:
+
+HF_MODEL_DIR = "hf_model"
+"""The consolidated model folder inside a checkpoint (``from_pretrained`` and vLLM load it)."""
+
+
+def persistent_buffers(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of the buffers that belong in a state dict (not the non-persistent ones)."""
+    for mod_name, mod in module.named_modules():
+        for name, b in mod.named_buffers(recurse=False):
+            if b is not None and name not in mod._non_persistent_buffers_set:
+                yield (f"{mod_name}.{name}" if mod_name else name), b
+
+
+def save_hf_model(module: nn.Module, tok: Any, path: Path, write: bool) -> None:
+    """Save ``module`` as a full Hugging Face model folder (with ``tok``) at ``path``.
+
+    Under ZeRO-3 the parameters are gathered one at a time (a collective: every rank calls
+    this, and only the rank with ``write`` keeps the tensors and writes them).
+    """
+    from hgpo.train.vllm_engine import gathered_named_parameters
+
+    state: dict[str, torch.Tensor] = {}
+    for name, t in gathered_named_parameters(module):
+        if write:
+            state[name] = t.detach().to("cpu", copy=True)
+    if not write:
+        return
+    for name, b in persistent_buffers(module):
+        state[name] = b.detach().to("cpu", copy=True)
+    module.save_pretrained(str(path), state_dict=state)
+    tok.save_pretrained(str(path))
+
+
+class HFEngine:
+    """Rollout engine on ``transformers.generate`` (CPU, or GPU fallback).
+
+    By default it samples from the training module itself (no copy). With ``copy=True``
+    (ZeRO-3: the training module is sharded, and ranks would have to run every forward pass
+    in lockstep) ``model`` is a plain full model of its own, and ``sync(actor)`` gathers the
+    actor's parameters into it one at a time.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tok: Any,
+        batch_size: int,
+        device: torch.device,
+        copy: bool = False,
+    ) -> None:
         self.model, self.tok, self.batch_size, self.device = model, tok, batch_size, device
+        self.copy = copy
         self.stop = stop_ids(tok)
 
     def sync(self, model: nn.Module) -> None:
-        """The engine samples from the training module itself: nothing to copy."""
-        self.model = model
+        """Sample from ``model`` (the training module); with ``copy``, load its (gathered)
+        parameters into the engine's own model. A collective under ZeRO-3: every rank calls it."""
+        if not self.copy:
+            self.model = model
+            return
+        from hgpo.train.vllm_engine import gathered_named_parameters
+
+        load_named(self.model, gathered_named_parameters(model))
 
     @torch.no_grad()
     def generate(
@@ -287,6 +360,7 @@ def grad_norm(module: nn.Module) -> float:
 
 
 __all__ = [
+    "HF_MODEL_DIR",
     "Critic",
     "HFEngine",
     "Packed",
@@ -294,10 +368,12 @@ __all__ = [
     "encode_prompt",
     "kl_k3",
     "load_causal_lm",
+    "load_named",
     "load_tokenizer",
     "masked_mean",
     "pack",
     "policy_loss",
     "response_logprobs",
+    "save_hf_model",
     "value_loss",
 ]

@@ -27,6 +27,7 @@ from hgpo.train.config import TINY_MODEL, TrainConfig
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
 from hgpo.train.metrics import MetricsLogger
 from hgpo.train.model import (
+    HF_MODEL_DIR,
     Critic,
     HFEngine,
     check_model,
@@ -37,6 +38,7 @@ from hgpo.train.model import (
     pack,
     policy_loss,
     response_logprobs,
+    save_hf_model,
     value_loss,
 )
 from hgpo.train.rollout import Rollout, run_episodes
@@ -63,11 +65,21 @@ def validate_config(cfg: TrainConfig) -> None:
                 raise ValueError(
                     f"TrainConfig.alfworld_games_dir: {cfg.alfworld_games_dir!r} has no {split}/ folder"
                 )
-    if cfg.rollout_engine == "hf" and cfg.zero_stage == 3:
-        raise ValueError(
-            "TrainConfig.rollout_engine='hf' cannot sample from a ZeRO-3 sharded actor; "
-            "use rollout_engine='vllm' or zero_stage <= 2"
-        )
+
+
+def begin_forward(engine: Any) -> None:
+    """What ``DeepSpeedEngine.forward`` does before the module's forward, for a training
+    forward that calls the engine's module (or its parts) directly.
+
+    ZeRO-3 counts micro-batches in that step (DeepSpeed 0.19: the optimizer's
+    ``clear_backward_seen_flag``); without it every backward of a mini-batch overwrites the
+    accumulated gradient partitions instead of adding to them, so only the last micro-batch's
+    gradient reaches the optimizer. ZeRO-1/2 accumulate correctly either way.
+    """
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+    if isinstance(engine.optimizer, ZeROOptimizer):
+        engine.optimizer.clear_backward_seen_flag()
 
 
 def tiny_corpus() -> list[str]:
@@ -123,11 +135,17 @@ class Trainer:
         actor = load_causal_lm(self.model_path, self.dtype, self.device)
         if cfg.gradient_checkpointing:
             actor.gradient_checkpointing_enable()
-        self.ref = None
-        if cfg.kl_coef > 0:
-            self.ref = load_causal_lm(self.model_path, self.dtype, self.device).eval()
-            self.ref.requires_grad_(False)
+        self.sharded = cfg.zero_stage == 3
         ds_cfg = self._ds_config()
+        self.ref = None
+        self._ref_engine = None
+        if cfg.kl_coef > 0:
+            ref = load_causal_lm(self.model_path, self.dtype, self.device).eval()
+            ref.requires_grad_(False)
+            if self.sharded:  # sharded like the actor, forward only (no optimizer)
+                self._ref_engine, *_ = deepspeed.initialize(model=ref, config=ds_cfg)
+                ref = self._ref_engine.module.eval()
+            self.ref = ref
         # A torch optimizer: DeepSpeed's own Adam would be compiled with g++ on first use.
         opt = torch.optim.AdamW(actor.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.actor, *_ = deepspeed.initialize(model=actor, optimizer=opt, config=ds_cfg)
@@ -181,6 +199,12 @@ class Trainer:
             from hgpo.train.vllm_engine import VLLMEngine
 
             return VLLMEngine(self.model_path, self.tok, cfg, self.actor.module)
+        if self.sharded:
+            # A full copy of the actor to sample from: generating on the sharded module would
+            # gather every layer for every token, in lockstep over the ranks.
+            full = load_causal_lm(self.model_path, self.dtype, self.device).eval()
+            full.requires_grad_(False)
+            return HFEngine(full, self.tok, cfg.rollout_batch_size, self.device, copy=True)
         return HFEngine(self.actor.module, self.tok, cfg.rollout_batch_size, self.device)
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -193,6 +217,7 @@ class Trainer:
         self.actor.save_checkpoint(str(tmp), tag="actor")
         if self.critic is not None:
             self.critic.save_checkpoint(str(tmp), tag="critic")
+        save_hf_model(self.actor.module, self.tok, tmp / HF_MODEL_DIR, self.rank == 0)
         if self.rank == 0:
             state = {
                 "iteration": iteration,
@@ -241,16 +266,24 @@ class Trainer:
         pad = self.tok.pad_token_id
         old, ref, val = [], [], []
         self.actor.module.eval()
-        for s in range(0, len(roll), cfg.micro_batch_size):
-            sl = slice(s, s + cfg.micro_batch_size)
+        mb = cfg.micro_batch_size
+        n_mb = math.ceil(len(roll) / mb)
+        if self.sharded:  # ZeRO-3 forwards are collectives: every rank runs as many
+            n_mb = dist.all_max(n_mb)
+        for m in range(n_mb):
+            extra = m * mb >= len(roll)  # a forward to keep in step, its result dropped
+            sl = slice(0, 1) if extra else slice(m * mb, (m + 1) * mb)
             b = pack(roll.prompt_ids[sl], roll.response_ids[sl], pad, self.device)
             lp, _ = response_logprobs(self.actor.module, b)
+            rl = response_logprobs(self.ref, b)[0] if self.ref is not None else None
+            v = self.critic.module(b) if self.critic is not None else None
+            if extra:
+                continue
             old.extend(lp.float().cpu())
-            if self.ref is not None:
-                rl, _ = response_logprobs(self.ref, b)
+            if rl is not None:
                 ref.extend(rl.float().cpu())
-            if self.critic is not None:
-                val.extend(self.critic.module(b).float().cpu())
+            if v is not None:
+                val.extend(v.float().cpu())
         self.actor.module.train()
         out = {"old": old, "ref": ref}
         if val:
@@ -324,6 +357,7 @@ class Trainer:
         mask = b.response_mask
         old = stack(scored["old"])
         a = torch.tensor(adv[midx], dtype=torch.float32, device=self.device)[:, None].expand(-1, R)
+        begin_forward(self.actor)
         lp, ent = response_logprobs(self.actor.module, b, with_entropy=True)
         pg, clipped = policy_loss(lp, old, a, cfg.clip_ratio, cfg.dual_clip)
         loss = (pg * mask).sum()
