@@ -1,5 +1,5 @@
 """The whole loop on a CPU with the tiny model: both benchmarks, the critic, a kill and a
-resume, and two ranks (each test a few tens of seconds)."""
+resume, and two ranks under ZeRO-0 and ZeRO-3 (each test a few tens of seconds)."""
 
 from __future__ import annotations
 
@@ -167,35 +167,51 @@ def test_sigkill_mid_update_and_mid_save_then_resume(tmp_path):
 
 
 def test_two_ranks_split_the_rollouts(tmp_path):
-    out = tmp_path / "ddp"
+    """Two ranks under ZeRO-0 and, started alongside, under ZeRO-3 (every forward of the
+    sharded actor, reference and checkpoint gather a collective): the same figures."""
     env = run_env()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "hgpo.train",
-        "--preset",
-        "tiny",
-        "--env",
-        "webshop",
-        "--iterations",
-        "1",
-        "--groups-per-iter",
-        "4",
-        "--val-every",
-        "1",
-        "--val-tasks",
-        "3",
-        "--out-dir",
-        str(out),
-    ]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    _ok(r)
-    (row,) = read_metrics(out)
+    procs = {}
+    for stage in ("0", "3"):
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "hgpo.train",
+            "--preset",
+            "tiny",
+            "--env",
+            "webshop",
+            "--iterations",
+            "1",
+            "--groups-per-iter",
+            "4",
+            "--val-every",
+            "1",
+            "--val-tasks",
+            "3",
+            "--zero-stage",
+            stage,
+            "--out-dir",
+            str(tmp_path / f"zero{stage}"),
+        ]
+        procs[stage] = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    rows = {}
+    for stage, p in procs.items():
+        out, err = p.communicate(timeout=600)
+        _ok(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+        (rows[stage],) = read_metrics(tmp_path / f"zero{stage}")
+        ck = tmp_path / f"zero{stage}" / "checkpoints" / "iter_000001"
+        assert os.listdir(ck / "actor")
+        assert (ck / "hf_model" / "config.json").is_file()
+    row = rows["0"]
     assert row["n_trajectories"] == 8  # 4 groups x 2 rollouts, 2 groups per rank
     assert row["val/eval/tasks"] == 3  # 2 on rank 0, 1 on rank 1
-    assert os.listdir(out / "checkpoints" / "iter_000001" / "actor")
+    for k in ("pg_loss", "kl", "entropy", "grad_norm", "adv_mean", "n_steps", "gen_tokens"):
+        assert rows["3"][k] == pytest.approx(row[k], rel=1e-6, abs=1e-8), k
+    assert rows["3"]["val/eval/success"] == row["val/eval/success"]
