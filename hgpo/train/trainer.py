@@ -41,7 +41,7 @@ from hgpo.train.model import (
     save_hf_model,
     value_loss,
 )
-from hgpo.train.rollout import Rollout, run_episodes
+from hgpo.train.rollout import Rollout, logprob_gap, run_episodes
 
 log = logging.getLogger(__name__)
 
@@ -438,6 +438,7 @@ class Trainer:
             "gen_tokens": roll.gen_tokens,
             "gen_s": roll.gen_seconds,
             "env_s": roll.env_seconds,
+            "lp_gap": logprob_gap(roll.engine_logprobs, scored["old"]),
             "levels": [
                 (
                     d["level"],
@@ -568,6 +569,10 @@ def merge_metrics(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "time/update": max(p["times"][2] for p in parts),
         "time/score": max(p["times"][3] for p in parts),
     }
+    gap_n = sum(p["lp_gap"][1] for p in parts)
+    if gap_n:  # the rollout engine's log-probs (vLLM) against the trainer's: the sync check
+        m["rollout/logprob_diff_mean"] = sum(p["lp_gap"][0] for p in parts) / gap_n
+        m["rollout/logprob_diff_max"] = max(p["lp_gap"][2] for p in parts)
     upd = [p["upd"] for p in parts]
     for k in upd[0]:
         m[k] = float(np.mean([u[k] for u in upd]))
