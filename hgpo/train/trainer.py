@@ -3,7 +3,8 @@
 One iteration: ``groups_per_iter`` tasks x ``group_size`` rollouts, split across ranks by whole
 rollout groups (every group lives on one rank, so each rank's advantages equal those of the
 whole batch: no group ever crosses ranks); every step is a training sample with its step's
-advantage on each response token; DeepSpeed holds the actor (and the critic for ``gae``).
+advantage on each response token; DeepSpeed holds the actor (and the critic for ``gae``; under
+ZeRO-3 the reference too, sharded, without optimizer).
 """
 
 from __future__ import annotations
