@@ -436,6 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=list(PRESETS), default=None, help="named settings")
     p.add_argument("--config", default=None, help="a saved config.json to start from")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    # the deepspeed launcher appends --local_rank=N to the command (it sets LOCAL_RANK too)
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     docs = field_docs()
     for f in dataclasses.fields(TrainConfig):
         kind = _field_types()[f.name]
@@ -460,6 +462,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
     """
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if ns.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(ns.local_rank))
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     overrides = {k: v for k, v in vars(ns).items() if k in fields}
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -158,3 +159,14 @@ def test_cli_error_exit_for_missing_model(tmp_path):
     assert r.returncode == 2
     assert "is not a model folder" in r.stderr
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("flag", ["--local_rank=1", "--local-rank=1"])
+def test_deepspeed_launcher_local_rank_is_accepted(flag, monkeypatch):
+    # `deepspeed --num_gpus N --module hgpo.train ...` appends --local_rank=<n> to every rank's
+    # command line; it used to stop the run with "unrecognized arguments"
+    monkeypatch.setenv("LOCAL_RANK", "")  # recorded, so the teardown restores the original
+    monkeypatch.delenv("LOCAL_RANK")
+    cfg, _ = parse_args([flag, "--preset", "tiny"])
+    assert cfg.model == "tiny"
+    assert os.environ["LOCAL_RANK"] == "1"
