@@ -65,6 +65,7 @@ def main() -> int:
     from hgpo.train.config import resolve
     from hgpo.train.model import kl_k3, load_tokenizer, pack, policy_loss, response_logprobs
     from hgpo.train.tiny import train_tokenizer
+    from hgpo.train.trainer import begin_forward
     from hgpo.train.vllm_engine import VLLMEngine
 
     _rank, world, device = dist.init(args.device)
@@ -171,6 +172,7 @@ def main() -> int:
                 tok.pad_token_id,
                 device,
             )
+            begin_forward(actor)  # ZeRO-3 accumulates micro-batches only after this
             lp, ent = response_logprobs(actor.module, b, with_entropy=True)
             adv = torch.randn(lp.shape[0], 1, device=device).expand_as(lp)
             pg, _ = policy_loss(lp, old[j], adv, 0.2, 3.0)
