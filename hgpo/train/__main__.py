@@ -27,7 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows = train(cfg)
+    from hgpo.train.config import TrainConfigError
+
+    try:
+        rows = train(cfg)
+    except TrainConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if rows:
         last = rows[-1]
         keys = [k for k in ("success_rate", "reward_mean", "pg_loss", "kl") if k in last]

@@ -28,6 +28,11 @@ TINY_MODEL = "tiny"
 """``model`` value that builds a tiny random Qwen2 and a locally trained tokenizer."""
 
 
+class TrainConfigError(ValueError):
+    """A setting that cannot work with this run (found once the ranks or the run folder are
+    known); the CLI prints it as ``error: ...`` and exits with 2, like a bad flag."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Settings of one training run. Defaults follow the paper (ALFWorld, Qwen2.5-1.5B, K = 2)."""

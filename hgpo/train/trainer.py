@@ -24,7 +24,7 @@ import torch
 from hgpo import compute_advantages
 from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
-from hgpo.train.config import TINY_MODEL, TrainConfig
+from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
 from hgpo.train.metrics import MetricsLogger
 from hgpo.train.model import (
@@ -112,13 +112,13 @@ class Trainer:
         self.out = Path(cfg.out_dir)
         self.rank, self.world, self.device = dist.init(cfg.device)
         if cfg.groups_per_iter % self.world:
-            raise ValueError(
+            raise TrainConfigError(
                 f"TrainConfig.groups_per_iter={cfg.groups_per_iter} must be divisible by the "
                 f"number of ranks ({self.world})"
             )
         per_opt_step = cfg.micro_batch_size * self.world
         if cfg.mini_batch_size % per_opt_step:
-            raise ValueError(
+            raise TrainConfigError(
                 f"TrainConfig.mini_batch_size={cfg.mini_batch_size} must be a multiple of "
                 f"micro_batch_size x ranks = {per_opt_step}"
             )
@@ -238,6 +238,16 @@ class Trainer:
             log.info("resume: no checkpoint in %s, starting from iteration 1", self.out)
             return
         state = json.loads((path / "trainer_state.json").read_text())
+        saved_world = int(state.get("world_size", self.world))
+        if saved_world != self.world and self.cfg.zero_stage > 0:
+            # DeepSpeed partitions ZeRO-1/2/3 optimizer states by rank and cannot re-partition
+            # them; ZeRO-0 checkpoints resume on any number of ranks
+            raise TrainConfigError(
+                f"--resume: {path} was written by {saved_world} ranks under "
+                f"TrainConfig.zero_stage={self.cfg.zero_stage}, this run has {self.world}; "
+                f"resume with {saved_world} ranks, or start a new run from its weights with "
+                f"--model {path / HF_MODEL_DIR}"
+            )
         self.actor.load_checkpoint(str(path), tag="actor")
         if self.critic is not None:
             self.critic.load_checkpoint(str(path), tag="critic")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from hgpo.train import checkpoint as ckpt
 
 
@@ -30,3 +34,34 @@ def test_atomic_write_text_replaces(tmp_path):
     ckpt.atomic_write_text(p, "two")
     assert p.read_text() == "two"
     assert [q.name for q in p.parent.iterdir()] == ["x.txt"]
+
+
+@pytest.mark.parametrize(("stage", "refused"), [(0, False), (2, True), (3, True)])
+def test_resume_on_another_number_of_ranks(tmp_path, stage, refused):
+    # DeepSpeed cannot re-partition ZeRO-1/2/3 optimizer states; ZeRO-0 resumes anywhere
+    import types
+
+    from hgpo.train.config import TrainConfigError
+    from hgpo.train.trainer import Trainer
+
+    root = tmp_path / "checkpoints"
+    tmp = ckpt.tmp_dir(root, 1)
+    (tmp / "trainer_state.json").write_text(json.dumps({"iteration": 1, "world_size": 2}))
+    ckpt.commit(root, tmp, 1, keep=2)
+    loaded = []
+    actor = types.SimpleNamespace(load_checkpoint=lambda path, tag: loaded.append(tag))
+    fake = types.SimpleNamespace(
+        out=tmp_path,
+        world=1,
+        cfg=types.SimpleNamespace(zero_stage=stage),
+        actor=actor,
+        critic=None,
+        engine_sync=lambda: None,
+    )
+    if refused:
+        with pytest.raises(TrainConfigError, match=r"written by 2 ranks .*zero_stage=\d.*hf_model"):
+            Trainer._load(fake)
+        assert loaded == []
+    else:
+        Trainer._load(fake)
+        assert loaded == ["actor"] and fake.start == 2
