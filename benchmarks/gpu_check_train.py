@@ -54,6 +54,12 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/gpu_check_train")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--arch", choices=("qwen2.5-1.5b", "small"), default="qwen2.5-1.5b")
+    ap.add_argument(
+        "--engine",
+        choices=("vllm", "hf"),
+        default="vllm",
+        help="rollout engine; hf (transformers generate) where vllm cannot be installed",
+    )
     args = ap.parse_args()
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -63,10 +69,16 @@ def main() -> int:
 
     from hgpo.train import dist
     from hgpo.train.config import resolve
-    from hgpo.train.model import kl_k3, load_tokenizer, pack, policy_loss, response_logprobs
+    from hgpo.train.model import (
+        HFEngine,
+        kl_k3,
+        load_tokenizer,
+        pack,
+        policy_loss,
+        response_logprobs,
+    )
     from hgpo.train.tiny import train_tokenizer
     from hgpo.train.trainer import begin_forward
-    from hgpo.train.vllm_engine import VLLMEngine
 
     _rank, world, device = dist.init(args.device)
     cuda = device.type == "cuda"
@@ -127,10 +139,16 @@ def main() -> int:
     actor, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
     ds_init_s = time.perf_counter() - t
     t = time.perf_counter()
-    eng = VLLMEngine(args.out, tok, cfg, actor.module)
-    vllm_init_s = time.perf_counter() - t
+    if args.engine == "vllm":
+        from hgpo.train.vllm_engine import VLLMEngine
 
-    from vllm import SamplingParams
+        eng = VLLMEngine(args.out, tok, cfg, actor.module)
+    elif args.zero_stage == 3:  # as the trainer does: sample from a full copy, synced
+        full = AutoModelForCausalLM.from_pretrained(args.out, dtype=dtype).to(device).eval()
+        eng = HFEngine(full, tok, args.prompts, device, copy=True)
+    else:
+        eng = HFEngine(actor.module, tok, args.prompts, device)
+    engine_init_s = time.perf_counter() - t
 
     g = torch.Generator().manual_seed(1)
     rows = []
@@ -141,11 +159,16 @@ def main() -> int:
         ]
         sync()
         t = time.perf_counter()
-        sp = SamplingParams(temperature=1.0, max_tokens=args.response_tokens, ignore_eos=True)
-        outs = eng.llm.generate(
-            [{"prompt_token_ids": p} for p in prompts], sampling_params=sp, use_tqdm=False
-        )
-        responses = [list(o.outputs[0].token_ids) for o in outs]
+        if args.engine == "vllm":
+            from vllm import SamplingParams
+
+            sp = SamplingParams(temperature=1.0, max_tokens=args.response_tokens, ignore_eos=True)
+            outs = eng.llm.generate(
+                [{"prompt_token_ids": p} for p in prompts], sampling_params=sp, use_tqdm=False
+            )
+            responses = [list(o.outputs[0].token_ids) for o in outs]
+        else:  # stops at an end token, so a response may be shorter (counted as generated)
+            responses = eng.generate(prompts, 1.0, 1.0, args.response_tokens)
         gen_s = time.perf_counter() - t
         n_tok = sum(len(r) for r in responses)
         t = time.perf_counter()
@@ -186,14 +209,17 @@ def main() -> int:
         eng.sync(actor.module)
         sync()
         sync_s = time.perf_counter() - t
-        check = prompts[:8]
-        ids, lps = eng.logprobs([p[:256] for p in check], 32)
-        b = pack([p[:256] for p in check], ids, tok.pad_token_id, device)
-        with torch.no_grad():
-            ours = response_logprobs(actor.module, b)[0].float().cpu()
-        gap = max(
-            (ours[i, : len(r)] - torch.tensor(lps[i])).abs().max().item() for i, r in enumerate(ids)
-        )
+        gap = None  # the hf engine samples from the trained weights themselves
+        if args.engine == "vllm":
+            check = [p[:256] for p in prompts[:8]]
+            ids, lps = eng.logprobs(check, 32)
+            b = pack(check, ids, tok.pad_token_id, device)
+            with torch.no_grad():
+                ours = response_logprobs(actor.module, b)[0].float().cpu()
+            gap = max(
+                (ours[i, : len(r)] - torch.tensor(lps[i])).abs().max().item()
+                for i, r in enumerate(ids)
+            )
         row = {
             "iteration": it,
             "rollout_tokens": n_tok,
@@ -203,7 +229,7 @@ def main() -> int:
             "update_s": update_s,
             "sync_s": sync_s,
             "logprob_gap_after_sync": gap,
-            "tied_head_copies": eng.head_copies,
+            "tied_head_copies": getattr(eng, "head_copies", None),
             "peak_mem_gib": _peak_mem_gib(cuda),
         }
         rows.append(row)
@@ -217,14 +243,18 @@ def main() -> int:
         "response_tokens": args.response_tokens,
         "build_s": build_s,
         "deepspeed_init_s": ds_init_s,
-        "vllm_init_s": vllm_init_s,
+        "engine": args.engine,
+        "engine_init_s": engine_init_s,
         "peak_mem_gib": _peak_mem_gib(cuda),
-        "max_logprob_gap": max(r["logprob_gap_after_sync"] for r in rows),
     }
+    if args.engine == "vllm":
+        summary["max_logprob_gap"] = max(r["logprob_gap_after_sync"] for r in rows)
     if cuda:
         free, total = torch.cuda.mem_get_info()
         summary["gpu_mem_used_gib"] = (total - free) / 2**30
     print("SUMMARY " + json.dumps(summary), flush=True)
+    if args.engine != "vllm":
+        return 0
     return 0 if summary["max_logprob_gap"] < (0.1 if cuda else 1e-3) else 1
 
 

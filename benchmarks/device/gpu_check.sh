@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Run ON the device machine (device tool), after benchmarks/device/fetch_wheels.sh here:
+#   run(command="bash benchmarks/device/gpu_check.sh", carry=[".whl"], timeout_s=540)
+# It installs the carried wheels into /tmp/site, then writes to $OUT (each also printed):
+#   zero0.jsonl, zero3.jsonl: python -m benchmarks.gpu_check_train --engine hf on the real-size
+#       Qwen2.5-1.5B architecture (random weights; 64 prompts x 1,024 tokens, 256 response
+#       tokens; bf16 DeepSpeed updates): rollout tokens/s, score/update/sync seconds, peak memory
+#   train_tiny.jsonl: the trainer itself on the GPU (tiny preset, WebShop, 2 iterations, bf16)
+#   log.txt: everything
+# About 5 min on an H200 (an estimate: it has never run there).
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_check_out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+PY=${PY:-python3}
+# a rehearsal on a CPU: DEVICE=cpu CHECK_ARGS="--arch small --prompts 8 ..." PY=... OUT=...
+DEVICE=${DEVICE:-cuda}
+CHECK_ARGS=${CHECK_ARGS:-}
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DS_BUILD_OPS=0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+$PY -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir \
+    --target /tmp/site .whl/deepspeed-*.tar.gz || exit 1
+$PY -c "import torch, transformers, deepspeed; print('torch', torch.__version__, \
+'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__, \
+'cuda', torch.cuda.is_available())"
+rc=0
+for z in 0 3; do
+    # shellcheck disable=SC2086
+    $PY -m benchmarks.gpu_check_train --engine hf --zero-stage "$z" --iterations 3 \
+        --device "$DEVICE" $CHECK_ARGS --out "/tmp/gpu_check_z$z" | tee "$OUT/zero$z.jsonl"
+    rc=$((rc | ${PIPESTATUS[0]}))
+done
+rm -rf /tmp/train_tiny
+$PY -m hgpo.train --preset tiny --env webshop --device "$DEVICE" --out-dir /tmp/train_tiny
+rc=$((rc | $?))
+cp /tmp/train_tiny/metrics.jsonl "$OUT/train_tiny.jsonl" 2>/dev/null
+echo "exit status $rc"
+exit $rc
