@@ -40,17 +40,20 @@ def plot(runs: list[str], out: str | None = None, panels: Sequence[str] | None =
             )
     panels = list(panels or PANELS)
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
-    for run, rows in data.items():
+    for n, (run, rows) in enumerate(data.items()):
         for ax, key in zip(axes[0], panels, strict=True):
             have = [r for r in rows if key in r]
             ax.plot(
                 [r["iteration"] for r in have],
                 [r[key] for r in have],
                 marker=".",
+                linestyle=("-", "--", ":", "-.")[n % 4],  # equal curves stay visible
                 label=Path(run).name,
             )
             ax.set_title(key)
             ax.set_xlabel("iteration")
+            if key.endswith("success") or key.endswith("success_rate"):
+                ax.set_ylim(-0.05, 1.05)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     path = Path(out) if out else Path(runs[0]) / "curve.png"
