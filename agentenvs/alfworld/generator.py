@@ -315,14 +315,23 @@ def write_game(spec: GameSpec, folder: str | os.PathLike[str], name: str = "gene
 
 
 def generate_split(
-    root: str | os.PathLike[str], split: str, n_games: int, seed: int = 0
+    root: str | os.PathLike[str],
+    split: str,
+    n_games: int,
+    seed: int = 0,
+    task_type: str | None = None,
 ) -> list[Path]:
-    """Write ``n_games`` games of ``split`` under ``root/split`` and return their game files."""
+    """Write ``n_games`` games of ``split`` under ``root/split`` and return their game files.
+
+    ``task_type``: every game of this type (default: the types in turn, as ``generate_game``).
+    """
     if n_games < 0:
         raise ValueError(f"n_games must be >= 0, got n_games={n_games}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got split={split!r}")
     paths = []
     for i in range(n_games):
-        spec = generate_game(seed * 1_000_000 + i, split)
+        spec = generate_game(seed * 1_000_000 + i, split, task_type)
         folder = (
             Path(root)
             / split
@@ -331,3 +340,53 @@ def generate_split(
         )
         paths.append(write_game(spec, folder, name=f"{split}_{seed}_{i}"))
     return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agentenvs.alfworld.generator --out DIR``: write a games folder in the official
+    layout (``DIR/train``, ``DIR/valid_seen``, ``DIR/valid_unseen``) for ``alfworld_games_dir``.
+
+    Prints a JSON summary: games per split and how many held-out games repeat a training game's
+    (task type, object, target, floorplan) (their layouts and object placements still differ).
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m agentenvs.alfworld.generator", description=main.__doc__
+    )
+    ap.add_argument("--out", required=True, help="folder to write (must not hold games yet)")
+    ap.add_argument(
+        "--task-type", default=None, choices=TASK_TYPES, help="default: all types in turn"
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    for split in SPLITS:
+        ap.add_argument(f"--{split.replace('_', '-')}", type=int, default=0, metavar="N")
+    args = ap.parse_args(argv)
+    root = Path(args.out)
+    if any(root.glob("*/**/game.tw-pddl")):
+        raise SystemExit(f"--out: {str(root)!r} already holds games; choose an empty folder")
+    counts = {split: getattr(args, split) for split in SPLITS}
+    for split, n in counts.items():
+        if n < 0:
+            raise SystemExit(f"--{split.replace('_', '-')} must be >= 0, got {n}")
+    keys: dict[str, set[tuple[str, str, str, int]]] = {}
+    for split, n in counts.items():
+        keys[split] = set()
+        for path in generate_split(root, split, n, args.seed, args.task_type):
+            g = json.loads((path.parent / "traj_data.json").read_text())["generator"]
+            keys[split].add((g["task_type"], g["obj"], g["recep"] or g["lamp"], g["floorplan"]))
+    summary = {
+        "out": str(root),
+        "task_type": args.task_type,
+        "seed": args.seed,
+        "games": counts,
+        "goal_and_floorplan_also_in_train": {
+            s: len(keys[s] & keys["train"]) for s in SPLITS if s != "train"
+        },
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

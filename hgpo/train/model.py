@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -291,22 +292,70 @@ class HFEngine:
     def score(
         self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
     ) -> list[float]:
-        """Sum of the response tokens' log-probabilities (temperature 1) given each prompt."""
+        """Sum of the response tokens' log-probabilities (temperature 1) given each prompt.
+
+        Consecutive entries with the same prompt (the candidates of one step in
+        action_mode="score") share one pass over that prompt: its key/value cache is computed
+        once and repeated for up to ``batch_size`` responses at a time.
+        """
+        if len(prompts) != len(responses):
+            raise ValueError(
+                f"score: {len(prompts)} prompts but {len(responses)} responses (one each)"
+            )
         out: list[float] = []
         was_training = self.model.training
         self.model.eval()
-        for s in range(0, len(prompts), self.batch_size):
-            b = pack(
-                prompts[s : s + self.batch_size],
-                responses[s : s + self.batch_size],
-                self.tok.pad_token_id,
-                self.device,
-            )
-            lp, _ = response_logprobs(self.model, b)
-            out.extend((lp.float() * b.response_mask).sum(-1).tolist())
+        s = 0
+        while s < len(prompts):
+            e = s + 1
+            while e < len(prompts) and list(prompts[e]) == list(prompts[s]):
+                e += 1
+            for c in range(s, e, self.batch_size):
+                out.extend(
+                    self._score_shared(prompts[s], responses[c : min(e, c + self.batch_size)])
+                )
+            s = e
         if was_training:
             self.model.train()
         return out
+
+    def _score_shared(
+        self, prompt: Sequence[int], responses: Sequence[Sequence[int]]
+    ) -> list[float]:
+        """Summed response log-probs of ``responses`` after one shared ``prompt`` (KV cache)."""
+        if not prompt:
+            raise ValueError("score: an empty prompt (at least one token is needed)")
+        decoder = self.model.get_decoder()
+        head = self.model.get_output_embeddings()
+        P = len(prompt)
+        first = decoder(
+            input_ids=torch.tensor([list(prompt)], dtype=torch.long, device=self.device),
+            use_cache=True,
+        )
+        n, R = len(responses), max(1, max(len(r) for r in responses))
+        ids = torch.full((n, R), self.tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, R), dtype=torch.float32)
+        for b, r in enumerate(responses):
+            if len(r):
+                ids[b, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+                mask[b, : len(r)] = 1.0
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        # transformers 5 names the cache "cache" (argument and output), earlier ones
+        # "past_key_values" (still accepted by 5.x with a FutureWarning)
+        params = inspect.signature(decoder.forward).parameters
+        key = "cache" if "cache" in params else "past_key_values"
+        cache = getattr(first, key)
+        cache.batch_repeat_interleave(n)
+        # responses are right-padded: a real token never attends to a later pad (causal), so
+        # no attention mask is needed; the pads' log-probs are masked out below.
+        pos = torch.arange(P, P + R, device=self.device).unsqueeze(0).expand(n, R)
+        rest = decoder(input_ids=ids, position_ids=pos, use_cache=True, **{key: cache})
+        h = torch.cat(
+            [first.last_hidden_state[:, -1:].expand(n, 1, -1), rest.last_hidden_state[:, :-1]], 1
+        )  # position t predicts token t + 1
+        logp = torch.log_softmax(head(h).float(), dim=-1)
+        lp = logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        return (lp * mask).sum(-1).tolist()
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, denom: float | torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,15 @@
 """``python -m hgpo.train.plot RUN [RUN ...]``: training curves of runs from their metrics.jsonl.
 
-Writes ``curve.png`` into the first run folder (or ``--out``): success rate, mean reward,
-invalid-action rate and KL against the iteration, one line per run.
+Writes ``curve.png`` into the first run folder (or ``--out``): one panel per metric (default:
+success rate, mean reward, invalid-action rate and KL) against the iteration, one line per
+run. ``--panels`` picks the metrics, e.g. ``success_rate,val/valid_seen/success``; a metric
+logged only at some iterations (validation) is drawn at those iterations.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 from hgpo.train.metrics import read_metrics
@@ -14,25 +17,48 @@ from hgpo.train.metrics import read_metrics
 PANELS = ("success_rate", "score_mean", "invalid_rate", "kl")
 
 
-def plot(runs: list[str], out: str | None = None) -> Path:
-    """Draw the curves of ``runs``; returns the PNG's path."""
+def plot(runs: list[str], out: str | None = None, panels: Sequence[str] | None = None) -> Path:
+    """Draw the curves of ``runs``; returns the PNG's path.
+
+    ``panels``: the metrics to draw (default :data:`PANELS`, where a metric a run lacks is an
+    empty line). Raises ValueError when the given ``panels`` are empty or name a metric that
+    no run logged.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
-    for run in runs:
-        rows = read_metrics(run)
-        its = [r["iteration"] for r in rows]
-        for ax, key in zip(axes, PANELS, strict=True):
-            ax.plot(its, [r.get(key, float("nan")) for r in rows], marker=".", label=Path(run).name)
+    data = {run: read_metrics(run) for run in runs}
+    logged = {k for rows in data.values() for r in rows for k in r}
+    if panels is not None and not list(panels):
+        raise ValueError("panels: at least one metric is needed, got none")
+    for key in panels or ():
+        if key not in logged:
+            raise ValueError(
+                f"panels: no run logged the metric {key!r}; logged: {', '.join(sorted(logged))}"
+            )
+    panels = list(panels or PANELS)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
+    for n, (run, rows) in enumerate(data.items()):
+        for ax, key in zip(axes[0], panels, strict=True):
+            have = [r for r in rows if key in r]
+            ax.plot(
+                [r["iteration"] for r in have],
+                [r[key] for r in have],
+                marker=".",
+                linestyle=("-", "--", ":", "-.")[n % 4],  # equal curves stay visible
+                label=Path(run).name,
+            )
             ax.set_title(key)
             ax.set_xlabel("iteration")
-    axes[0].legend(fontsize=7)
+            if key.endswith("success") or key.endswith("success_rate"):
+                ax.set_ylim(-0.05, 1.05)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     path = Path(out) if out else Path(runs[0]) / "curve.png"
     fig.savefig(path, dpi=110)
+    plt.close(fig)
     return path
 
 
@@ -41,8 +67,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hgpo.train.plot", description=__doc__)
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--panels",
+        default=None,
+        help=f"comma-separated metrics, one panel each (default {','.join(PANELS)})",
+    )
     args = ap.parse_args(argv)
-    print(plot(args.runs, args.out))
+    panels = None
+    if args.panels is not None:
+        panels = [p.strip() for p in args.panels.split(",") if p.strip()]
+    try:
+        print(plot(args.runs, args.out, panels))
+    except ValueError as e:
+        ap.error(str(e))
     return 0
 
 

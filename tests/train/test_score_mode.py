@@ -93,6 +93,32 @@ def test_score_mode_rollout_is_admissible_and_logprobs_match_the_trainer(tmp_pat
         assert engine.score([p], [r])[0] == pytest.approx(float(lp.sum()), abs=1e-4)
 
 
+def test_shared_prompt_scores_equal_the_packed_forward(tmp_path):
+    """HFEngine.score runs each prompt once (KV cache) for its consecutive candidates: the
+    sums equal those of the trainer's packed forward, across chunks and prompt lengths."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    path = build_tiny(tmp_path / "m", ["go to fridge 1, take apple 1 from fridge 1"], 400)
+    from hgpo.train.model import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    tok = load_tokenizer(str(path))
+    engine = HFEngine(model, tok, 2, torch.device("cpu"))  # 2 per chunk: 3 candidates split
+    g = torch.Generator().manual_seed(1)
+    rand = lambda n: torch.randint(1, 300, (n,), generator=g).tolist()  # noqa: E731
+    p1, p2 = rand(37), rand(5)
+    prompts = [p1, p1, p1, p2, p2, p1]
+    responses = [rand(9), rand(3), rand(14), rand(1), rand(6), rand(4)]
+    got = engine.score(prompts, responses)
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        with torch.no_grad():
+            lp, _ = response_logprobs(model, pack([p], [r], tok.pad_token_id, "cpu"))
+        assert got[i] == pytest.approx(float(lp.sum()), abs=1e-4), i
+    with pytest.raises(ValueError, match="2 prompts but 1 responses"):
+        engine.score([p1, p2], [responses[0]])
+
+
 def test_score_mode_needs_the_hf_engine():
     with pytest.raises(ValueError, match="action_mode"):
         TrainConfig(action_mode="score", rollout_engine="vllm")

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.train.conftest import ROOT, run_env
 
 
@@ -44,3 +46,19 @@ def test_plot_writes_a_png(tmp_path):
         )
     )
     assert plot([str(tmp_path)]).stat().st_size > 0
+
+
+def test_plot_panels_include_validation_metrics(tmp_path):
+    from hgpo.train.plot import plot
+
+    rows = [{"iteration": i, "success_rate": i / 4} for i in (1, 2, 3, 4)]
+    rows[1]["val/valid_seen/success"] = 0.5  # validation logged at iterations 2 and 4 only
+    rows[3]["val/valid_seen/success"] = 0.25
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "v.png"
+    assert plot([str(tmp_path)], str(out), ["success_rate", "val/valid_seen/success"]) == out
+    assert out.stat().st_size > 0
+    with pytest.raises(ValueError, match="'val/valid_unseen/success'"):
+        plot([str(tmp_path)], str(out), ["val/valid_unseen/success"])
+    with pytest.raises(ValueError, match="at least one metric"):
+        plot([str(tmp_path)], str(out), [])

@@ -1,0 +1,42 @@
+"""``python -m agentenvs.alfworld.generator``: a games folder of one task type for the trainer."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("alfworld", reason="ALFWorld needs the alfworld package (extra [alfworld])")
+
+from agentenvs.alfworld.env import find_games
+from agentenvs.alfworld.generator import generate_split, main
+
+
+def test_cli_writes_the_official_layout_of_one_task_type(tmp_path, capsys):
+    out = tmp_path / "games"
+    args = ["--out", str(out), "--task-type", "look_at_obj_in_light", "--seed", "3"]
+    assert main([*args, "--train", "3", "--valid-seen", "2", "--valid-unseen", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["games"] == {"train": 3, "valid_seen": 2, "valid_unseen": 2}
+    assert set(summary["goal_and_floorplan_also_in_train"]) == {"valid_seen", "valid_unseen"}
+    for split, n in summary["games"].items():
+        games = find_games(out / split)
+        assert len(games) == n
+        for g in games:
+            traj = json.loads((Path(g).parent / "traj_data.json").read_text())
+            assert traj["task_type"] == "look_at_obj_in_light"
+    with pytest.raises(SystemExit, match="already holds games"):
+        main([*args, "--train", "1"])
+
+
+def test_split_of_one_task_type_and_bad_values(tmp_path):
+    paths = generate_split(tmp_path, "train", 2, seed=1, task_type="pick_and_place_simple")
+    assert all("pick_and_place_simple-" in str(p) for p in paths)
+    with pytest.raises(ValueError, match="task_type must be one of"):
+        generate_split(tmp_path, "train", 1, task_type="juggle")
+    with pytest.raises(ValueError, match="split='test'"):
+        generate_split(tmp_path, "test", 1)
+
+
+def test_cli_rejects_a_negative_count(tmp_path):
+    with pytest.raises(SystemExit, match="--valid-unseen must be >= 0, got -1"):
+        main(["--out", str(tmp_path / "g"), "--valid-unseen", "-1"])
