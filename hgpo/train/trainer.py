@@ -83,6 +83,13 @@ def begin_forward(engine: Any) -> None:
         engine.optimizer.clear_backward_seen_flag()
 
 
+def set_lr(optimizer: Any, lr: float) -> None:
+    """Set every parameter group's learning rate (DeepSpeed's ZeRO optimizers wrap the torch
+    optimizer and share its ``param_groups``)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 def tiny_corpus() -> list[str]:
     """Text the tiny tokenizer is trained on: the paper's templates and typical env strings."""
     from agentenvs import prompts
@@ -251,6 +258,11 @@ class Trainer:
         self.actor.load_checkpoint(str(path), tag="actor")
         if self.critic is not None:
             self.critic.load_checkpoint(str(path), tag="critic")
+        # the optimizer states bring back the saved learning rates; the run's config (where
+        # flags given with --resume may change them) decides
+        set_lr(self.actor.optimizer, self.cfg.lr)
+        if self.critic is not None:
+            set_lr(self.critic.optimizer, self.cfg.critic_lr)
         self.start = int(state["iteration"]) + 1
         self.engine_sync()
         log.info("resumed from %s: next iteration %d", path, self.start)
@@ -343,6 +355,7 @@ class Trainer:
         out = {k: v / t for k, v in sums.items()}
         out["grad_norm"] = float(np.mean(gnorms)) if gnorms else 0.0
         out["optimizer_steps"] = n_mb * cfg.ppo_epochs
+        out["lr"] = float(self.actor.optimizer.param_groups[0]["lr"])
         if vcount:
             out["vf_loss"] = vsum / vcount
         return out

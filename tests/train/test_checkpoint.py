@@ -49,11 +49,14 @@ def test_resume_on_another_number_of_ranks(tmp_path, stage, refused):
     (tmp / "trainer_state.json").write_text(json.dumps({"iteration": 1, "world_size": 2}))
     ckpt.commit(root, tmp, 1, keep=2)
     loaded = []
-    actor = types.SimpleNamespace(load_checkpoint=lambda path, tag: loaded.append(tag))
+    opt = types.SimpleNamespace(param_groups=[{"lr": 3e-4}, {"lr": 3e-4}])  # as saved
+    actor = types.SimpleNamespace(
+        load_checkpoint=lambda path, tag: loaded.append(tag), optimizer=opt
+    )
     fake = types.SimpleNamespace(
         out=tmp_path,
         world=1,
-        cfg=types.SimpleNamespace(zero_stage=stage),
+        cfg=types.SimpleNamespace(zero_stage=stage, lr=1e-6),
         actor=actor,
         critic=None,
         engine_sync=lambda: None,
@@ -65,3 +68,5 @@ def test_resume_on_another_number_of_ranks(tmp_path, stage, refused):
     else:
         Trainer._load(fake)
         assert loaded == ["actor"] and fake.start == 2
+        # the --lr given with --resume wins over the learning rate in the optimizer state
+        assert [g["lr"] for g in opt.param_groups] == [1e-6, 1e-6]
