@@ -83,11 +83,11 @@ def begin_forward(engine: Any) -> None:
         engine.optimizer.clear_backward_seen_flag()
 
 
-def set_lr(optimizer: Any, lr: float) -> None:
-    """Set every parameter group's learning rate (DeepSpeed's ZeRO optimizers wrap the torch
-    optimizer and share its ``param_groups``)."""
+def set_lr(optimizer: Any, lr: float, weight_decay: float) -> None:
+    """Set every parameter group's learning rate and weight decay (DeepSpeed's ZeRO optimizers
+    wrap the torch optimizer and share its ``param_groups``)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"], group["weight_decay"] = lr, weight_decay
 
 
 def tiny_corpus() -> list[str]:
@@ -260,9 +260,9 @@ class Trainer:
             self.critic.load_checkpoint(str(path), tag="critic")
         # the optimizer states bring back the saved learning rates; the run's config (where
         # flags given with --resume may change them) decides
-        set_lr(self.actor.optimizer, self.cfg.lr)
+        set_lr(self.actor.optimizer, self.cfg.lr, self.cfg.weight_decay)
         if self.critic is not None:
-            set_lr(self.critic.optimizer, self.cfg.critic_lr)
+            set_lr(self.critic.optimizer, self.cfg.critic_lr, self.cfg.weight_decay)
         self.start = int(state["iteration"]) + 1
         self.engine_sync()
         log.info("resumed from %s: next iteration %d", path, self.start)

@@ -49,14 +49,15 @@ def test_resume_on_another_number_of_ranks(tmp_path, stage, refused):
     (tmp / "trainer_state.json").write_text(json.dumps({"iteration": 1, "world_size": 2}))
     ckpt.commit(root, tmp, 1, keep=2)
     loaded = []
-    opt = types.SimpleNamespace(param_groups=[{"lr": 3e-4}, {"lr": 3e-4}])  # as saved
+    saved = {"lr": 3e-4, "weight_decay": 0.01}
+    opt = types.SimpleNamespace(param_groups=[dict(saved), dict(saved)])
     actor = types.SimpleNamespace(
         load_checkpoint=lambda path, tag: loaded.append(tag), optimizer=opt
     )
     fake = types.SimpleNamespace(
         out=tmp_path,
         world=1,
-        cfg=types.SimpleNamespace(zero_stage=stage, lr=1e-6),
+        cfg=types.SimpleNamespace(zero_stage=stage, lr=1e-6, weight_decay=0.0),
         actor=actor,
         critic=None,
         engine_sync=lambda: None,
@@ -69,4 +70,4 @@ def test_resume_on_another_number_of_ranks(tmp_path, stage, refused):
         Trainer._load(fake)
         assert loaded == ["actor"] and fake.start == 2
         # the --lr given with --resume wins over the learning rate in the optimizer state
-        assert [g["lr"] for g in opt.param_groups] == [1e-6, 1e-6]
+        assert opt.param_groups == [{"lr": 1e-6, "weight_decay": 0.0}] * 2
