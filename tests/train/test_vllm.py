@@ -8,11 +8,14 @@ otherwise (CI has no vLLM).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from hgpo.train.metrics import read_metrics
-from tests.train.conftest import run_cli
+from tests.train.conftest import ROOT, run_cli, run_env
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip(
@@ -82,3 +85,28 @@ def test_train_loop_on_vllm(tmp_path, zero):
     for row in rows:  # iteration 2 samples from weights synced after iteration 1's update
         assert row["n_steps"] >= 4 and row["pg_loss"] == row["pg_loss"]
         assert row["rollout/logprob_diff_max"] < TOL
+
+
+def test_two_ranks_each_with_its_own_vllm(tmp_path):
+    """Through the DeepSpeed launcher: every rank runs an in-process vLLM engine on its share
+    of the rollout groups, and every rank's engine follows its actor."""
+    if CUDA and torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    out = tmp_path / "run"
+    launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2"]
+    args = ["--preset", "tiny", "--env", "webshop", "--rollout-engine", "vllm", "--lr", "1e-3"]
+    args += ["--groups-per-iter", "4", "--out-dir", str(out)]
+    r = subprocess.run(
+        [*launcher, "--module", "hgpo.train", *args],
+        cwd=ROOT,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    rows = read_metrics(out)
+    assert [row["iteration"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["n_trajectories"] == 8  # 4 groups x 2 rollouts, 2 groups per rank
+        assert row["rollout/logprob_diff_max"] < TOL  # the max over both ranks
