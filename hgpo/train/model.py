@@ -168,6 +168,18 @@ class Critic(nn.Module):
         return self.head(hidden[:, -1]).squeeze(-1).float()
 
 
+def gathered_named_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of every parameter; ZeRO-3 shards are gathered one at a time."""
+    for name, p in module.named_parameters():
+        if hasattr(p, "ds_id"):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+                yield name, p.data.detach().clone()
+        else:
+            yield name, p.data.detach()
+
+
 def load_named(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy (name, full tensor) pairs into ``model``'s parameters of the same names; every
     parameter must be given exactly once."""
@@ -207,8 +219,6 @@ def save_hf_model(module: nn.Module, tok: Any, path: Path, write: bool) -> None:
     Under ZeRO-3 the parameters are gathered one at a time (a collective: every rank calls
     this, and only the rank with ``write`` keeps the tensors and writes them).
     """
-    from hgpo.train.vllm_engine import gathered_named_parameters
-
     state: dict[str, torch.Tensor] = {}
     for name, t in gathered_named_parameters(module):
         if write:
@@ -248,8 +258,6 @@ class HFEngine:
         if not self.copy:
             self.model = model
             return
-        from hgpo.train.vllm_engine import gathered_named_parameters
-
         load_named(self.model, gathered_named_parameters(model))
 
     @torch.no_grad()
@@ -415,6 +423,7 @@ __all__ = [
     "Packed",
     "check_model",
     "encode_prompt",
+    "gathered_named_parameters",
     "kl_k3",
     "load_causal_lm",
     "load_named",

@@ -220,8 +220,6 @@ def logprob_gap(
     for eng, ours in zip(engine_logprobs, trainer_logprobs, strict=True):
         if not eng:
             continue
-        ours = ours[: len(eng)]
-        ours = ours.tolist() if hasattr(ours, "tolist") else ours
-        d = [abs(float(a) - float(b)) for a, b in zip(eng, ours, strict=True)]
-        total, n, worst = total + sum(d), n + len(d), max(worst, *d)
+        d = np.abs(np.asarray(eng, np.float64) - np.asarray(ours[: len(eng)], np.float64))
+        total, n, worst = total + float(d.sum()), n + d.size, max(worst, float(d.max()))
     return total, n, worst

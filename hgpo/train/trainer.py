@@ -146,7 +146,7 @@ class Trainer:
         self.sharded = cfg.zero_stage == 3
         ds_cfg = self._ds_config()
         self.ref = None
-        self._ref_engine = None
+        self._ref_engine = None  # ZeRO-3: owns the hooks that gather the reference's shards
         if cfg.kl_coef > 0:
             ref = load_causal_lm(self.model_path, self.dtype, self.device).eval()
             ref.requires_grad_(False)

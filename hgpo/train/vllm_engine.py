@@ -24,25 +24,13 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from hgpo.train.model import stop_ids
-
-
-def gathered_named_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) of every parameter; ZeRO-3 shards are gathered one at a time."""
-    for name, p in module.named_parameters():
-        if hasattr(p, "ds_id"):
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
-                yield name, p.data.detach().clone()
-        else:
-            yield name, p.data.detach()
+from hgpo.train.model import gathered_named_parameters, stop_ids
 
 
 def _load_into_worker(worker: Any, named: list[tuple[str, torch.Tensor]], tied: bool) -> bool:
@@ -113,7 +101,7 @@ class VLLMEngine:
 
     def sync(self, actor: nn.Module) -> None:
         """Load the actor's current weights; drop the prefix cache (its KV came from old weights)."""
-        named = [(n, t) for n, t in gathered_named_parameters(actor)]
+        named = list(gathered_named_parameters(actor))
         res = self.llm.collective_rpc(_load_into_worker, args=(named, self.tied))
         self.head_copies += int(any(res))
         self.llm.reset_prefix_cache()

@@ -155,8 +155,8 @@ def test_gathered_named_parameters_under_zero3(monkeypatch, tied):
     import torch
 
     from hgpo.train import dist
+    from hgpo.train.model import gathered_named_parameters
     from hgpo.train.tiny import tiny_model
-    from hgpo.train.vllm_engine import gathered_named_parameters
 
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
         monkeypatch.setenv(k, v)
