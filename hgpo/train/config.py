@@ -20,6 +20,7 @@ from typing import Any
 from hgpo.config import EstimatorConfig
 from hgpo.config import field_docs as dataclass_field_docs
 from hgpo.estimators import ESTIMATORS
+from hgpo.options import parse_name_values
 
 __all__ = ["PRESETS", "TrainConfig", "build_parser", "field_docs", "parse_args", "resolve"]
 
@@ -288,25 +289,9 @@ class TrainConfig:
         return with_overrides(cls(), data, source=str(path))
 
 
-def parse_options(text: str) -> dict[str, Any]:
-    """ "a=1,b=mean" -> {"a": 1, "b": "mean"} (ints, floats and true/false are converted)."""
-    out: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        if "=" not in part:
-            raise ValueError(f"option {part!r} is not of the form name=value")
-        key, raw = (s.strip() for s in part.split("=", 1))
-        value: Any = raw
-        if raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        else:
-            for conv in (int, float):
-                try:
-                    value = conv(raw)
-                    break
-                except ValueError:
-                    pass
-        out[key] = value
-    return out
+def parse_options(text: str, where: str = "--estimator-options") -> dict[str, Any]:
+    """ "a=1,b=mean" -> {"a": 1, "b": "mean"}: the project's one parser (hgpo.options)."""
+    return parse_name_values(text, where=where)
 
 
 @functools.cache

@@ -150,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = resolve(
         args.env,
         args.preset,
-        {"model": args.model, "out_dir": str(out), **parse_options(",".join(args.override))},
+        {
+            "model": args.model,
+            "out_dir": str(out),
+            **parse_options(",".join(args.override), where="--override"),
+        },
     )
     path = cfg.model
     if cfg.model == TINY_MODEL:

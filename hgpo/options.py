@@ -1,0 +1,136 @@
+"""The one ``name=value`` parser and the one validator style for every config in the project.
+
+Every config (``EstimatorConfig``, the trainer's ``TrainConfig``, the studies' configs) checks
+its fields with these helpers, and every ``"name=value,name=value"`` string on a command line
+(``--estimator-options``, ``--settings hgpo:alpha=2``, ``--envs keydoor:size=5``) goes through
+:func:`parse_name_values`. So one value converts the same way everywhere, and every bad value
+gives the same one-line error: ``<where>: must be <what>, got <value>``.
+
+Numbers: booleans are refused where a number is asked for (``True`` is an ``int`` in Python);
+numpy scalars (``np.int64(2)``, ``np.float32(1.0)``) are accepted and returned as Python
+numbers; NaN and infinities are refused unless the caller allows them.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+
+class OptionError(ValueError):
+    """A bad option value; the message names the option and the value."""
+
+
+def bad(where: str, must: str, got: Any) -> OptionError:
+    """The project's one error shape: ``"<where>: must be <must>, got <got!r>"``."""
+    return OptionError(f"{where}: must be {must}, got {got!r}")
+
+
+def parse_value(raw: str) -> bool | int | float | str:
+    """``"true"``/``"false"`` -> bool, then int, then float, else the string itself (stripped).
+
+    ``"nan"``/``"inf"`` become floats here; the config that receives them refuses them with its
+    field's name (a parser cannot know which fields may be infinite).
+    """
+    text = raw.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_name_values(text: str, *, where: str = "options") -> dict[str, Any]:
+    """``"a=1,b=mean"`` -> ``{"a": 1, "b": "mean"}``, each value through :func:`parse_value`.
+
+    Empty items are skipped; an item without ``=``, an empty name or a name given twice is an
+    :class:`OptionError` naming ``where`` and the item.
+    """
+    if not isinstance(text, str):
+        raise bad(where, 'a string "name=value,..."', text)
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, raw = part.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise bad(where, "name=value items separated by commas", part)
+        if key in out:
+            raise OptionError(f"{where}: {key!r} is given twice in {text!r}")
+        out[key] = parse_value(raw)
+    return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_int(where: str, value: Any, *, lo: int | None = None, hi: int | None = None) -> int:
+    """``value`` as a Python int in ``[lo, hi]`` (either bound optional); numpy ints accepted."""
+    if not _is_int(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
+        if lo is not None and hi is not None:
+            must = f"an integer in {lo}..{hi}"
+        elif lo is not None:
+            must = f"an integer >= {lo}"
+        elif hi is not None:
+            must = f"an integer <= {hi}"
+        else:
+            must = "an integer"
+        raise bad(where, must, value)
+    return int(value)
+
+
+def check_number(
+    where: str,
+    value: Any,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    finite: bool = True,
+) -> float:
+    """``value`` as a finite Python float within the bounds; numpy scalars accepted.
+
+    ``lo_open``/``hi_open`` make a bound strict. ``finite=False`` lets ``+-inf`` through (never
+    NaN) for the rare option where infinity means "no limit".
+    """
+    ok = _is_real(value) and not math.isnan(value) and (not finite or math.isfinite(value))
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value < hi if hi_open else value <= hi
+    if not ok:
+        parts = []
+        if lo is not None and hi is not None:
+            parts.append(f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}")
+        elif lo is not None:
+            parts.append(f"{'>' if lo_open else '>='} {lo}")
+        elif hi is not None:
+            parts.append(f"{'<' if hi_open else '<='} {hi}")
+        must = ("a finite number" if finite else "a number") + (" " + parts[0] if parts else "")
+        raise bad(where, must, value)
+    return float(value)
+
+
+def check_choice(where: str, value: Any, choices: Iterable[Any]) -> Any:
+    """``value`` if it is one of ``choices``, else an error listing them."""
+    options = tuple(choices)
+    if value not in options:
+        raise bad(where, "one of " + ", ".join(repr(c) for c in options), value)
+    return value
+
+
+def check_bool(where: str, value: Any) -> bool:
+    """``value`` if it is a bool (numpy bools accepted)."""
+    if type(value).__name__ not in ("bool", "bool_"):
+        raise bad(where, "true or false", value)
+    return bool(value)
