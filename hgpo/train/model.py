@@ -65,10 +65,31 @@ def stop_ids(tok: Any) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def encode_prompt(tok: Any, text: str, max_tokens: int) -> list[int]:
-    """The user message in the chat template, ready for the assistant; cut from the left."""
+THINKING_SWITCH = "enable_thinking"
+"""The variable by which a chat template (Qwen3's) switches the model's own thinking on or off."""
+
+
+def check_thinking_switch(tok: Any, enable_thinking: bool) -> None:
+    """Refuse ``enable_thinking`` for a chat template that never reads the switch (Qwen2.5's):
+    the flag would change nothing, silently."""
+    if enable_thinking and THINKING_SWITCH not in (tok.chat_template or ""):
+        raise ValueError(
+            "TrainConfig.enable_thinking: must be false for this model, whose chat template "
+            "has no enable_thinking switch, got True"
+        )
+
+
+def encode_prompt(tok: Any, text: str, max_tokens: int, enable_thinking: bool = False) -> list[int]:
+    """The user message in the chat template, ready for the assistant; cut from the left.
+
+    ``enable_thinking`` goes to the template, where Qwen3's reads it (false: the assistant turn
+    starts with an empty think block); templates without the switch ignore it.
+    """
     rendered = tok.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": text}],
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=enable_thinking,
     )
     ids = tok(rendered, add_special_tokens=False)["input_ids"]
     return ids[-max_tokens:]
@@ -422,6 +443,7 @@ __all__ = [
     "HFEngine",
     "Packed",
     "check_model",
+    "check_thinking_switch",
     "encode_prompt",
     "gathered_named_parameters",
     "kl_k3",

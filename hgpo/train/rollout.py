@@ -132,11 +132,13 @@ def run_episodes(
     max_steps: int,
     keep_samples: bool = True,
     action_mode: str = "generate",
+    enable_thinking: bool = False,
 ) -> Rollout:
     """Play ``task_ids`` x ``group_n`` episodes to the end; group g = task_ids[g].
 
     action_mode "generate" samples free text; "score" samples among the admissible actions'
-    responses (:func:`score_and_sample`).
+    responses (:func:`score_and_sample`). ``enable_thinking`` is the chat template's thinking
+    switch (:func:`hgpo.train.model.encode_prompt`).
     """
     from hgpo.train.model import encode_prompt
 
@@ -152,7 +154,10 @@ def run_episodes(
         live = [i for i in range(B) if not done[i]]
         if not live:
             break
-        prompts = [encode_prompt(tok, envs.prompt(i, obs[i], infos[i]), max_prompt) for i in live]
+        prompts = [
+            encode_prompt(tok, envs.prompt(i, obs[i], infos[i]), max_prompt, enable_thinking)
+            for i in live
+        ]
         t = time.perf_counter()
         if action_mode == "score":
             cands = [

