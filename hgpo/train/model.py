@@ -71,9 +71,11 @@ THINKING_SWITCH = "enable_thinking"
 
 def check_thinking_switch(tok: Any, enable_thinking: bool) -> None:
     """Refuse ``enable_thinking`` for a chat template that never reads the switch (Qwen2.5's):
-    the flag would change nothing, silently."""
+    the flag would change nothing, silently. Raises TrainConfigError (the CLI's exit 2)."""
+    from hgpo.train.config import TrainConfigError
+
     if enable_thinking and THINKING_SWITCH not in (tok.chat_template or ""):
-        raise ValueError(
+        raise TrainConfigError(
             "TrainConfig.enable_thinking: must be false for this model, whose chat template "
             "has no enable_thinking switch, got True"
         )

@@ -76,6 +76,17 @@ def test_qwen2_template_has_no_switch(tmp_path):
         check_thinking_switch(tok, True)
 
 
+def test_enable_thinking_refused_for_a_template_without_the_switch(tmp_path):
+    """A Qwen2.5-style model folder with --enable-thinking: a one-line error, exit 2, before
+    the model is built."""
+    path = build_tiny(tmp_path / "m", ["go to fridge 1"], 400)
+    args = ["--preset", "tiny", "--env", "webshop", "--model", str(path), "--enable-thinking"]
+    r = run_cli([*args, "--out-dir", str(tmp_path / "run")])
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "error: TrainConfig.enable_thinking: must be false for this model" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_qwen3_folder_loads_by_path(qwen3, tmp_path):
     """Nothing Qwen2-specific in loading: the policy, the critic's backbone and the consolidated
     save all go through the Auto classes; tied embeddings stay tied."""

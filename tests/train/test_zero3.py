@@ -145,8 +145,9 @@ def test_zero3_kill_and_resume_equals_straight_run(runs):
         assert torch.allclose(sa[k], sb[k], rtol=0, atol=1e-6), k
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("tied", [True, False])
-def test_gathered_named_parameters_under_zero3(monkeypatch, tied):
+def test_gathered_named_parameters_under_zero3(monkeypatch, tied, arch):
     """Every parameter comes back once, full-shape and equal to the unsharded model's; the
     module is sharded again afterwards."""
     import copy
@@ -165,7 +166,7 @@ def test_gathered_named_parameters_under_zero3(monkeypatch, tied):
         monkeypatch.setenv("MASTER_PORT", str(dist.free_port()))
         # the process group stays up: a later one in this process would be refused by DeepSpeed
         dist.init("cpu")
-    full = tiny_model(300, hidden=64, layers=2, seed=3, tie_embeddings=tied)
+    full = tiny_model(300, hidden=64, layers=2, seed=3, tie_embeddings=tied, arch=arch)
     want = {n: p.detach().clone() for n, p in full.named_parameters()}
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
     module = copy.deepcopy(full)
