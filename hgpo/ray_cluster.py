@@ -26,7 +26,9 @@ from types import ModuleType
 
 from hgpo.options import OptionError, bad
 
-__all__ = ["RAY_INSTALL", "check_address", "ensure_ray", "import_ray", "ray_session"]
+__all__ = [
+    "RAY_INSTALL", "check_address", "ensure_ray", "import_ray", "ray_session", "require_ray",
+]  # fmt: skip
 
 RAY_INSTALL = "pip install 'hgpo[ray]'"
 """The command that installs the optional Ray dependency (the ``[ray]`` extra: ray>=2.9,<3)."""
@@ -43,6 +45,21 @@ def import_ray(where: str) -> ModuleType:
             f"{where}: needs Ray, which is not installed ({e}); install it with: {RAY_INSTALL}"
         ) from None
     return ray
+
+
+def require_ray(where: str) -> None:
+    """Fail (naming ``where`` and the install command) unless Ray is installed; cheap: it does
+    not import Ray, so configs can check it before any heavy work."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except ValueError:  # sys.modules["ray"] is None (import blocked)
+        found = False
+    if not found:
+        raise OptionError(
+            f"{where}: needs Ray, which is not installed; install it with: {RAY_INSTALL}"
+        )
 
 
 def resolve_address(address: str) -> str:
