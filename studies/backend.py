@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,14 +188,6 @@ def _call_on_node(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, s
     return fn(*args), ray.get_runtime_context().get_node_id()
 
 
-@contextmanager
-def _ray(workers: int, address: str) -> Iterator[Any]:
-    from hgpo.ray_cluster import ray_session
-
-    with ray_session("--backend ray", address, num_cpus=workers) as ray:
-        yield ray
-
-
 def _run_ray(
     fn: Callable[..., Any],
     tasks: Sequence[Task],
@@ -206,7 +197,9 @@ def _run_ray(
     address: str,
 ) -> None:
     """Every task submitted at once; results collected as they complete (ray.wait)."""
-    with _ray(workers, address) as ray:
+    from hgpo.ray_cluster import ray_session
+
+    with ray_session("--backend ray", address, num_cpus=workers) as ray:
         remote = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(_call_on_node)
         fn_ref = ray.put(fn)
         refs = {remote.remote(fn_ref, t.args): t.key for t in tasks}
