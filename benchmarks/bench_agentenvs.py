@@ -73,6 +73,27 @@ def _bench(name: str, env: BatchedEnv, n_tasks: int, group_n: int, steps: int) -
     return rate
 
 
+class EchoEnv:
+    """No work at all: a step costs only the trip to the worker and back."""
+
+    def reset(self, task: int) -> tuple[str, dict[str, Any]]:
+        return f"task {task}", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        return action, 0.0, False, {}
+
+
+def _roundtrip(backend: str, workers: int, steps: int = 200) -> float:
+    """Milliseconds per batch step of ``workers`` echo environments (one per worker)."""
+    with BatchedEnv(EchoEnv, workers, workers, backend=backend) as env:
+        env.reset(list(range(workers)), 1)
+        env.step(["a"] * workers)  # warm
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            env.step(["a"] * workers)
+        return (time.perf_counter() - t0) / steps * 1e3
+
+
 def _compare(name: str, factory: Any, n_envs: int, group_n: int, a: argparse.Namespace) -> None:
     """One benchmark on each backend asked for, then the ray/process ratio of env-steps/s."""
     rates = {}
@@ -98,6 +119,11 @@ def main() -> None:
 
         ensure_ray("--backend ray")  # started before the timings, not inside them
     print("load average before: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    for backend in ("process", "ray") if a.backend == "both" else (a.backend,):
+        ms = _roundtrip(backend, a.workers)
+        print(
+            f"echo      {backend:7s} workers={a.workers} -> {ms:.2f} ms per batch step (no env work)"
+        )
     _compare("webshop", webshop_factory(), a.envs, a.group, a)
     if not a.skip_alfworld:
         try:
