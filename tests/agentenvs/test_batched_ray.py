@@ -12,15 +12,8 @@ import pytest
 
 from agentenvs.batched import BatchedEnv
 from tests.agentenvs.test_batched import ToyEnv
-from tests.raycluster import local_cluster
 
 pytest.importorskip("ray", reason="needs Ray (the [ray] extra)")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_cluster(nodes=1, cpus_per_node=4) as c:
-        yield c
 
 
 def _play(env: BatchedEnv, rounds: list[tuple[list[int], int, list[list[str]]]]) -> list:
@@ -34,7 +27,7 @@ def _play(env: BatchedEnv, rounds: list[tuple[list[int], int, list[list[str]]]])
     return seen
 
 
-def test_ray_actors_give_what_worker_processes_give(cluster):
+def test_ray_actors_give_what_worker_processes_give(ray_cluster):
     rounds = [
         ([4, 9, 2], 2, [["inc", "win", "inc", "raise", "inc", "inc"], ["inc"] * 6, ["win"] * 6]),
         ([7, 1, 5], 2, [["win", "inc", "inc", "inc", "inc", "inc"]]),
@@ -43,12 +36,13 @@ def test_ray_actors_give_what_worker_processes_give(cluster):
         want = _play(env, rounds)
     with BatchedEnv(ToyEnv, 6, num_workers=2, backend="ray") as env:
         assert env.num_workers == 2 and len(set(env.worker_pids())) == 2
-        assert set(env.worker_nodes()) == {cluster.head_node.node_id}
+        # one actor per node: the cluster's 2 nodes (SPREAD)
+        assert set(env.worker_nodes()) == {n.node_id for n in ray_cluster.list_all_nodes()}
         got = _play(env, rounds)
     assert repr(got) == repr(want)  # same slots, order, rewards, crash reports
 
 
-def test_webshop_on_ray_equals_processes(cluster):
+def test_webshop_on_ray_equals_processes(ray_cluster):
     pytest.importorskip("bm25s", reason="WebShop search needs bm25s (extra [webshop])")
     pytest.importorskip("rapidfuzz", reason="WebShop reward needs rapidfuzz (extra [webshop])")
     from agentenvs.factories import webshop_factory
@@ -62,7 +56,7 @@ def test_webshop_on_ray_equals_processes(cluster):
     assert repr(got) == repr(want)
 
 
-def test_a_killed_actor_is_restarted_and_the_batch_goes_on(cluster):
+def test_a_killed_actor_is_restarted_and_the_batch_goes_on(ray_cluster):
     with BatchedEnv(ToyEnv, 4, num_workers=2, backend="ray") as env:
         env.reset([0, 1], group_n=2)
         os.kill(env.worker_pids()[0], signal.SIGKILL)  # actor 0 hosts slots 0 and 1
@@ -77,7 +71,7 @@ def test_a_killed_actor_is_restarted_and_the_batch_goes_on(cluster):
         assert np.all(r == 10.0)
 
 
-def test_an_actor_that_exits_or_raises_is_handled_like_a_process(cluster):
+def test_an_actor_that_exits_or_raises_is_handled_like_a_process(ray_cluster):
     with BatchedEnv(ToyEnv, 4, num_workers=2, backend="ray") as env:
         env.reset([0, 1], group_n=2)
         _, _, d, infos = env.step(["inc", "inc", "die", "raise"])
@@ -85,7 +79,7 @@ def test_an_actor_that_exits_or_raises_is_handled_like_a_process(cluster):
         assert env.restarts == 1  # "raise" is a slot crash inside a live actor, not a restart
 
 
-def test_a_hung_actor_times_out_and_is_replaced(cluster):
+def test_a_hung_actor_times_out_and_is_replaced(ray_cluster):
     with BatchedEnv(ToyEnv, 2, num_workers=2, timeout_s=1.0, backend="ray") as env:
         env.reset([0], group_n=2)
         old = env.worker_pids()[0]

@@ -13,15 +13,8 @@ import pytest
 from studies import backend as B
 from studies import bias_variance as bv
 from studies import train_toy as tt
-from tests.raycluster import local_cluster
 
 pytest.importorskip("ray", reason="needs Ray (the [ray] extra)")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_cluster(nodes=1, cpus_per_node=2) as c:
-        yield c
 
 
 def _toy(out: Path, **kw: object) -> tt.TrainToyConfig:
@@ -39,7 +32,7 @@ def _final(out: Path) -> list[dict[str, str]]:
         return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(f)]
 
 
-def test_train_toy_on_ray_equals_local_and_resumes(cluster, tmp_path, capsys):
+def test_train_toy_on_ray_equals_local_and_resumes(ray_cluster, tmp_path, capsys):
     tt.run_study(_toy(tmp_path / "local"), progress=False)
     ray_cfg = _toy(tmp_path / "ray", backend="ray", workers=2)
     tt.run_study(ray_cfg, progress=True)
@@ -59,7 +52,7 @@ def test_train_toy_on_ray_equals_local_and_resumes(cluster, tmp_path, capsys):
     assert _final(tmp_path / "ray") == rows
 
 
-def test_bias_variance_on_ray_equals_local(cluster, tmp_path):
+def test_bias_variance_on_ray_equals_local(ray_cluster, tmp_path):
     kw = dict(envs=("keydoor:size=4",), Ks=(1,), stages=("untrained", "0.5"), n_batches=10,
               groups=4, estimators=("grpo", "hgpo", "gae"), workers=1)  # fmt: skip
     local = bv.run_study(bv.StudyConfig(**kw, out=str(tmp_path / "a")), progress=False)
@@ -76,7 +69,7 @@ def _maybe_fail(x: int) -> int:
 
 
 @pytest.mark.parametrize("backend", ["local", "ray"])
-def test_a_failed_task_is_reported_with_its_key_and_the_rest_go_on(cluster, backend, capsys):
+def test_a_failed_task_is_reported_with_its_key_and_the_rest_go_on(ray_cluster, backend, capsys):
     tasks = [B.Task(f"t{i}", (i,)) for i in range(4)]
     got: dict[str, int] = {}
     sweep = B.run_tasks(_maybe_fail, tasks, got.__setitem__, backend=backend, workers=2)
@@ -86,7 +79,7 @@ def test_a_failed_task_is_reported_with_its_key_and_the_rest_go_on(cluster, back
     assert "t2: ValueError" in str(B.SweepError(sweep.failures, 4))
 
 
-def test_cli_reports_failed_runs_and_exits_1(cluster, tmp_path, monkeypatch, capsys):
+def test_cli_reports_failed_runs_and_exits_1(ray_cluster, tmp_path, monkeypatch, capsys):
     def broken(cfg, run):
         if run["seed"] == 1:
             raise RuntimeError("numerical trouble")

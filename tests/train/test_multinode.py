@@ -10,48 +10,42 @@ import pytest
 from hgpo.train.config import TrainConfig
 from hgpo.train.metrics import read_metrics
 from studies import train_toy as tt
-from tests.raycluster import local_cluster
 from tests.train.conftest import run_cli
 
 ray = pytest.importorskip("ray", reason="needs Ray (the [ray] extra)")
-
-
-@pytest.fixture(scope="module")
-def two_nodes():
-    with local_cluster(nodes=2, cpus_per_node=2) as c:
-        yield c
 
 
 def _node_ids(cluster) -> set[str]:
     return {n.node_id for n in cluster.list_all_nodes()}
 
 
-def _env_actor_nodes() -> list[str]:
-    """Ray node of every EnvWorker actor the cluster has run (alive or finished)."""
+def _env_actors() -> dict[str, str]:
+    """Actor id -> Ray node of every EnvWorker actor the cluster has run (alive or finished)."""
     from ray._private.state import actors  # GCS's actor table: no dashboard needed
 
-    return [
-        a["Address"]["NodeID"]
-        for a in actors().values()
+    return {
+        actor_id: a["Address"]["NodeID"]
+        for actor_id, a in actors().items()
         if a["ActorClassName"].endswith("EnvWorker")
-    ]
+    }
 
 
-def test_tiny_trainer_with_env_actors_on_both_nodes(two_nodes, tmp_path):
+def test_tiny_trainer_with_env_actors_on_both_nodes(ray_cluster, tmp_path):
     out = tmp_path / "ws"
     args = ["--preset", "tiny", "--env", "webshop", "--env-backend", "ray", "--env-workers", "2",
             "--out-dir", str(out)]  # fmt: skip
-    r = run_cli(args, extra_env={"RAY_ADDRESS": two_nodes.address})
+    before = _env_actors()  # the session's cluster may have run other tests' actors
+    r = run_cli(args, extra_env={"RAY_ADDRESS": ray_cluster.address})
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     rows = read_metrics(out)
     assert [row["iteration"] for row in rows] == [1, 2]
     assert rows[-1]["n_trajectories"] == 4 and "val/eval/success" in rows[-1]
-    nodes = _env_actor_nodes()
+    nodes = [node for actor, node in _env_actors().items() if actor not in before]
     assert len(nodes) >= 4  # 2 training + 2 validation env actors
-    assert set(nodes) == _node_ids(two_nodes)
+    assert set(nodes) == _node_ids(ray_cluster)
 
 
-def test_train_toy_sweep_on_both_nodes(two_nodes, tmp_path, caplog):
+def test_train_toy_sweep_on_both_nodes(ray_cluster, tmp_path, caplog):
     cfg = tt.TrainToyConfig(
         envs=("tmaze:length=2",), settings=("grpo", "hgpo"), seeds=2, iterations=2, eval_every=1,
         eval_rollouts=4, backend="ray", out=str(tmp_path),
