@@ -1,4 +1,5 @@
-"""Batched environments in worker processes, with groups of identical starts and crash recovery.
+"""Batched environments in worker processes or Ray actors, with groups of identical starts and
+crash recovery.
 
 ``reset(tasks, group_n)`` starts ``len(tasks) * group_n`` environments: slot ``g * group_n + j``
 plays ``tasks[g]``, so every member of a group starts from the same state (environments are
@@ -13,11 +14,13 @@ its environment is rebuilt. A reset at which every slot crashes (twice) raises `
 with the first error, e.g. a factory that cannot build its environment at all.
 A worker that dies or does not answer within ``timeout_s`` is killed and restarted with fresh
 environments; all its slots report ``crashed`` and done for that step. The rest of the batch is
-unaffected.
+unaffected. With ``backend="ray"`` the workers are Ray actors (:mod:`agentenvs.ray_backend`),
+placed on any node of the cluster, with the same slots, results and recovery.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import signal
@@ -63,14 +66,45 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
 
 
+class EnvHost:
+    """The environments of one worker's slots, run one command at a time (in a worker process
+    or a Ray actor). An exception in one environment is that slot's crash, never the host's."""
+
+    def __init__(self, factory: Callable[[], TextEnv], slots: list[int]) -> None:
+        self.factory = factory
+        try:
+            self.envs: dict[int, TextEnv] = {s: factory() for s in slots}
+            self.build_error = ""
+        except Exception as e:  # e.g. a missing optional dependency: report it on every command
+            self.envs, self.build_error = {}, f"building the environment failed: {e!r}"
+            log.error("%s", self.build_error)
+
+    def run(self, cmd: str, payload: list[tuple[int, Any]]) -> list[tuple]:
+        """``cmd`` ("reset" with a task, or "step" with an action) on each (slot, arg); returns
+        (slot, obs, reward, done, info) per slot, in payload order."""
+        if self.build_error:
+            return [(slot, "", 0.0, True, _crash_info(self.build_error)) for slot, _ in payload]
+        out = []
+        for slot, arg in payload:
+            try:
+                if cmd == "reset":
+                    obs, info = self.envs[slot].reset(arg)
+                    out.append((slot, obs, 0.0, False, info))
+                else:
+                    out.append((slot, *self.envs[slot].step(arg)))
+            except Exception as e:  # an env bug must not stop the batch
+                log.warning("env slot %d crashed: %r", slot, e)
+                out.append((slot, "", 0.0, True, _crash_info(repr(e))))
+                try:
+                    self.envs[slot] = self.factory()
+                except Exception as e2:
+                    log.error("rebuilding slot %d failed: %r", slot, e2)
+        return out
+
+
 def _worker(conn: Connection, factory: Callable[[], TextEnv], slots: list[int]) -> None:
     _die_with_parent()
-    try:
-        envs: dict[int, TextEnv] = {s: factory() for s in slots}
-        build_error = ""
-    except Exception as e:  # e.g. a missing optional dependency: report it on every command
-        envs, build_error = {}, f"building the environment failed: {e!r}"
-        log.error("%s", build_error)
+    host = EnvHost(factory, slots)
     while True:
         try:
             cmd, payload = conn.recv()
@@ -78,36 +112,118 @@ def _worker(conn: Connection, factory: Callable[[], TextEnv], slots: list[int]) 
             return
         if cmd == "close":
             return
-        if build_error:
-            conn.send([(slot, "", 0.0, True, _crash_info(build_error)) for slot, _ in payload])
-            continue
-        out = []
-        for slot, arg in payload:
+        conn.send(host.run(cmd, payload))
+
+
+Payloads = dict[int, list[tuple[int, Any]]]
+"""Per worker index, the (slot, argument) pairs of one command."""
+
+
+class Workers(Protocol):
+    """How a BatchedEnv reaches its workers (worker processes, or Ray actors)."""
+
+    def call(self, cmd: str, payloads: Payloads, timeout_s: float) -> dict[int, list | None]:
+        """Run ``cmd`` on every worker in ``payloads``; None for a worker that died or did not
+        answer within ``timeout_s``."""
+        ...
+
+    def restart(self, w: int) -> None:
+        """Kill worker ``w`` (if alive) and start it again with fresh environments."""
+        ...
+
+    def pids(self) -> list[int]: ...
+
+    def nodes(self) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+class ProcessWorkers:
+    """One forked (or spawned) process per block of slots, reached through a pipe."""
+
+    def __init__(
+        self, factory: Callable[[], TextEnv], slots: list[list[int]], start_method: str
+    ) -> None:
+        self.factory, self.slots = factory, slots
+        self._ctx = mp.get_context(start_method)
+        self._procs: list[Any] = [None] * len(slots)
+        self._conns: list[Connection | None] = [None] * len(slots)
+        for w in range(len(slots)):
+            self._start(w)
+
+    def _start(self, w: int) -> None:
+        parent, child = self._ctx.Pipe()
+        p = self._ctx.Process(
+            target=_worker, args=(child, self.factory, self.slots[w]), daemon=True
+        )
+        p.start()
+        child.close()
+        self._procs[w], self._conns[w] = p, parent
+
+    def call(self, cmd: str, payloads: Payloads, timeout_s: float) -> dict[int, list | None]:
+        for w, payload in payloads.items():
+            # a dead worker's send fails; its poll below fails too and it is restarted
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self._conns[w].send((cmd, payload))  # type: ignore[union-attr]
+        replies: dict[int, list | None] = {}
+        for w in payloads:
+            conn, replies[w] = self._conns[w], None
             try:
-                if cmd == "reset":
-                    obs, info = envs[slot].reset(arg)
-                    out.append((slot, obs, 0.0, False, info))
-                else:
-                    out.append((slot, *envs[slot].step(arg)))
-            except Exception as e:  # an env bug must not stop the batch
-                log.warning("env slot %d crashed: %r", slot, e)
-                out.append((slot, "", 0.0, True, _crash_info(repr(e))))
-                try:
-                    envs[slot] = factory()
-                except Exception as e2:
-                    log.error("rebuilding slot %d failed: %r", slot, e2)
-        conn.send(out)
+                if conn is not None and conn.poll(timeout_s):
+                    replies[w] = conn.recv()
+            except (EOFError, OSError):
+                pass
+        return replies
+
+    def restart(self, w: int) -> None:
+        p, conn = self._procs[w], self._conns[w]
+        if conn is not None:
+            conn.close()
+        if p is not None and p.is_alive():
+            p.kill()
+        if p is not None:
+            p.join(timeout=5)
+        self._start(w)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def nodes(self) -> list[str]:
+        return ["local"] * len(self._procs)
+
+    def close(self) -> None:
+        for w, (conn, p) in enumerate(zip(self._conns, self._procs, strict=True)):
+            try:
+                if conn is not None:
+                    conn.send(("close", None))
+                    conn.close()
+            except (BrokenPipeError, OSError):
+                pass
+            if p is not None:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+            self._conns[w] = None
+
+
+BACKENDS = ("process", "ray")
 
 
 class BatchedEnv:
-    """``num_envs`` environments made by ``factory`` in ``num_workers`` processes.
+    """``num_envs`` environments made by ``factory`` in ``num_workers`` workers.
 
     factory: a zero-argument callable building one environment (called in the workers).
     num_envs: batch size B = number of tasks x group size.
-    num_workers: worker processes (each hosts a contiguous block of slots; block sizes differ
-        by at most one).
+    num_workers: workers (each hosts a contiguous block of slots; block sizes differ by at most
+        one).
     timeout_s: seconds a worker may take for one reset/step of its slots before it is restarted.
-    start_method: multiprocessing start method ("fork" is fastest on Linux).
+    start_method: multiprocessing start method of the process backend ("fork" is fastest on
+        Linux).
+    backend: "process" (worker processes on this machine) or "ray" (Ray actors placed anywhere
+        in the cluster, one CPU each, spread over the nodes: :mod:`agentenvs.ray_backend`). Both
+        give the same slots, ordering, results and crash/hang recovery.
+    ray_address: the Ray cluster to join (backend "ray"; empty: ``$RAY_ADDRESS``, else Ray is
+        started on this machine); ignored when this process is already connected to Ray.
     """
 
     def __init__(
@@ -117,6 +233,8 @@ class BatchedEnv:
         num_workers: int = 2,
         timeout_s: float = 300.0,
         start_method: str = "fork",
+        backend: str = "process",
+        ray_address: str = "",
     ) -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got num_envs={num_envs}")
@@ -124,72 +242,57 @@ class BatchedEnv:
             raise ValueError(f"num_workers must be >= 1, got num_workers={num_workers}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got timeout_s={timeout_s}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got backend={backend!r}")
         self.factory = factory
         self.num_envs = num_envs
         self.num_workers = min(num_workers, num_envs)
         self.timeout_s = timeout_s
-        self._ctx = mp.get_context(start_method)
+        self.backend = backend
         base, extra = divmod(num_envs, self.num_workers)
         bounds = [w * base + min(w, extra) for w in range(self.num_workers + 1)]
         self._slots = [list(range(bounds[w], bounds[w + 1])) for w in range(self.num_workers)]
-        self._procs: list[Any] = [None] * self.num_workers
-        self._conns: list[Connection | None] = [None] * self.num_workers
-        for w in range(self.num_workers):
-            self._start(w)
+        self._workers: Workers
+        if backend == "ray":
+            from agentenvs.ray_backend import RayWorkers
+
+            self._workers = RayWorkers(factory, self._slots, timeout_s, ray_address)
+        else:
+            self._workers = ProcessWorkers(factory, self._slots, start_method)
         self.tasks: list[int] = []
         self.done = np.ones(num_envs, dtype=bool)
         self.last_obs = [""] * num_envs
         self.last_info: list[dict[str, Any]] = [{} for _ in range(num_envs)]
         self.restarts = 0
 
-    def _start(self, w: int) -> None:
-        parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(
-            target=_worker, args=(child, self.factory, self._slots[w]), daemon=True
-        )
-        p.start()
-        child.close()
-        self._procs[w], self._conns[w] = p, parent
+    def worker_pids(self) -> list[int]:
+        """Process id of each worker (on its node)."""
+        return self._workers.pids()
 
-    def _restart(self, w: int) -> None:
-        p, conn = self._procs[w], self._conns[w]
-        if conn is not None:
-            conn.close()
-        if p is not None and p.is_alive():
-            p.kill()
-        if p is not None:
-            p.join(timeout=5)
-        self.restarts += 1
-        log.warning("worker %d restarted (%d restarts so far)", w, self.restarts)
-        self._start(w)
+    def worker_nodes(self) -> list[str]:
+        """Ray node id of each worker ("local" for every worker of the process backend)."""
+        return self._workers.nodes()
 
     def _run(self, cmd: str, per_slot: dict[int, Any]) -> dict[int, tuple]:
-        sent = []
+        payloads: Payloads = {}
         for w in range(self.num_workers):
             payload = [(s, per_slot[s]) for s in self._slots[w] if s in per_slot]
-            if not payload:
-                continue
-            try:
-                self._conns[w].send((cmd, payload))  # type: ignore[union-attr]
-                sent.append((w, payload))
-            except (BrokenPipeError, OSError):
-                sent.append((w, payload))
+            if payload:
+                payloads[w] = payload
+        replies = self._workers.call(cmd, payloads, self.timeout_s)
         results: dict[int, tuple] = {}
-        for w, payload in sent:
-            conn = self._conns[w]
-            ok = False
-            try:
-                if conn is not None and conn.poll(self.timeout_s):
-                    for r in conn.recv():
-                        results[r[0]] = r[1:]
-                    ok = True
-            except (EOFError, OSError):
-                ok = False
-            if not ok:
-                self._restart(w)
-                err = f"worker {w} died or timed out during {cmd}"
-                for s, _ in payload:
-                    results[s] = ("", 0.0, True, _crash_info(err))
+        for w, payload in payloads.items():
+            reply = replies.get(w)
+            if reply is not None:
+                for r in reply:
+                    results[r[0]] = r[1:]
+                continue
+            self._workers.restart(w)
+            self.restarts += 1
+            log.warning("worker %d restarted (%d restarts so far)", w, self.restarts)
+            err = f"worker {w} died or timed out during {cmd}"
+            for s, _ in payload:
+                results[s] = ("", 0.0, True, _crash_info(err))
         return results
 
     def reset(self, tasks: Sequence[int], group_n: int = 1) -> tuple[list[str], list[dict]]:
@@ -242,19 +345,7 @@ class BatchedEnv:
 
     def close(self) -> None:
         """Stop every worker."""
-        for w in range(self.num_workers):
-            conn, p = self._conns[w], self._procs[w]
-            try:
-                if conn is not None:
-                    conn.send(("close", None))
-                    conn.close()
-            except (BrokenPipeError, OSError):
-                pass
-            if p is not None:
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
-        self._conns = [None] * self.num_workers
+        self._workers.close()
 
     def __enter__(self) -> BatchedEnv:
         return self

@@ -1,10 +1,14 @@
-"""Environment steps per second with 128 environments in worker processes, per benchmark.
+"""Environment steps per second of 128 WebShop and 32 ALFWorld environments, per backend.
 
-Run: ``python -m benchmarks.bench_agentenvs [--envs 128] [--workers 2] [--steps 10]``.
-Random admissible actions; resets are timed apart from steps (wall seconds, and the CPU
-seconds of the worker processes, which a shared machine does not inflate). ALFWorld plays
-generated games through the real engine (needs the alfworld package); a group's members share
-their worker's per-game translation and grammar (:mod:`agentenvs.alfworld.engine`).
+Run: ``python -m benchmarks.bench_agentenvs [--envs 128] [--alfworld-envs 32] [--workers 2]
+[--steps 10] [--backend process|ray|both]``. Random admissible actions (the same ones for every
+backend); resets are timed apart from steps (wall seconds, and the CPU seconds of the worker
+processes or Ray actors, which a shared machine does not inflate). ALFWorld plays generated
+games through the real engine (needs the alfworld package); a group's members share their
+worker's per-game translation and grammar (:mod:`agentenvs.alfworld.engine`). With
+``--backend both`` each benchmark runs on worker processes, then on Ray actors on this machine
+(a Ray started with --workers CPUs), and the line "ray/process" gives the overhead ratio of
+env-steps/s.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import random
 import tempfile
 import time
+from typing import Any
 
 from agentenvs.batched import BatchedEnv
 from agentenvs.factories import alfworld_factory, webshop_factory
@@ -22,9 +27,9 @@ from agentenvs.factories import alfworld_factory, webshop_factory
 def _workers_cpu(env: BatchedEnv) -> float:
     """CPU seconds (user + system) used so far by the env's worker processes (Linux /proc)."""
     total = 0.0
-    for p in env._procs:
+    for pid in env.worker_pids():
         try:
-            with open(f"/proc/{p.pid}/stat") as f:
+            with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except (OSError, AttributeError, IndexError, ValueError):
@@ -32,7 +37,7 @@ def _workers_cpu(env: BatchedEnv) -> float:
     return total
 
 
-def _bench(name: str, env: BatchedEnv, n_tasks: int, group_n: int, steps: int) -> None:
+def _bench(name: str, env: BatchedEnv, n_tasks: int, group_n: int, steps: int) -> float:
     rng = random.Random(0)
     c0 = _workers_cpu(env)
     t0 = time.perf_counter()
@@ -58,37 +63,78 @@ def _bench(name: str, env: BatchedEnv, n_tasks: int, group_n: int, steps: int) -
         t_step += time.perf_counter() - t0
         n_steps += live
     c_step = _workers_cpu(env) - c0
+    rate = n_steps / max(t_step, 1e-9)
     print(
-        f"{name:9s} envs={env.num_envs:4d} workers={env.num_workers} "
+        f"{name:9s} {env.backend:7s} envs={env.num_envs:4d} workers={env.num_workers} "
         f"reset={t_reset:6.1f}s (workers' CPU {c_reset:6.1f}s) steps={n_steps:5d} "
         f"step_time={t_step:6.1f}s (workers' CPU {c_step:6.1f}s) "
-        f"-> {n_steps / max(t_step, 1e-9):8.1f} env-steps/s"
+        f"-> {rate:8.1f} env-steps/s"
     )
+    return rate
+
+
+class EchoEnv:
+    """No work at all: a step costs only the trip to the worker and back."""
+
+    def reset(self, task: int) -> tuple[str, dict[str, Any]]:
+        return f"task {task}", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        return action, 0.0, False, {}
+
+
+def _roundtrip(backend: str, workers: int, steps: int = 200) -> float:
+    """Milliseconds per batch step of ``workers`` echo environments (one per worker)."""
+    with BatchedEnv(EchoEnv, workers, workers, backend=backend) as env:
+        env.reset(list(range(workers)), 1)
+        env.step(["a"] * workers)  # warm
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            env.step(["a"] * workers)
+        return (time.perf_counter() - t0) / steps * 1e3
+
+
+def _compare(name: str, factory: Any, n_envs: int, group_n: int, a: argparse.Namespace) -> None:
+    """One benchmark on each backend asked for, then the ray/process ratio of env-steps/s."""
+    rates = {}
+    for backend in ("process", "ray") if a.backend == "both" else (a.backend,):
+        with BatchedEnv(factory, n_envs, a.workers, backend=backend) as env:
+            rates[backend] = _bench(name, env, n_envs // group_n, group_n, a.steps)
+    if len(rates) == 2:
+        print(f"{name:9s} ray/process env-steps/s = {rates['ray'] / rates['process']:.2f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--envs", type=int, default=128)
+    ap.add_argument("--envs", type=int, default=128, help="WebShop environments")
+    ap.add_argument("--alfworld-envs", type=int, default=32, help="ALFWorld environments")
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--backend", choices=("process", "ray", "both"), default="process")
     ap.add_argument("--skip-alfworld", action="store_true")
     a = ap.parse_args()
-    n_tasks = a.envs // a.group
+    if a.backend != "process":
+        from hgpo.ray_cluster import ensure_ray
+
+        ensure_ray("--backend ray")  # started before the timings, not inside them
     print("load average before: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
-    with BatchedEnv(webshop_factory(), a.envs, a.workers) as env:
-        _bench("webshop", env, n_tasks, a.group, a.steps)
-    if a.skip_alfworld:
-        return
-    try:
-        from agentenvs.alfworld.generator import generate_split
-    except ImportError as e:
-        print(f"alfworld   skipped: {e}")
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        files = [str(p) for p in generate_split(tmp, "train", n_tasks, seed=1)]
-        with BatchedEnv(alfworld_factory(files), a.envs, a.workers) as env:
-            _bench("alfworld", env, n_tasks, a.group, a.steps)
+    for backend in ("process", "ray") if a.backend == "both" else (a.backend,):
+        ms = _roundtrip(backend, a.workers)
+        print(
+            f"echo      {backend:7s} workers={a.workers} -> {ms:.2f} ms per batch step (no env work)"
+        )
+    _compare("webshop", webshop_factory(), a.envs, a.group, a)
+    if not a.skip_alfworld:
+        try:
+            from agentenvs.alfworld.generator import generate_split
+        except ImportError as e:
+            print(f"alfworld   skipped: {e}")
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            n_tasks = a.alfworld_envs // a.group
+            files = [str(p) for p in generate_split(tmp, "train", n_tasks, seed=1)]
+            _compare("alfworld", alfworld_factory(files), a.alfworld_envs, a.group, a)
     print("load average after: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 

@@ -20,12 +20,22 @@ import argparse
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from hgpo.options import check_choice
+from studies.backend import (
+    ADDRESS_HELP,
+    BACKEND_HELP,
+    BACKENDS,
+    SweepError,
+    Task,
+    check_backend,
+    run_tasks,
+)
 
 __all__ = ["StudyConfig", "main", "parse_env", "run_cell", "run_study"]
 
@@ -65,6 +75,10 @@ class StudyConfig:
     """Rollouts per group (N)."""
     seed: int = 0
     workers: int = 2
+    backend: str = "local"
+    """Where the cells execute: "local" processes or "ray" tasks (studies/backend.py)."""
+    ray_address: str = ""
+    """Ray cluster to join with --backend ray; empty: $RAY_ADDRESS, else Ray started here."""
     out: str = "results/bias_variance"
     max_nodes: int = 3_000_000
     """Largest exact chain; beyond it the cell is skipped with a message."""
@@ -109,6 +123,7 @@ class StudyConfig:
                     f"{'--batches' if name == 'n_batches' else '--' + name}: must be {lows[name]}, "
                     f"got {getattr(self, name)!r}"
                 )
+        check_choice("--backend", self.backend, BACKENDS)
         for spec in self.envs:
             parse_env(spec)
 
@@ -327,32 +342,23 @@ def proposition_41(
     }  # fmt: skip
 
 
-def _cell(args: tuple[StudyConfig, str, int, str, int]) -> dict[str, Any]:
-    return run_cell(*args)
-
-
 def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
-    """Run every (env, K, stage) cell (in ``workers`` processes) and write the results folder."""
-    from tqdm import tqdm
-
+    """Run every (env, K, stage) cell (``workers`` processes, or Ray tasks: studies.backend) and
+    write the results folder; :class:`studies.backend.SweepError` lists the cells that failed."""
     cells = [(e, K, s) for e in cfg.envs for K in cfg.Ks for s in cfg.stages]
     seeds = np.random.SeedSequence(cfg.seed).spawn(len(cells))
-    jobs = [
-        (cfg, e, K, s, int(sq.generate_state(1)[0] % 2**31))
+    tasks = [
+        Task(f"{e} K={K} stage={s}", (cfg, e, K, s, int(sq.generate_state(1)[0] % 2**31)))
         for (e, K, s), sq in zip(cells, seeds, strict=True)
     ]
-    results: list[dict[str, Any]] = []
-    bar = tqdm(total=len(jobs), desc="cells", disable=not progress, file=sys.stderr)
-    if cfg.workers > 1:
-        with ProcessPoolExecutor(cfg.workers) as pool:
-            for r in pool.map(_cell, jobs):
-                results.append(r)
-                bar.update()
-    else:
-        for j in jobs:
-            results.append(_cell(j))
-            bar.update()
-    bar.close()
+    by_key: dict[str, dict[str, Any]] = {}
+    sweep = run_tasks(
+        run_cell, tasks, by_key.__setitem__, backend=cfg.backend, workers=cfg.workers,
+        ray_address=cfg.ray_address, progress=progress, desc="cells",
+    )  # fmt: skip
+    if sweep.failures:
+        raise SweepError(sweep.failures, len(tasks))
+    results = [by_key[t.key] for t in tasks]
     from studies.bias_variance_report import write_results
 
     return write_results(cfg, results)
@@ -406,6 +412,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--workers", type=int, default=min(d.workers, os.cpu_count() or 1))
+    p.add_argument("--backend", default=d.backend, help=BACKEND_HELP + " (default: %(default)s)")
+    p.add_argument("--ray-address", default=d.ray_address, help=ADDRESS_HELP)
     p.add_argument("--out", default=d.out, help="results folder (default: %(default)s)")
     p.add_argument(
         "--quick",
@@ -426,10 +434,15 @@ def main(argv: list[str] | None = None) -> int:
         kw[k] = tuple(kw[k])
     try:
         cfg = StudyConfig(**kw)
+        check_backend(cfg.backend, cfg.ray_address)
     except ValueError as exc:
         p.error(str(exc))
     t0 = time.perf_counter()
-    summary = run_study(cfg, progress=not a.no_progress)
+    try:
+        summary = run_study(cfg, progress=not a.no_progress)
+    except SweepError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(summary["table"])
     print(summary["prop41_text"])
     print(

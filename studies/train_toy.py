@@ -25,13 +25,14 @@ import hashlib
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hgpo.options import check_choice
+from studies.backend import BACKENDS, SweepError, Task, check_backend, run_tasks
 from studies.io import atomic_write_json
 
 __all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
@@ -118,6 +119,12 @@ class TrainToyConfig:
     imitation (studies.tabular.expert_stages), a warm start like the paper's instruct model."""
     seed: int = 0
     workers: int = 2
+    """Local worker processes (backend "local"), or the CPUs of the Ray started here."""
+    backend: str = "local"
+    """Where the runs execute: "local" processes or "ray" tasks (studies/backend.py)."""
+    ray_address: str = ""
+    """Ray cluster to join with --backend ray (host:port, ray://host:port, auto); empty:
+    $RAY_ADDRESS, else Ray started on this machine."""
     out: str = "results/train_toy"
 
     def __post_init__(self) -> None:
@@ -153,6 +160,7 @@ class TrainToyConfig:
             if isinstance(K, bool) or not isinstance(K, int) or not 0 <= K <= 6:
                 raise bad("K", "integers in 0..6", K)
         _check_start("start", self.start)
+        check_choice("--backend", self.backend, BACKENDS)
         if not self.envs or not self.settings or not self.Ks:
             raise ValueError("--envs, --settings and --K each need at least one value")
         for spec in self.envs:
@@ -162,7 +170,7 @@ class TrainToyConfig:
 
     def run_fields(self) -> dict[str, Any]:
         """The fields that change a run's result (not envs/settings lists, workers or out)."""
-        skip = {"envs", "settings", "Ks", "seeds", "workers", "out"}
+        skip = {"envs", "settings", "Ks", "seeds", "workers", "backend", "ray_address", "out"}
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
@@ -385,20 +393,13 @@ def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the study
 
 
-def _job(args: tuple[TrainToyConfig, dict[str, Any], str]) -> str:
-    cfg, run, path = args
-    atomic_write_json(Path(path), run_one(cfg, run))
-    return path
-
-
 def run_study(cfg: TrainToyConfig, progress: bool = True, fresh: bool = False) -> dict[str, Any]:
-    """Run every missing run (in ``workers`` processes), then write the results folder.
+    """Run every missing run (``workers`` processes, or Ray tasks: studies.backend), then write
+    the results folder; :class:`studies.backend.SweepError` lists the runs that failed.
 
     Finished runs are kept in ``out/runs/<key>.json`` (key = run + a hash of every setting that
     changes its result), so a killed study resumes where it stopped; ``fresh`` deletes them.
     """
-    from tqdm import tqdm
-
     out = Path(cfg.out)
     runs_dir = out / "runs"
     if fresh and runs_dir.exists():
@@ -409,20 +410,17 @@ def run_study(cfg: TrainToyConfig, progress: bool = True, fresh: bool = False) -
         p.unlink()
     runs = _runs(cfg)
     paths = [runs_dir / f"{_run_key(cfg, r)}.json" for r in runs]
-    todo = [(cfg, r, str(p)) for r, p in zip(runs, paths, strict=True) if not p.exists()]
+    todo = [Task(p.stem, (cfg, r)) for r, p in zip(runs, paths, strict=True) if not p.exists()]
     done = len(runs) - len(todo)
     if done and progress:
         print(f"resuming: {done} of {len(runs)} runs already in {runs_dir}", file=sys.stderr)
-    bar = tqdm(total=len(runs), initial=done, desc="runs", disable=not progress, file=sys.stderr)
-    if cfg.workers > 1 and len(todo) > 1:
-        with ProcessPoolExecutor(cfg.workers) as pool:
-            for _ in pool.map(_job, todo):
-                bar.update()
-    else:
-        for j in todo:
-            _job(j)
-            bar.update()
-    bar.close()
+    sweep = run_tasks(
+        run_one, todo, lambda key, res: atomic_write_json(runs_dir / f"{key}.json", res),
+        backend=cfg.backend, workers=cfg.workers, ray_address=cfg.ray_address,
+        progress=progress, desc="runs", total=len(runs),
+    )  # fmt: skip
+    if sweep.failures:
+        raise SweepError(sweep.failures, len(runs))
     results = [json.loads(p.read_text()) for p in paths]
     from studies.train_toy_report import write_results
 
@@ -488,10 +486,15 @@ def main(argv: list[str] | None = None) -> int:
         kw[k] = tuple(kw[k])
     try:
         cfg = TrainToyConfig(**kw)
+        check_backend(cfg.backend, cfg.ray_address)
     except ValueError as exc:
         p.error(str(exc))
     t0 = time.perf_counter()
-    summary = run_study(cfg, progress=not a.no_progress, fresh=a.fresh)
+    try:
+        summary = run_study(cfg, progress=not a.no_progress, fresh=a.fresh)
+    except SweepError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(summary["table"])
     print()
     print("The paper's orderings on learning speed (auc); report.md has final success too:")

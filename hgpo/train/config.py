@@ -97,9 +97,12 @@ class TrainConfig:
     vllm_gpu_memory_utilization: float = 0.35
     """Share of GPU memory vLLM may take (the rest is the trainer's)."""
     env_workers: int = 2
-    """Worker processes of each BatchedEnv."""
+    """Workers (processes or Ray actors) of each BatchedEnv."""
     env_timeout_s: float = 300.0
     """Seconds an env worker may take for one step before it is restarted."""
+    env_backend: str = "process"
+    """Env workers as "process"es on this machine, or "ray" actors spread over the Ray cluster
+    at $RAY_ADDRESS (else a Ray started here); needs the [ray] extra (docs/ray.md)."""
     # --- PPO ---------------------------------------------------------------------------------------
     lr: float = 1e-6
     """Actor learning rate."""
@@ -198,6 +201,7 @@ class TrainConfig:
             "precision": ("auto", "bf16", "fp32"),
             "device": ("auto", "cpu", "cuda"),
             "tiny_arch": TINY_ARCHS,
+            "env_backend": ("process", "ray"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -263,6 +267,10 @@ class TrainConfig:
             raise bad("model", "a Hugging Face id, a local folder or 'tiny'")
         if self.enable_thinking and self.model == TINY_MODEL and self.tiny_arch == "qwen2":
             raise bad("enable_thinking", "false with tiny_arch='qwen2' (no thinking switch)")
+        if self.env_backend == "ray":
+            from hgpo.ray_cluster import require_ray
+
+            require_ray("TrainConfig.env_backend='ray'")
         self.estimator_config()  # validates estimator_options
 
     # -- derived ----------------------------------------------------------------------------------

@@ -75,6 +75,7 @@ class EnvSet:
             num_envs,
             num_workers=cfg.env_workers,
             timeout_s=cfg.env_timeout_s,
+            backend=cfg.env_backend,
         )
         self.memory = BatchMemory(num_envs)
         self.tasks: list[str] = [""] * num_envs

@@ -139,7 +139,7 @@ def test_workers_die_with_a_killed_parent(tmp_path):
         "from agentenvs.batched import BatchedEnv\n"
         "env = BatchedEnv(ToyEnv, num_envs=2, num_workers=2)\n"
         "env.reset([0], group_n=2)\n"
-        "print(' '.join(str(p.pid) for p in env._procs), flush=True)\n"
+        "print(' '.join(str(p) for p in env.worker_pids()), flush=True)\n"
         "time.sleep(60)\n"
     )
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,

@@ -1,0 +1,217 @@
+"""Where a study's independent runs execute: local worker processes, or Ray tasks on a cluster.
+
+    python -m studies.train_toy --backend ray                          # Ray on this machine
+    python -m studies.train_toy --backend ray --ray-address HEAD:6379  # an existing cluster
+
+Each run (train_toy) or cell (bias_variance) is one task: a module-level function and its
+arguments, named by a key. Both backends call the same function on the same arguments, so
+their results are identical; the study writes each result as it arrives (train_toy keeps one
+file per finished run, which is what makes a re-submitted sweep skip it). A task that raises is
+reported with its key on stderr as it fails, the others go on, and :class:`SweepError` lists
+every failure at the end. A progress bar counts tasks.
+
+Ray: each task asks for one CPU and tasks are spread over the nodes (``SPREAD``); a task whose
+worker process or node dies is retried by Ray (``max_retries``), an exception in the task is
+not. With no ``--ray-address`` (and no ``$RAY_ADDRESS``) a private Ray instance with
+``--workers`` CPUs is started on this machine and stopped at the end. Every node needs this
+project importable (installed, or on ``PYTHONPATH``), as it is for verl and OpenRLHF.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from hgpo.options import check_choice
+
+__all__ = [
+    "BACKENDS",
+    "Failure",
+    "Sweep",
+    "SweepError",
+    "Task",
+    "check_backend",
+    "run_tasks",
+]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("local", "ray")
+BACKEND_HELP = (
+    "where the runs execute: 'local' worker processes, or 'ray' tasks (needs the [ray] extra)"
+)
+ADDRESS_HELP = (
+    "Ray cluster to join with --backend ray: host:port of its head, ray://host:port, or "
+    "'auto' (the `ray start` cluster of this machine); empty: $RAY_ADDRESS, else Ray started "
+    "here with --workers CPUs"
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One independent unit of a sweep: ``fn(*args)``, named ``key`` in reports."""
+
+    key: str
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A task that raised: its key and the error, one line."""
+
+    key: str
+    error: str
+
+
+@dataclass
+class Sweep:
+    """What a sweep did: the failed tasks, and the Ray node of each finished task (ray only)."""
+
+    finished: int = 0
+    failures: list[Failure] = field(default_factory=list)
+    nodes: dict[str, str] = field(default_factory=dict)
+
+
+class SweepError(RuntimeError):
+    """Some tasks failed (after every other task finished); the message lists their keys."""
+
+    def __init__(self, failures: list[Failure], total: int) -> None:
+        self.failures = failures
+        lines = [f"  {f.key}: {f.error}" for f in failures]
+        super().__init__(
+            f"{len(failures)} of {total} tasks failed (the others finished; run the same "
+            "command again to retry only these):\n" + "\n".join(lines)
+        )
+
+
+def check_backend(backend: str, ray_address: str, flag: str = "--backend") -> None:
+    """Validate the pair before any work; with ray, Ray must import and the address answer.
+
+    Raises :class:`hgpo.options.OptionError` (a ValueError) naming the flag: the CLIs print it
+    and exit with 2.
+    """
+    from hgpo.ray_cluster import check_address, import_ray
+
+    check_choice(flag, backend, BACKENDS)
+    if backend == "ray":
+        import_ray(f"{flag} ray")
+        check_address("--ray-address", ray_address)
+    elif ray_address:
+        raise ValueError(f"--ray-address: only used with {flag} ray, got {ray_address!r}")
+
+
+def _error_line(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None) or exc  # RayTaskError wraps the task's exception
+    return f"{type(cause).__name__}: {cause}".splitlines()[0]
+
+
+def run_tasks(
+    fn: Callable[..., Any],
+    tasks: Sequence[Task],
+    on_result: Callable[[str, Any], None],
+    *,
+    backend: str = "local",
+    workers: int = 1,
+    ray_address: str = "",
+    progress: bool = True,
+    desc: str = "tasks",
+    total: int | None = None,
+) -> Sweep:
+    """Run ``fn(*task.args)`` for every task; ``on_result(key, result)`` as each one finishes.
+
+    total: the bar's full length (a resumed sweep counts its finished runs in; default
+        len(tasks)). Results arrive in completion order; a caller that needs task order keys
+        them. Returns the :class:`Sweep`; raises nothing for failed tasks (see SweepError).
+    """
+    from tqdm import tqdm
+
+    total = len(tasks) if total is None else total
+    bar = tqdm(
+        total=total, initial=total - len(tasks), desc=desc, disable=not progress, file=sys.stderr
+    )
+    sweep = Sweep()
+
+    def finished(key: str, result: Any = None, error: BaseException | None = None) -> None:
+        if error is None:
+            on_result(key, result)
+            sweep.finished += 1
+        else:
+            sweep.failures.append(Failure(key, _error_line(error)))
+            bar.write(f"failed: {key}: {_error_line(error)}", file=sys.stderr)
+        bar.update()
+
+    try:
+        if backend == "ray":
+            _run_ray(fn, tasks, finished, sweep, workers, ray_address)
+        elif workers > 1 and len(tasks) > 1:
+            _run_pool(fn, tasks, finished, workers)
+        else:
+            for t in tasks:
+                try:
+                    result = fn(*t.args)
+                except Exception as e:
+                    finished(t.key, error=e)
+                else:
+                    finished(t.key, result)
+    finally:
+        bar.close()
+    if sweep.nodes:
+        log.info("%d tasks ran on %d Ray nodes", len(sweep.nodes), len(set(sweep.nodes.values())))
+    return sweep
+
+
+def _run_pool(
+    fn: Callable[..., Any], tasks: Sequence[Task], finished: Callable, workers: int
+) -> None:
+    """Local worker processes; a task's exception (or a dead worker) fails that task only."""
+    with ProcessPoolExecutor(workers) as pool:
+        futures: dict[Future, str] = {pool.submit(fn, *t.args): t.key for t in tasks}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                exc = fut.exception()
+                if exc is None:
+                    finished(futures[fut], fut.result())
+                else:
+                    finished(futures[fut], error=exc)
+
+
+def _call_on_node(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, str]:
+    """The task body on a Ray worker: the result, and the node that computed it."""
+    import ray
+
+    return fn(*args), ray.get_runtime_context().get_node_id()
+
+
+def _run_ray(
+    fn: Callable[..., Any],
+    tasks: Sequence[Task],
+    finished: Callable,
+    sweep: Sweep,
+    workers: int,
+    address: str,
+) -> None:
+    """Every task submitted at once; results collected as they complete (ray.wait)."""
+    from hgpo.ray_cluster import ray_session
+
+    with ray_session("--backend ray", address, num_cpus=workers) as ray:
+        remote = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(_call_on_node)
+        fn_ref = ray.put(fn)
+        refs = {remote.remote(fn_ref, t.args): t.key for t in tasks}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                key = refs[ref]
+                try:
+                    result, node = ray.get(ref)
+                except Exception as e:  # RayTaskError (the task raised) or a lost worker
+                    finished(key, error=e)
+                else:
+                    sweep.nodes[key] = node
+                    finished(key, result)
