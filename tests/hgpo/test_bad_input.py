@@ -50,13 +50,13 @@ HINT = r"hgpo\.state_ids"
         (dict(reward=["a", "b", "c"]), r"reward must be numeric"),
         (dict(group=[], traj=[], step=[], reward=[], state=[]), r"empty"),
         # strings, None and ints past int64 name the field and point to state_ids
-        (dict(state=["kitchen", "hall", "kitchen"]), r"StepBatch\.state must hold integers, got <U7 values such as 'kitchen'.*" + HINT),  # noqa: E501
-        (dict(state=[None, None, None]), r"StepBatch\.state must hold integers, got None at \[0\].*" + HINT),  # noqa: E501
-        (dict(state=[1, 2**70, 1]), r"StepBatch\.state\[1\] is 1180591620717411303424, outside the int64 range.*" + HINT),  # noqa: E501
-        (dict(state=np.array([1, 2**64 - 1, 1], dtype=np.uint64)), r"state\[1\] is 18446744073709551615, outside the int64"),  # noqa: E501
+        (dict(state=["kitchen", "hall", "kitchen"]), r"StepBatch\.state must hold integers, got <U7 values such as 'kitchen'.*" + HINT),
+        (dict(state=[None, None, None]), r"StepBatch\.state must hold integers, got None at \[0\].*" + HINT),
+        (dict(state=[1, 2**70, 1]), r"StepBatch\.state\[1\] is 1180591620717411303424, outside the int64 range.*" + HINT),
+        (dict(state=np.array([1, 2**64 - 1, 1], dtype=np.uint64)), r"state\[1\] is 18446744073709551615, outside the int64"),
         (dict(state=[1.0, np.nan, 1.0]), r"state must hold integers, got nan"),
         (dict(action=["go", "go", "go"]), r"StepBatch\.action must hold integers.*state_ids"),
-        (dict(traj=[0, 0, 2**70]), r"StepBatch\.traj\[2\] is 1180591620717411303424, outside the int64 range$"),  # noqa: E501
+        (dict(traj=[0, 0, 2**70]), r"StepBatch\.traj\[2\] is 1180591620717411303424, outside the int64 range$"),
         (dict(group=[True, True, True]), r"group must hold integers, got dtype bool"),
         (dict(state=[[1], [2, 3], [1]]), r"StepBatch\.state: must be a sequence of integers"),
         (dict(invalid=[0, 2, 0]), r"invalid must be boolean, got 2"),
@@ -117,14 +117,14 @@ NUMERIC = ("alpha", "gamma", "eps", "weight_offset", "weight_eps", "base_weight"
         (dict(K=1.5), r"EstimatorConfig\.K: must be an integer in 0\.\.256, got 1\.5"),
         (dict(K=True), r"EstimatorConfig\.K: must be an integer"),
         # K is bounded before anything is allocated, with the reason in the message
-        (dict(K=2**40), r"K: must be an integer in 0\.\.256, got 1099511627776 \(each level is a pass over the batch"),  # noqa: E501
+        (dict(K=2**40), r"K: must be an integer in 0\.\.256, got 1099511627776 \(each level is a pass over the batch"),
         (dict(K=10**5), r"K: must be an integer in 0\.\.256, got 100000"),
         (dict(alpha=-1.0), r"^EstimatorConfig\.alpha: must be a finite number >= 0\.0, got -1\.0$"),
-        (dict(gamma=1.5), r"EstimatorConfig\.gamma: must be a finite number in \[0\.0, 1\.0\], got 1\.5"),  # noqa: E501
+        (dict(gamma=1.5), r"EstimatorConfig\.gamma: must be a finite number in \[0\.0, 1\.0\], got 1\.5"),
         (dict(alpha=math.nan), r"EstimatorConfig\.alpha: must be a finite number >= 0\.0, got nan"),
-        (dict(norm="zscore"), r"EstimatorConfig\.norm: must be one of 'mean_std', 'mean', got 'zscore'"),  # noqa: E501
+        (dict(norm="zscore"), r"EstimatorConfig\.norm: must be one of 'mean_std', 'mean', got 'zscore'"),
         (dict(early="late"), r"EstimatorConfig\.early: must be one of"),
-        (dict(weight_offset=0), r"EstimatorConfig\.weight_offset: must be a finite number > 0\.0, got 0"),  # noqa: E501
+        (dict(weight_offset=0), r"EstimatorConfig\.weight_offset: must be a finite number > 0\.0, got 0"),
         (dict(omega="x"), r"EstimatorConfig\.omega: must be a finite number >= 0\.0, got 'x'"),
         (dict(omega=None), r"EstimatorConfig\.omega: must be a finite number"),
         (dict(base_group="yes"), r"EstimatorConfig\.base_group: must be true or false, got 'yes'"),
@@ -158,28 +158,28 @@ def test_config_accepts_numpy_scalars_and_stores_python_numbers():
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: compute_advantages("ppo", batch()), r"unknown estimator 'ppo'; known estimators: grpo, rloo"),  # noqa: E501
+        (lambda: compute_advantages("ppo", batch()), r"unknown estimator 'ppo'; known estimators: grpo, rloo"),
         (lambda: compute_advantages("hgpo", batch(), KK=2), r"unknown estimator option 'KK'"),
-        (lambda: compute_advantages("hgpo", {"reward": [1.0]}), r"estimator 'hgpo': batch must be a StepBatch .*got dict"),  # noqa: E501
+        (lambda: compute_advantages("hgpo", {"reward": [1.0]}), r"estimator 'hgpo': batch must be a StepBatch .*got dict"),
         (lambda: compute_advantages("grpo", None), r"batch must be a StepBatch .*got NoneType"),
-        (lambda: compute_advantages("hgpo", batch(), {"K": 2}), r"config must be an EstimatorConfig .*got dict"),  # noqa: E501
-        (lambda: hgpo_fn(batch(), None), r"estimator 'hgpo': config must be an EstimatorConfig .*got NoneType"),  # noqa: E501
+        (lambda: compute_advantages("hgpo", batch(), {"K": 2}), r"config must be an EstimatorConfig .*got dict"),
+        (lambda: hgpo_fn(batch(), None), r"estimator 'hgpo': config must be an EstimatorConfig .*got NoneType"),
         (lambda: hgpo_fn({}, EstimatorConfig()), r"batch must be a StepBatch .*got dict"),
-        (lambda: compute_advantages("hgpo", batch(), alpha=math.inf), r"EstimatorConfig\.alpha: must be a finite number"),  # noqa: E501
-        (lambda: compute_advantages("grpo", batch(), eps=math.inf), r"EstimatorConfig\.eps: must be a finite number"),  # noqa: E501
+        (lambda: compute_advantages("hgpo", batch(), alpha=math.inf), r"EstimatorConfig\.alpha: must be a finite number"),
+        (lambda: compute_advantages("grpo", batch(), eps=math.inf), r"EstimatorConfig\.eps: must be a finite number"),
         (lambda: compute_advantages("gae", batch()), r"gae' needs values"),
-        (lambda: compute_advantages("gae", batch(), values=np.zeros(2)), r"values has shape \(2,\), expected \(3,\)"),  # noqa: E501
-        (lambda: compute_advantages("gae", batch(), values=[0.0, math.nan, 0.0]), r"values\[1\] is nan"),  # noqa: E501
+        (lambda: compute_advantages("gae", batch(), values=np.zeros(2)), r"values has shape \(2,\), expected \(3,\)"),
+        (lambda: compute_advantages("gae", batch(), values=[0.0, math.nan, 0.0]), r"values\[1\] is nan"),
         # finite rewards whose return overflows: the trajectory is named
-        (lambda: compute_advantages("hgpo", StepBatch.from_trajectories([0, 0], [[1e308, 1e308], [0.0, 0.0]], [[0, 1], [0, 1]]), gamma=1.0),  # noqa: E501
-         r"the return of step 0 of trajectory 0 \(row 0\) overflows float64 \(inf\).*scale them down"),  # noqa: E501
-        (lambda: compute_advantages("grpo", StepBatch.from_trajectories([0, 0], [[0.0], [-1.7e308]], [[0], [0]], invalid=[[False], [True]]), invalid_penalty=1e308),  # noqa: E501
+        (lambda: compute_advantages("hgpo", StepBatch.from_trajectories([0, 0], [[1e308, 1e308], [0.0, 0.0]], [[0, 1], [0, 1]]), gamma=1.0),
+         r"the return of step 0 of trajectory 0 \(row 0\) overflows float64 \(inf\).*scale them down"),
+        (lambda: compute_advantages("grpo", StepBatch.from_trajectories([0, 0], [[0.0], [-1.7e308]], [[0], [0]], invalid=[[False], [True]]), invalid_penalty=1e308),
          r"penalised reward of step 0 of trajectory 1 \(row 1\) overflows"),
-        (lambda: compute_advantages("gigpo", StepBatch.from_trajectories([0, 0], [[0.0], [-1.7e308]], [[0], [0]], invalid=[[False], [True]]), invalid_penalty=1e308, penalty_mode="after_discount"),  # noqa: E501
+        (lambda: compute_advantages("gigpo", StepBatch.from_trajectories([0, 0], [[0.0], [-1.7e308]], [[0], [0]], invalid=[[False], [True]]), invalid_penalty=1e308, penalty_mode="after_discount"),
          r"return of step 0 of trajectory 1 \(row 1\) overflows"),
         # finite returns whose advantage overflows (rloo's n / (n - 1), in reward units)
         (lambda: compute_advantages("rloo", pair([1.7e308, -1.7e308]), norm="mean"),
-         r"estimator 'rloo': the advantage of step 0 of trajectory 0 \(row 0\) overflows float64"),  # noqa: E501
+         r"estimator 'rloo': the advantage of step 0 of trajectory 0 \(row 0\) overflows float64"),
     ],
 )  # fmt: skip
 def test_compute_advantages_table(call, match):

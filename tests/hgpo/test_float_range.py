@@ -33,9 +33,7 @@ def scaled(b: StepBatch, E: int) -> StepBatch:
     # from about 2^1015 up some returns or advantages pass float64's range.
     E=st.integers(-900, 1020),
 )
-def test_extreme_batches_give_a_named_error_or_the_scaled_down_advantages(
-    estimator, batch, cfg, E
-):
+def test_extreme_batches_give_a_named_error_or_the_scaled_down_advantages(estimator, batch, cfg, E):
     # A "raw" singleton episode group passes its return through, in reward units even under
     # "mean_std": not scale-free, so left out here (it is x / (1 + eps), nothing to overflow).
     cfg = cfg.replace(eps=0.0, episode_singleton="zero")
