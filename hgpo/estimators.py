@@ -239,7 +239,8 @@ def stepwise(
     batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None
 ) -> Advantages:
     """Step-level advantage, Eq. (2): R_t normalised within G_0, the steps of the same rollout
-    group with the same current state. Singleton or tied groups give 0."""
+    group with the same current state. Singleton or tied groups give 0. ``leave_one_out``:
+    the baseline is the mean of the group's other members (see ``hgpo``)."""
     R = step_returns(batch, cfg)
     h = _levels(batch, cfg, R, 0)
     A = h.advantages
@@ -315,7 +316,9 @@ def hgpo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = Non
     public code: A_k == 0.0 in floating point, so a step that happens to sit at its group's mean,
     or within rounding of it, is dropped too) or "none" (every level the step belongs to). If no
     level is used, A^H = 0. ``weight_offset`` replaces the 1 in (k + 1); ``base_group`` adds the
-    episode advantage as one more level of raw weight ``base_weight``.
+    episode advantage as one more level of raw weight ``base_weight``. With ``leave_one_out``
+    each level's baseline leaves the step out: A_k = (R_t - mean_{j in G_k, j != t} R_j)
+    [/ (std_{G_k} + eps)] = |G_k| / (|G_k| - 1) (R_t - mean_{G_k} R) [/ ...].
     """
     R = step_returns(batch, cfg)
     h = _levels(batch, cfg, R, cfg.K)

@@ -306,6 +306,8 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
                                bias2_all=allbv.bias2, variance_all=allbv.variance, mse_all=allbv.mse,
                                bias2=sup.bias2 if sup else np.nan,
                                variance=sup.variance if sup else np.nan,
+                               variance_lo=sup.variance_ci[0] if sup else np.nan,
+                               variance_hi=sup.variance_ci[1] if sup else np.nan,
                                mse=sup.mse if sup else np.nan,
                                support=float(support.mean())))  # fmt: skip
     prop = None
