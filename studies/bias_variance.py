@@ -310,13 +310,19 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
                                variance_hi=sup.variance_ci[1] if sup else np.nan,
                                mse=sup.mse if sup else np.nan,
                                support=float(support.mean())))  # fmt: skip
+        if k > 0 and sup:  # v_k - v_{k-1} with a paired interval: does the variance rise?
+            prev = np.concatenate(levels_est[k - 1])[support]
+            d, lo, hi = M.variance_difference(key[support], prev, Ak[support], truth[support],
+                                              bid[support])  # fmt: skip
+            level_rows[-1].update(dvar=d, dvar_lo=lo, dvar_hi=hi)
     prop = None
     if hgpo_mean is not None and level_rows and support.any():
         H = np.concatenate(hgpo_mean)
         hb = M.bias_variance(key[support], H[support], truth[support], bid[support])
         prop = proposition_41([r["bias2"] for r in level_rows], [r["variance"] for r in level_rows],
                               hb.bias2, hb.variance, K, cfg.alpha)  # fmt: skip
-        prop.update(env=env_spec, K=K, stage=stage)
+        prop.update(env=env_spec, K=K, stage=stage,
+                    dvar=[[r["dvar"], r["dvar_lo"], r["dvar_hi"]] for r in level_rows[1:]])  # fmt: skip
     return {"rows": rows, "levels": level_rows, "prop41": prop}
 
 
