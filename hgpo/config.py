@@ -47,16 +47,20 @@ def _check_weights(K: int, alpha: float, weight_offset: float, base_weight: floa
     """Eq. (7)'s raw weights (k + weight_offset)^alpha, k = 0..K, must be non-zero and their sum
     (with base_weight) finite: an overflow would give inf / inf = NaN advantages, an underflow
     a level silently left unused."""
-    try:
-        w = [(k + weight_offset) ** alpha for k in (0, K)]
-        total = (K + 1) * max(w) + base_weight
-    except OverflowError:
-        w, total = [math.inf], math.inf
-    if not (math.isfinite(total) and min(w) > 0):
+
+    def raw(k: int) -> float:
+        try:
+            return (k + weight_offset) ** alpha
+        except OverflowError:
+            return math.inf
+
+    w0, wK = raw(0), raw(K)
+    if not (math.isfinite((K + 1) * max(w0, wK) + base_weight) and min(w0, wK) > 0):
         raise OptionError(
-            f"EstimatorConfig: the level weights (k + weight_offset)^alpha, k = 0..{K}, with "
-            f"weight_offset={weight_offset!r} and alpha={alpha!r} over- or underflow float64 "
-            f"(k = 0: {w[0]!r}); choose a smaller alpha or a weight_offset nearer 1"
+            f"EstimatorConfig: the level weights (k + weight_offset)^alpha, k = 0..{K}, must be "
+            f"finite and non-zero in float64, with their sum; weight_offset={weight_offset!r} "
+            f"and alpha={alpha!r} give {w0!r} at k = 0 and {wK!r} at k = {K}: choose a smaller "
+            "alpha or a weight_offset nearer 1"
         )
 
 

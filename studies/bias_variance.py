@@ -71,7 +71,6 @@ class StudyConfig:
     out: str = "results/bias_variance"
     max_nodes: int = 3_000_000
     """Largest exact chain; beyond it the cell is skipped with a message."""
-
     estimator_options: str = ""
     """Options of every estimator's EstimatorConfig, "name=value,..." (e.g. leave_one_out=true);
     K, alpha, gamma, norm and gae_lambda are the study's own."""
@@ -98,10 +97,12 @@ class StudyConfig:
             raise ValueError("--envs, --K, --stages, --estimators and --norms each need a value")
         for spec in self.envs:
             parse_env(spec)
-        self.estimator_config(self.Ks[0], self.norms[0])  # checks estimator_options and alpha
+        for alpha in (self.alpha, *ALPHAS):  # every config a cell makes, at its deepest K
+            self.estimator_config(max(self.Ks), alpha=alpha)
 
-    def estimator_config(self, K: int, norm: str = "mean") -> Any:
-        """The EstimatorConfig of a cell: K, alpha, gamma, ``norm`` and ``estimator_options``."""
+    def estimator_config(self, K: int, norm: str = "mean", alpha: float | None = None) -> Any:
+        """The EstimatorConfig of a cell: K, alpha (default ``self.alpha``), gamma, ``norm`` and
+        ``estimator_options``."""
         from hgpo import EstimatorConfig
 
         opts = parse_name_values(self.estimator_options, where="--estimator-options")
@@ -112,7 +113,11 @@ class StudyConfig:
             )
         try:
             return EstimatorConfig.from_options(
-                K=K, alpha=self.alpha, gamma=self.gamma, norm=norm, **opts
+                K=K,
+                alpha=self.alpha if alpha is None else alpha,
+                gamma=self.gamma,
+                norm=norm,
+                **opts,
             )
         except ValueError as exc:
             flag = "--estimator-options" if opts else "--alpha"  # the study's checks ran first

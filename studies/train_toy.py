@@ -146,7 +146,12 @@ class TrainToyConfig:
         for spec in self.envs:
             split_env(spec)
         for s in self.settings:
-            parse_setting(s, self)
+            _, K, ec = parse_setting(s, self)
+            for k in self.Ks if K is None else (K,):  # the configs the runs will use
+                try:
+                    ec.replace(K=k)
+                except ValueError as exc:
+                    raise ValueError(f"--settings {s!r} at K={k}: {exc}") from None
 
     def run_fields(self) -> dict[str, Any]:
         """The fields that change a run's result (not envs/settings lists, workers or out)."""

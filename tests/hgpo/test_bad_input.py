@@ -130,9 +130,10 @@ NUMERIC = ("alpha", "gamma", "eps", "weight_offset", "weight_eps", "base_weight"
         (dict(base_group="yes"), r"EstimatorConfig\.base_group: must be true or false, got 'yes'"),
         (dict(leave_one_out=1), r"EstimatorConfig\.leave_one_out: must be true or false, got 1"),
         # finite options whose level weights over- or underflow float64
-        (dict(alpha=1000.0, weight_offset=10.0), r"level weights .* over- or underflow float64"),
-        (dict(alpha=2000.0, weight_offset=0.5), r"level weights .* over- or underflow float64"),
-        (dict(base_group=True, base_weight=1.7e308, weight_offset=1e308), r"over- or underflow"),
+        (dict(alpha=1000.0, weight_offset=10.0), r"level weights .* must be finite and non-zero in float64.* give inf at k = 0 and inf at k = 2"),
+        (dict(alpha=2000.0, weight_offset=0.5), r"level weights .* give 0\.0 at k = 0 and .* at k = 2"),
+        (dict(K=6, alpha=380.0), r"give 1\.0 at k = 0 and inf at k = 6"),
+        (dict(base_group=True, base_weight=1.7e308, weight_offset=1e308), r"must be finite and non-zero in float64, with their sum"),
     ]
     + [(dict([(name, v)]), rf"^EstimatorConfig\.{name}: must be a finite number")
        for name in NUMERIC for v in (math.inf, -math.inf, math.nan, "1", True)],

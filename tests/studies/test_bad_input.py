@@ -95,6 +95,7 @@ def test_check_out_dir_creates_a_writable_folder(tmp_path):
         (dict(estimator_options="omega=inf"), r"^--estimator-options: EstimatorConfig\.omega: must be a finite number"),
         (dict(estimator_options="alpah=1"), r"^--estimator-options: unknown estimator option 'alpah'"),
         (dict(estimator_options="K=3"), r"^--estimator-options: K is set by the study's own flags$"),
+        (dict(estimator_options="weight_offset=1e100"), r"^--estimator-options: EstimatorConfig: the level weights .* alpha=4\.0"),  # the alpha sweep
         (dict(estimator_options="x"), r"^--estimator-options: must be name=value items"),
     ],
 )  # fmt: skip
@@ -165,6 +166,7 @@ def _cfg(tmp_path: Path, **kw: object) -> tt.TrainToyConfig:
         ({"settings": ("hgpo:K=2.5",)}, r"K: must be an integer in 0\.\.6, got 2\.5"),
         ({"settings": ("hgpo:alpha=inf",)}, r"--settings 'hgpo:alpha=inf': EstimatorConfig\.alpha: must be a finite number"),
         ({"settings": ("hgpo:omega=nan",)}, r"EstimatorConfig\.omega: must be a finite number"),
+        ({"settings": ("hgpo:alpha=380",), "Ks": (2, 6)}, r"--settings 'hgpo:alpha=380' at K=6: EstimatorConfig: the level weights"),
         ({"settings": ("hgpo:alpha",)}, r"--settings 'hgpo:alpha': must be name=value items"),
         ({"settings": ("hgpo:alpha=1,alpha=2",)}, r"'alpha' is given twice"),
         ({"envs": ("keydoor:size=2",)}, r"--envs 'keydoor:size=2': size must be in"),
