@@ -170,10 +170,13 @@ def segment_normalise(
     (returns of 1e155 or more used to give an infinite std and all-zero advantages) nor
     underflow (returns of 1e-170 or less gave a zero std). Scaling by a power of two is exact,
     so the result is bit for bit the unscaled arithmetic's wherever that did not overflow or
-    underflow; eps is scaled with the values, and "mean" deviations are scaled back.
+    underflow; eps is scaled with the values, and "mean" deviations are scaled back. When
+    every group's largest |x| lies in [2^-400, 2^400] the scaling would change no bit and is
+    skipped.
     """
-    _, e = np.frexp(np.maximum.reduceat(np.abs(xs), starts))  # |max| = f 2^e, f in [0.5, 1)
-    xs = np.ldexp(xs, -e[seg])
+    e = _scale_exponents(xs, starts)
+    if e is not None:
+        xs = np.ldexp(xs, -e[seg])
     d = xs - np.minimum.reduceat(xs, starts)[seg]
     spread = np.maximum.reduceat(d, starts)
     tied = spread == 0.0
@@ -188,10 +191,25 @@ def segment_normalise(
         # within 1e-314 of the exact (x - mean) / (std + eps).
         # A tied group has sd = 0 and dev = 0; keep 0 / eps (or 0 / 1 when eps = 0) at 0.
         with np.errstate(over="ignore"):
-            den = sd + np.ldexp(eps, -e)
+            den = sd + (eps if e is None else np.ldexp(eps, -e))
         dev /= np.where(tied, 1.0, den)[seg]
         return dev, tied
     if leave_one_out:
         dev *= (sizes / (sizes - 1.0))[seg]
+    if e is None:
+        return dev, tied
     with np.errstate(over="ignore"):  # a deviation past 1.8e308: compute_advantages names it
         return np.ldexp(dev, e[seg]), tied
+
+
+# Groups whose largest |x| lies in [2^-400, 2^400] (or is 0) need no scaling: deviations, their
+# squares and sums stay normal float64 numbers, so the arithmetic is the scaled one's bit for bit.
+_SAFE_LO, _SAFE_HI = 2.0**-400, 2.0**400
+
+
+def _scale_exponents(xs: np.ndarray, starts: np.ndarray) -> np.ndarray | None:
+    """Per group, e with max |x| = f 2^e, f in [0.5, 1); None when no group needs scaling."""
+    top = np.maximum.reduceat(np.abs(xs), starts)
+    if ((top > _SAFE_HI) | ((top < _SAFE_LO) & (top > 0.0))).any():
+        return np.frexp(top)[1]
+    return None
