@@ -8,6 +8,8 @@ with segment arithmetic instead of Python loops.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,18 +19,55 @@ import numpy as np
 __all__ = ["StateIndexer", "StepBatch", "state_ids"]
 
 
+_INT64 = np.iinfo(np.int64)
+_KEY_HINT = {
+    "state": "; turn observations into keys with hgpo.state_ids(observations)",
+    "action": "; turn actions into keys with hgpo.state_ids(actions)",
+}
+
+
 def _as_int_array(name: str, value: Any) -> np.ndarray:
-    arr = np.asarray(value)
+    """``value`` as a one-dimensional int64 array, or a ValueError naming the field and the
+    first value that is not an int64 integer (strings, None, 1.5, 2**70, a bool array)."""
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as exc:  # ragged nesting
+        raise ValueError(f"StepBatch.{name}: must be a sequence of integers ({exc})") from None
     if arr.ndim != 1:
         raise ValueError(f"StepBatch.{name} must be one-dimensional, got shape {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if np.issubdtype(arr.dtype, np.bool_):
-            raise ValueError(f"StepBatch.{name} must hold integers, got dtype bool")
-        as_int = arr.astype(np.int64)
-        if not np.array_equal(as_int, arr):
-            bad = arr[np.flatnonzero(as_int != arr)[0]]
-            raise ValueError(f"StepBatch.{name} must hold integers, got {bad.item()!r}")
-        arr = as_int
+    if not arr.size or arr.dtype == np.int64:
+        return np.ascontiguousarray(arr, dtype=np.int64)
+    hint = _KEY_HINT.get(name, "")
+    if arr.dtype == np.bool_:
+        raise ValueError(f"StepBatch.{name} must hold integers, got dtype bool")
+    if arr.dtype.kind not in "iufO":  # strings, bytes, dates...
+        raise ValueError(
+            f"StepBatch.{name} must hold integers, got {arr.dtype} values such as "
+            f"{arr[0].item()!r}{hint}"
+        )
+    if arr.dtype.kind == "O":  # Python objects (None, ints past int64): check one by one
+        values = arr.tolist()
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ValueError(f"StepBatch.{name} must hold integers, got {v!r} at [{i}]{hint}")
+            if v != int(v):
+                raise ValueError(f"StepBatch.{name} must hold integers, got {v!r} at [{i}]{hint}")
+            if not _INT64.min <= v <= _INT64.max:
+                raise ValueError(f"StepBatch.{name}[{i}] is {v!r}, outside the int64 range{hint}")
+        return np.asarray(values, dtype=np.int64)
+    if arr.dtype.kind == "f":
+        whole = np.isfinite(arr) & (np.floor(arr) == arr)
+        if not whole.all():
+            i = int(np.flatnonzero(~whole)[0])
+            raise ValueError(f"StepBatch.{name} must hold integers, got {arr[i].item()!r}{hint}")
+    outside = (arr < _INT64.min) | (arr > _INT64.max)  # exact for ints; floats: 2**63 is out
+    if arr.dtype.kind == "f":
+        outside |= arr >= 2.0**63
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        raise ValueError(
+            f"StepBatch.{name}[{i}] is {arr[i].item()!r}, outside the int64 range{hint}"
+        )
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
@@ -178,6 +217,11 @@ class StepBatch:
                 f"from_trajectories: groups ({len(groups)}), rewards ({len(rewards)}) and states "
                 f"({len(states)}) must list the same number of trajectories"
             )
+        if not groups:
+            raise ValueError(
+                "from_trajectories: no trajectories (groups, rewards and states are empty); a "
+                "batch needs at least one step"
+            )
         lens = [len(r) for r in rewards]
         for i, (r, s) in enumerate(zip(rewards, states, strict=True)):
             if len(r) != len(s):
@@ -186,6 +230,9 @@ class StepBatch:
                 )
             if len(r) == 0:
                 raise ValueError(f"from_trajectories: trajectory {i} is empty")
+            if not all(isinstance(x, numbers.Real) for x in r):
+                bad = next(x for x in r if not isinstance(x, numbers.Real))
+                raise ValueError(f"from_trajectories: trajectory {i} has a reward {bad!r}")
 
         def flat(seqs: Iterable[Iterable[Any]] | None) -> np.ndarray | None:
             return None if seqs is None else np.concatenate([np.asarray(list(x)) for x in seqs])

@@ -6,10 +6,13 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EstimatorConfig", "field_docs", "reference_config"]
+from hgpo.options import OptionError, check_bool, check_choice, check_int, check_number
+
+__all__ = ["MAX_K", "EstimatorConfig", "check_K", "field_docs", "reference_config"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "norm": ("mean_std", "mean"),
@@ -21,6 +24,44 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "episode_singleton": ("zero", "raw"),
     "zero_rule": ("degenerate", "value", "none"),
 }
+
+
+MAX_K = 256
+"""Deepest hierarchy allowed. Levels past the longest trajectory only repeat (or, with
+early="drop", empty) the last one, and the paper's K is 2 or 4."""
+_NON_NEGATIVE = ("alpha", "eps", "weight_eps", "base_weight", "invalid_penalty", "omega")
+_BOOLS = ("base_group", "include_actions", "leave_one_out")
+
+
+def check_K(where: str, K: Any) -> int:
+    """K as a Python int in 0..MAX_K, checked before anything of size (K + 1) x n is made."""
+    try:
+        return check_int(where, K, lo=0, hi=MAX_K)
+    except OptionError as exc:
+        raise OptionError(
+            f"{exc} (each level is a pass over the batch and a row of the (K + 1) x n outputs)"
+        ) from None
+
+
+def _check_weights(K: int, alpha: float, weight_offset: float, base_weight: float) -> None:
+    """Eq. (7)'s raw weights (k + weight_offset)^alpha, k = 0..K, must be non-zero and their sum
+    (with base_weight) finite: an overflow would give inf / inf = NaN advantages, an underflow
+    a level silently left unused."""
+
+    def raw(k: int) -> float:
+        try:
+            return (k + weight_offset) ** alpha
+        except OverflowError:
+            return math.inf
+
+    w0, wK = raw(0), raw(K)
+    if not (math.isfinite((K + 1) * max(w0, wK) + base_weight) and min(w0, wK) > 0):
+        raise OptionError(
+            f"EstimatorConfig: the level weights (k + weight_offset)^alpha, k = 0..{K}, must be "
+            f"finite and non-zero in float64, with their sum; weight_offset={weight_offset!r} "
+            f"and alpha={alpha!r} give {w0!r} at k = 0 and {wK!r} at k = {K}: choose a smaller "
+            "alpha or a weight_offset nearer 1"
+        )
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -90,45 +131,33 @@ class EstimatorConfig:
     """Episode group of one member: "zero" or "raw" (mean 0, std 1: GiGPO code)."""
     gae_lambda: float = 0.95
     """GAE's lambda (gae only)."""
+    leave_one_out: bool = False
+    """Leave-one-out step-level groups (RLOO-style): each step's baseline in a level group G_k
+    (hgpo's levels, stepwise, oracle, hgpo-nohog2, gigpo's step term) is the mean return of
+    the *other* members, A_k = (R_t - mean_{j in G_k, j != t} R_j) [/ (std_{G_k} + eps)]
+    = n / (n - 1) (R_t - mean_{G_k} R) [/ ...], n = |G_k|; the std stays the whole group's.
+    Episode-level groups are unchanged (the rloo estimator is GRPO's leave-one-out)."""
 
     def __post_init__(self) -> None:
         for name, choices in _CHOICES.items():
-            value = getattr(self, name)
-            if value not in choices:
-                raise ValueError(f"EstimatorConfig.{name} must be one of {choices}, got {value!r}")
-        if isinstance(self.K, bool) or not isinstance(self.K, int) or self.K < 0:
-            raise ValueError(f"EstimatorConfig.K must be a non-negative integer, got {self.K!r}")
-        checks = {
-            "alpha": self.alpha >= 0,
-            "gamma": 0.0 <= self.gamma <= 1.0,
-            "eps": self.eps >= 0,
-            "weight_offset": self.weight_offset > 0,
-            "weight_eps": self.weight_eps >= 0,
-            "base_weight": self.base_weight >= 0,
-            "invalid_penalty": self.invalid_penalty >= 0,
-            "gae_lambda": 0.0 <= self.gae_lambda <= 1.0,
+            check_choice(f"EstimatorConfig.{name}", getattr(self, name), choices)
+        fixed: dict[str, Any] = {
+            "K": check_K("EstimatorConfig.K", self.K),
+            "gamma": check_number("EstimatorConfig.gamma", self.gamma, lo=0.0, hi=1.0),
+            "gae_lambda": check_number(
+                "EstimatorConfig.gae_lambda", self.gae_lambda, lo=0.0, hi=1.0
+            ),
+            "weight_offset": check_number(
+                "EstimatorConfig.weight_offset", self.weight_offset, lo=0.0, lo_open=True
+            ),
         }
-        bounds = {
-            "alpha": ">= 0",
-            "gamma": "in [0, 1]",
-            "eps": ">= 0",
-            "weight_offset": "> 0",
-            "weight_eps": ">= 0",
-            "base_weight": ">= 0",
-            "invalid_penalty": ">= 0",
-            "gae_lambda": "in [0, 1]",
-        }
-        for name, ok in checks.items():
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or value != value
-                or not ok
-            ):
-                raise ValueError(
-                    f"EstimatorConfig.{name} must be a number {bounds[name]}, got {value!r}"
-                )
+        for name in _NON_NEGATIVE:
+            fixed[name] = check_number(f"EstimatorConfig.{name}", getattr(self, name), lo=0.0)
+        for name in _BOOLS:
+            fixed[name] = check_bool(f"EstimatorConfig.{name}", getattr(self, name))
+        for name, value in fixed.items():  # numpy scalars stored as Python numbers
+            object.__setattr__(self, name, value)
+        _check_weights(self.K, self.alpha, self.weight_offset, self.base_weight)
 
     def replace(self, **changes: Any) -> EstimatorConfig:
         """A copy with ``changes``; an unknown option raises ValueError naming it."""

@@ -7,6 +7,7 @@ return R_t = sum_j gamma^j r_{t+j}, levels k = 0..K of the context hierarchy.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,11 +18,12 @@ from hgpo.batch import StepBatch
 from hgpo.config import EstimatorConfig
 from hgpo.groups import dense_rank, group_by, normalise
 from hgpo.keys import Hierarchy, hierarchy
-from hgpo.returns import discounted_returns, episode_returns, penalised_rewards
+from hgpo.returns import check_finite, discounted_returns, episode_returns, penalised_rewards
 
 __all__ = [
     "ESTIMATORS",
     "Advantages",
+    "check_inputs",
     "compute_advantages",
     "gae",
     "get_estimator",
@@ -71,7 +73,8 @@ def step_returns(batch: StepBatch, cfg: EstimatorConfig) -> np.ndarray:
         return discounted_returns(batch, cfg.gamma, penalised_rewards(batch, cfg.invalid_penalty))
     R = discounted_returns(batch, cfg.gamma)
     if batch.invalid is not None:
-        R = R - cfg.invalid_penalty * batch.invalid
+        with np.errstate(over="ignore"):
+            R = check_finite(batch, R - cfg.invalid_penalty * batch.invalid, "return")
     return R
 
 
@@ -91,7 +94,8 @@ def _episode_units(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarray |
         return batch.traj_index, E
     score = E[batch.traj_index]
     if cfg.penalty_mode == "after_discount" and batch.invalid is not None:
-        score = score - cfg.invalid_penalty * batch.invalid
+        with np.errstate(over="ignore"):
+            score = check_finite(batch, score - cfg.invalid_penalty * batch.invalid, "score")
     return None, score
 
 
@@ -115,7 +119,8 @@ def _episode_advantage(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarr
 
 
 def _levels(batch: StepBatch, cfg: EstimatorConfig, R: np.ndarray, K: int) -> Hierarchy:
-    """G_k (Eq. 4) and A_k of Eq. (6) for k = 0..K: R_t normalised within G_k."""
+    """G_k (Eq. 4) and A_k of Eq. (6) for k = 0..K: R_t normalised within G_k (or, with
+    ``leave_one_out``, R_t less the mean of the other members' returns)."""
     return hierarchy(
         batch,
         K,
@@ -125,6 +130,7 @@ def _levels(batch: StepBatch, cfg: EstimatorConfig, R: np.ndarray, K: int) -> Hi
         norm=cfg.norm,
         std=cfg.std,
         eps=cfg.eps,
+        leave_one_out=cfg.leave_one_out,
     )
 
 
@@ -168,9 +174,39 @@ def level_weights(cfg: EstimatorConfig, n_levels: int) -> np.ndarray:
     return (np.arange(n_levels, dtype=np.float64) + cfg.weight_offset) ** cfg.alpha
 
 
+def check_inputs(name: str, batch: Any, config: Any) -> None:
+    """ValueError unless ``batch`` is a StepBatch and ``config`` an EstimatorConfig."""
+    if not isinstance(batch, StepBatch):
+        raise ValueError(
+            f"estimator {name!r}: batch must be a StepBatch (StepBatch(...) or "
+            f"StepBatch.from_trajectories(...)), got {type(batch).__name__}"
+        )
+    if not isinstance(config, EstimatorConfig):
+        raise ValueError(
+            f"estimator {name!r}: config must be an EstimatorConfig (options as keywords: "
+            f"compute_advantages(name, batch, K=2) or EstimatorConfig(**options)), got "
+            f"{type(config).__name__}"
+        )
+
+
+def _checked(fn: Callable[..., Advantages]) -> Callable[..., Advantages]:
+    """An estimator that first checks its batch and config types (a dict or None otherwise
+    fails deep inside with an AttributeError)."""
+
+    @functools.wraps(fn)
+    def estimator(
+        batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None
+    ) -> Advantages:
+        check_inputs(fn.__name__, batch, cfg)
+        return fn(batch, cfg, values)
+
+    return estimator
+
+
 # --------------------------------------------------------------------------- estimators
 
 
+@_checked
 def grpo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None) -> Advantages:
     """GRPO, Eq. (1): A(tau_i) = (R(tau_i) - mean_G R) / (std_G R + eps), broadcast to every step.
 
@@ -180,6 +216,7 @@ def grpo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = Non
     return Advantages(_episode_advantage(batch, cfg)[0], step_returns(batch, cfg))
 
 
+@_checked
 def rloo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None) -> Advantages:
     """RLOO: A(tau_i) = R(tau_i) - mean_{j != i} R(tau_j), broadcast to every step.
 
@@ -197,11 +234,13 @@ def rloo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = Non
     return Advantages(A if units is None else A[units], step_returns(batch, cfg))
 
 
+@_checked
 def stepwise(
     batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None
 ) -> Advantages:
     """Step-level advantage, Eq. (2): R_t normalised within G_0, the steps of the same rollout
-    group with the same current state. Singleton or tied groups give 0."""
+    group with the same current state. Singleton or tied groups give 0. ``leave_one_out``:
+    the baseline is the mean of the group's other members (see ``hgpo``)."""
     R = step_returns(batch, cfg)
     h = _levels(batch, cfg, R, 0)
     A = h.advantages
@@ -210,6 +249,7 @@ def stepwise(
     )
 
 
+@_checked
 def gigpo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None) -> Advantages:
     """GiGPO: A = A^E (Eq. 1, episode term) + omega * A^S (Eq. 2, step term on G_0).
 
@@ -229,6 +269,7 @@ def gigpo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = No
     )
 
 
+@_checked
 def oracle(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None) -> Advantages:
     """Oracle ("w/o HoG-1"): R_t normalised within G_K only (identical K-step context).
 
@@ -243,6 +284,7 @@ def oracle(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = N
     )
 
 
+@_checked
 def hgpo_nohog2(
     batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None
 ) -> Advantages:
@@ -263,6 +305,7 @@ def hgpo_nohog2(
     )
 
 
+@_checked
 def hgpo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None) -> Advantages:
     """HGPO, Eqs. (3)-(7): A^H(s_t) = sum_k w_k A_k(s_t), w_k = (k+1)^alpha / sum_k' (k'+1)^alpha.
 
@@ -273,7 +316,9 @@ def hgpo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = Non
     public code: A_k == 0.0 in floating point, so a step that happens to sit at its group's mean,
     or within rounding of it, is dropped too) or "none" (every level the step belongs to). If no
     level is used, A^H = 0. ``weight_offset`` replaces the 1 in (k + 1); ``base_group`` adds the
-    episode advantage as one more level of raw weight ``base_weight``.
+    episode advantage as one more level of raw weight ``base_weight``. With ``leave_one_out``
+    each level's baseline leaves the step out: A_k = (R_t - mean_{j in G_k, j != t} R_j)
+    [/ (std_{G_k} + eps)] = |G_k| / (|G_k| - 1) (R_t - mean_{G_k} R) [/ ...].
     """
     R = step_returns(batch, cfg)
     h = _levels(batch, cfg, R, cfg.K)
@@ -335,6 +380,7 @@ def _aggregate(
     return adv, used, w_sum / n
 
 
+@_checked
 def hgpo_uniform(
     batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None
 ) -> Advantages:
@@ -342,6 +388,7 @@ def hgpo_uniform(
     return hgpo(batch, cfg.replace(alpha=0.0))
 
 
+@_checked
 def gae(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None) -> Advantages:
     """GAE (Schulman et al. 2016) given state values: A_t = sum_j (gamma lambda)^j delta_{t+j},
     delta_t = r_t + gamma V(s_{t+1}) - V(s_t), V = 0 after a trajectory's last step.
@@ -399,12 +446,23 @@ def compute_advantages(
     **options: Any,
 ) -> Advantages:
     """Run estimator ``name`` on ``batch``. ``options`` override fields of ``config`` (or of the
-    paper defaults); an unknown estimator or option raises ValueError naming it."""
+    paper defaults); an unknown estimator or option, a batch that is not a StepBatch or a config
+    that is not an EstimatorConfig raises ValueError naming it, and so does an advantage past
+    float64's range (rewards so large that A = n / (n - 1) (R - mean) or GiGPO's sum of two
+    terms overflows)."""
     fn = get_estimator(name)
     cfg = config if config is not None else EstimatorConfig()
+    check_inputs(name, batch, cfg)
     if options:
         cfg = cfg.replace(**options)
-    out = fn(batch, cfg, values)
-    if not np.isfinite(out.advantages).all():  # pragma: no cover - a bug, not bad input
-        raise RuntimeError(f"estimator {name!r} produced a non-finite advantage")
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported just below
+        out = fn(batch, cfg, values)
+    finite = np.isfinite(out.advantages)
+    if not finite.all():
+        i = int(np.flatnonzero(~finite)[0])
+        raise ValueError(
+            f"estimator {name!r}: the advantage of step {int(batch.step[i])} of trajectory "
+            f"{int(batch.traj[i])} (row {i}) overflows float64 ({float(out.advantages[i])}): "
+            "the rewards are too large for this estimator; scale them down"
+        )
     return out

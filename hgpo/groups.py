@@ -144,14 +144,18 @@ def segment_normalise(
     mode: str,
     std: str,
     eps: float,
+    leave_one_out: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Normalise contiguous groups of >= 2 members: (x - mean) [/ (std + eps)] per group.
 
     Args:
-        xs: float64[m] the values, each group's members contiguous.
+        xs: float64[m] the values, each group's members contiguous (finite).
         seg: int64[m] the group of each value (0..G-1, non-decreasing).
         starts, sizes: int64[G] offset and size (>= 2) of each group.
         mode, std, eps: as :func:`normalise`.
+        leave_one_out: compare each member with the mean of the *other* members instead of the
+            group mean: x_i - mean_{j != i} x_j = n / (n - 1) (x_i - mean_G x), n = |G|; the std
+            (if any) stays the whole group's.
 
     Returns:
         (float64[m] values, bool[G] tied). A tied group (all members equal) gives exactly 0:
@@ -160,7 +164,19 @@ def segment_normalise(
         group's mean in exact arithmetic can keep a rounding residue of about |G| ulps of the
         group's spread: it is snapped to 0, so that "A_k == 0" (zero_rule="value") means what it
         means in exact arithmetic and in the public reference code.
+
+    Every group is first scaled by a power of two, 2^-e with e the exponent of its largest |x|,
+    so its values lie in (-1, 1): x - min, the squares and their sums can then neither overflow
+    (returns of 1e155 or more used to give an infinite std and all-zero advantages) nor
+    underflow (returns of 1e-170 or less gave a zero std). Scaling by a power of two is exact,
+    so the result is bit for bit the unscaled arithmetic's wherever that did not overflow or
+    underflow; eps is scaled with the values, and "mean" deviations are scaled back. When
+    every group's largest |x| lies in [2^-400, 2^400] the scaling would change no bit and is
+    skipped.
     """
+    e = _scale_exponents(xs, starts)
+    if e is not None:
+        xs = np.ldexp(xs, -e[seg])
     d = xs - np.minimum.reduceat(xs, starts)[seg]
     spread = np.maximum.reduceat(d, starts)
     tied = spread == 0.0
@@ -169,6 +185,31 @@ def segment_normalise(
     if mode == "mean_std":
         ddof = 0 if std == "population" else 1
         sd = np.sqrt(np.add.reduceat(dev * dev, starts) / (sizes - ddof))
+        if leave_one_out:
+            dev *= (sizes / (sizes - 1.0))[seg]
+        # eps in the scaled units; 2^-e eps may be inf (a group of 1e-320s), giving 0: right to
+        # within 1e-314 of the exact (x - mean) / (std + eps).
         # A tied group has sd = 0 and dev = 0; keep 0 / eps (or 0 / 1 when eps = 0) at 0.
-        dev /= np.where(tied, 1.0, sd + eps)[seg]
-    return dev, tied
+        with np.errstate(over="ignore"):
+            den = sd + (eps if e is None else np.ldexp(eps, -e))
+        dev /= np.where(tied, 1.0, den)[seg]
+        return dev, tied
+    if leave_one_out:
+        dev *= (sizes / (sizes - 1.0))[seg]
+    if e is None:
+        return dev, tied
+    with np.errstate(over="ignore"):  # a deviation past 1.8e308: compute_advantages names it
+        return np.ldexp(dev, e[seg]), tied
+
+
+# Groups whose largest |x| lies in [2^-400, 2^400] (or is 0) need no scaling: deviations, their
+# squares and sums stay normal float64 numbers, so the arithmetic is the scaled one's bit for bit.
+_SAFE_LO, _SAFE_HI = 2.0**-400, 2.0**400
+
+
+def _scale_exponents(xs: np.ndarray, starts: np.ndarray) -> np.ndarray | None:
+    """Per group, e with max |x| = f 2^e, f in [0.5, 1); None when no group needs scaling."""
+    top = np.maximum.reduceat(np.abs(xs), starts)
+    if ((top > _SAFE_HI) | ((top < _SAFE_LO) & (top > 0.0))).any():
+        return np.frexp(top)[1]
+    return None

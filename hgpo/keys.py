@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hgpo.batch import StepBatch
+from hgpo.config import check_K
 from hgpo.groups import Grouping, dense_rank, group_by, segment_normalise
 
 __all__ = [
@@ -66,11 +67,11 @@ class Hierarchy:
         return out
 
 
-def _check(K: object, early: str) -> None:
-    if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 0:
-        raise ValueError(f"K must be a non-negative integer, got {K!r}")
+def _check(K: object, early: str) -> int:
+    """K as an int, checked before anything is allocated (the outputs are (K + 1) x n)."""
     if early not in EARLY_RULES:
         raise ValueError(f"early must be one of {EARLY_RULES}, got {early!r}")
+    return check_K("K", K)
 
 
 def _codes(x: np.ndarray) -> tuple[np.ndarray, int]:
@@ -125,6 +126,7 @@ def hierarchy(
     norm: str = "mean_std",
     std: str = "population",
     eps: float = 1e-6,
+    leave_one_out: bool = False,
     chunk_rows: int | None = None,
 ) -> Hierarchy:
     """Level groups G_k (Eq. 4) of every step for k = 0..K and, given ``returns``, A_k (Eq. 6).
@@ -142,6 +144,8 @@ def hierarchy(
         early: "paper" (t < k uses the shorter full history) or "drop" (the public reference
             code: a step with t < k is left out of level k).
         norm, std, eps: the normalisation of :func:`hgpo.groups.normalise`.
+        leave_one_out: each step's baseline is the mean of the other members of its group
+            (:func:`hgpo.groups.segment_normalise`).
         chunk_rows: rows per chunk of whole rollout groups (default ``CHUNK_ROWS``); the
             result does not depend on it beyond the numbering of the groups.
 
@@ -149,7 +153,7 @@ def hierarchy(
     s_{t-k}), a start-of-trajectory marker standing in for s_{t-k} when t < k, ranked by a
     sort, so no two different contexts can share a group.
     """
-    _check(K, early)
+    K = _check(K, early)
     if include_actions and batch.action is None:
         raise ValueError("include_actions=True needs StepBatch.action, which is None")
     n, L = batch.n_steps, K + 1
@@ -162,7 +166,7 @@ def hierarchy(
     for lo, hi in itertools.pairwise(bounds.tolist()):
         rows = slice(lo, hi) if perm is None else perm[lo:hi]
         _chunk(
-            batch, rows, K, returns, include_actions, early, norm, std, eps,
+            batch, rows, K, returns, include_actions, early, (norm, std, eps, leave_one_out),
             ids, A, info, hist, offset,
         )  # fmt: skip
     return Hierarchy(ids, offset, hist, A, info)
@@ -175,9 +179,7 @@ def _chunk(
     R: np.ndarray | None,
     include_actions: bool,
     early: str,
-    norm: str,
-    std: str,
-    eps: float,
+    norm_args: tuple[str, str, float, bool],
     ids_out: np.ndarray,
     A_out: np.ndarray | None,
     info_out: np.ndarray | None,
@@ -248,7 +250,7 @@ def _chunk(
             m_size = size[multi]
             m_start = np.zeros(n_prev, dtype=np.int64)
             np.cumsum(m_size[:-1], out=m_start[1:])
-            vals, tied = segment_normalise(x[cand], prev, m_start, m_size, norm, std, eps)
+            vals, tied = segment_normalise(x[cand], prev, m_start, m_size, *norm_args)
             where = glob(cand)
             A_out[k, where] = vals
             info_out[k, where] = ~tied[prev]

@@ -6,14 +6,30 @@ import numpy as np
 
 from hgpo.batch import StepBatch
 
-__all__ = ["discounted_returns", "episode_returns", "penalised_rewards"]
+__all__ = ["check_finite", "discounted_returns", "episode_returns", "penalised_rewards"]
+
+
+def check_finite(batch: StepBatch, values: np.ndarray, what: str) -> np.ndarray:
+    """``values`` (float64[n], one per step) if all are finite; else a ValueError naming the
+    first step's trajectory: finite rewards whose sum passes float64's 1.8e308 overflow."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        i = int(np.flatnonzero(~finite)[0])
+        raise ValueError(
+            f"the {what} of step {int(batch.step[i])} of trajectory {int(batch.traj[i])} "
+            f"(row {i}) overflows float64 ({float(values[i])}): the rewards are too large to "
+            "add up; scale them down"
+        )
+    return values
 
 
 def penalised_rewards(batch: StepBatch, invalid_penalty: float) -> np.ndarray:
     """float64[n] r_t - penalty * invalid_t (the reward the paper's return propagates)."""
     if batch.invalid is None or invalid_penalty == 0.0:
         return batch.reward
-    return batch.reward - invalid_penalty * batch.invalid
+    with np.errstate(over="ignore"):
+        r = batch.reward - invalid_penalty * batch.invalid
+    return check_finite(batch, r, "penalised reward")
 
 
 _BLOCK_ROWS = 1 << 16  # rows per block of whole trajectories (keeps the work in the caches)
@@ -30,8 +46,9 @@ def discounted_returns(
         rewards: float64[n] rewards to discount; defaults to ``batch.reward``.
 
     Returns:
-        float64[n]. Computed as the recursion R_t = r_t + gamma R_{t+1} from each trajectory's
-        last step back, with exactly that rounding (no gamma^(-t) rescaling, which loses
+        float64[n]. A return past float64's range (finite rewards that add up to more than
+        1.8e308) raises a ValueError naming its trajectory. Computed as the recursion
+        R_t = r_t + gamma R_{t+1} from each trajectory's last step back, with exactly that rounding (no gamma^(-t) rescaling, which loses
         precision on long trajectories), vectorised across trajectories: in blocks of whole
         trajectories, one vector operation per step index (or per distance to the end when
         lengths differ a lot), so the work is O(n) and the arrays of a block stay in cache.
@@ -40,12 +57,21 @@ def discounted_returns(
         raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
     r = batch.reward if rewards is None else np.asarray(rewards, dtype=np.float64)
     if gamma == 0.0:
-        return r.copy()
+        return check_finite(batch, r.copy(), "return")
     out = np.empty_like(r)
-    starts, lens = batch.traj_start, batch.traj_len
-    n, n_traj = batch.n_steps, batch.n_traj
+    starts, n, n_traj = batch.traj_start, batch.n_steps, batch.n_traj
     cut = np.searchsorted(starts, np.arange(_BLOCK_ROWS, n, _BLOCK_ROWS, dtype=np.int64))
     tb = np.unique(np.concatenate(([0], cut, [n_traj])))
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below, naming the trajectory
+        _discount_blocks(batch, r, out, tb, gamma)
+    return check_finite(batch, out, "return")
+
+
+def _discount_blocks(
+    batch: StepBatch, r: np.ndarray, out: np.ndarray, tb: np.ndarray, gamma: float
+) -> None:
+    """The recursion block by block (blocks of whole trajectories, bounds ``tb``)."""
+    starts, lens = batch.traj_start, batch.traj_len
     for t0, t1 in zip(tb[:-1].tolist(), tb[1:].tolist(), strict=True):
         lo, hi = int(starts[t0]), int(starts[t1 - 1] + lens[t1 - 1])
         block_lens = lens[t0:t1]
@@ -55,7 +81,6 @@ def discounted_returns(
                             t1 - t0, T, gamma)  # fmt: skip
         else:
             _returns_by_distance(r[lo:hi], out[lo:hi], block_lens, T, gamma)
-    return out
 
 
 def _returns_padded(

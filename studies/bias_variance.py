@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.options import check_choice
+from hgpo.options import bad, check_choice, check_int, check_number, parse_name_values
 from studies.backend import (
     ADDRESS_HELP,
     BACKEND_HELP,
@@ -36,6 +36,7 @@ from studies.backend import (
     check_backend,
     run_tasks,
 )
+from studies.cli import apply_preset, check_out_dir, given_dests
 
 __all__ = ["StudyConfig", "main", "parse_env", "run_cell", "run_study"]
 
@@ -82,72 +83,89 @@ class StudyConfig:
     out: str = "results/bias_variance"
     max_nodes: int = 3_000_000
     """Largest exact chain; beyond it the cell is skipped with a message."""
+    estimator_options: str = ""
+    """Options of every estimator's EstimatorConfig, "name=value,..." (e.g. leave_one_out=true);
+    K, alpha, gamma, norm and gae_lambda are the study's own."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from hgpo import ESTIMATORS
 
         for name in self.estimators:
-            if name not in ESTIMATORS:
-                raise ValueError(
-                    f"--estimators: unknown estimator {name!r}; known: {', '.join(ESTIMATORS)}"
-                )
+            check_choice("--estimators", name, ESTIMATORS)
         for norm in self.norms:
-            if norm not in ("mean", "mean_std"):
-                raise ValueError(f"--norms: must be 'mean' or 'mean_std', got {norm!r}")
+            check_choice("--norms", norm, ("mean", "mean_std"))
         for K in self.Ks:
-            if K < 0 or K > 8:
-                raise ValueError(f"--K: each K must be in 0..8, got {K}")
+            check_int("--K", K, lo=0, hi=8)
         for s in self.stages:
-            if s == "untrained" or Path(s).is_file():
-                continue
-            try:
-                v = float(s)
-            except ValueError:
-                raise ValueError(
-                    f"--stages: {s!r} is neither 'untrained', a success target in (0, 1), "
-                    "nor an existing snapshot file"
-                ) from None
-            if not 0.0 < v < 1.0:
-                raise ValueError(f"--stages: success target must be in (0, 1), got {s!r}")
-        checks = {
-            "n_batches": self.n_batches >= 10, "groups": self.groups >= 1,
-            "rollouts": self.rollouts >= 2, "workers": self.workers >= 1,
-            "gamma": 0.0 <= self.gamma <= 1.0, "alpha": self.alpha >= 0,
-        }  # fmt: skip
-        lows = {"n_batches": ">= 10", "groups": ">= 1", "rollouts": ">= 2", "workers": ">= 1",
-                "gamma": "in [0, 1]", "alpha": ">= 0"}  # fmt: skip
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(
-                    f"{'--batches' if name == 'n_batches' else '--' + name}: must be {lows[name]}, "
-                    f"got {getattr(self, name)!r}"
-                )
+            _check_stage(s)
+        for flag, name, lo in (("--batches", "n_batches", 10), ("--groups", "groups", 1),
+                               ("--rollouts", "rollouts", 2), ("--workers", "workers", 1),
+                               ("--seed", "seed", 0), ("StudyConfig.max_nodes", "max_nodes", 1)):  # fmt: skip
+            check_int(flag, getattr(self, name), lo=lo)
+        check_number("--gamma", self.gamma, lo=0.0, hi=1.0)
+        check_number("--alpha", self.alpha, lo=0.0)
+        if not (self.envs and self.Ks and self.stages and self.estimators and self.norms):
+            raise ValueError("--envs, --K, --stages, --estimators and --norms each need a value")
         check_choice("--backend", self.backend, BACKENDS)
         for spec in self.envs:
             parse_env(spec)
+        for alpha in (self.alpha, *ALPHAS):  # every config a cell makes, at its deepest K
+            self.estimator_config(max(self.Ks), alpha=alpha)
+
+    def estimator_config(self, K: int, norm: str = "mean", alpha: float | None = None) -> Any:
+        """The EstimatorConfig of a cell: K, alpha (default ``self.alpha``), gamma, ``norm`` and
+        ``estimator_options``."""
+        from hgpo import EstimatorConfig
+
+        opts = parse_name_values(self.estimator_options, where="--estimator-options")
+        own = {"K", "alpha", "gamma", "norm", "gae_lambda"} & set(opts)
+        if own:
+            raise ValueError(
+                f"--estimator-options: {', '.join(sorted(own))} is set by the study's own flags"
+            )
+        try:
+            return EstimatorConfig.from_options(
+                K=K,
+                alpha=self.alpha if alpha is None else alpha,
+                gamma=self.gamma,
+                norm=norm,
+                **opts,
+            )
+        except ValueError as exc:
+            flag = "--estimator-options" if opts else "--alpha"  # the study's checks ran first
+            raise ValueError(f"{flag}: {exc}") from None
+
+
+def _check_stage(stage: str) -> None:
+    if stage == "untrained" or Path(stage).is_file():
+        return
+    try:
+        v = float(stage)
+    except ValueError:
+        raise ValueError(
+            f"--stages: {stage!r} is neither 'untrained', a success target in (0, 1), "
+            "nor an existing snapshot file"
+        ) from None
+    check_number("--stages: success target", v, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
 
 
 def parse_env(spec: str) -> tuple[str, dict[str, Any]]:
-    """ "keydoor:size=5,slip=0.1" -> ("keydoor", {"size": 5, "slip": 0.1}); validated by toyenvs."""
+    """ "keydoor:size=5,slip=0.1" -> ("keydoor", {"size": 5, "slip": 0.1}); validated by toyenvs.
+
+    The parameters go through the project's one parser (hgpo.options.parse_name_values); a bad
+    family or value is a ValueError naming ``--envs`` and the spec.
+    """
     import toyenvs
 
+    if not isinstance(spec, str):
+        raise bad("--envs", 'a string "family:param=value,..."', spec)
     name, _, rest = spec.partition(":")
-    params: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, val = item.partition("=")
-        if not eq:
-            raise ValueError(f"--envs: {item!r} in {spec!r} is not param=value")
-        try:
-            params[key] = int(val)
-        except ValueError:
-            try:
-                params[key] = float(val)
-            except ValueError:
-                raise ValueError(
-                    f"--envs: value {val!r} of {key!r} in {spec!r} is not a number"
-                ) from None
-    toyenvs.make(name, **params)  # raises a ValueError naming a bad family / parameter
+    params = parse_name_values(rest, where=f"--envs {spec!r}")
+    try:
+        toyenvs.make(name, **params)  # raises a ValueError naming a bad family / parameter
+    except ValueError as exc:
+        raise ValueError(f"--envs {spec!r}: {exc}") from None
     return name, params
 
 
@@ -197,7 +215,7 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
     probs = pol.probs(np.arange(pol.n_contexts))
     g_true = gt.policy_gradient_undiscounted
     g_exact = gt.policy_gradient
-    base = EstimatorConfig(K=K, alpha=cfg.alpha, gamma=cfg.gamma)
+    base = cfg.estimator_config(K)
 
     variants: list[tuple[str, str, EstimatorConfig]] = []  # (label, estimator, config)
     for est in cfg.estimators:
@@ -306,15 +324,23 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
                                bias2_all=allbv.bias2, variance_all=allbv.variance, mse_all=allbv.mse,
                                bias2=sup.bias2 if sup else np.nan,
                                variance=sup.variance if sup else np.nan,
+                               variance_lo=sup.variance_ci[0] if sup else np.nan,
+                               variance_hi=sup.variance_ci[1] if sup else np.nan,
                                mse=sup.mse if sup else np.nan,
                                support=float(support.mean())))  # fmt: skip
+        if k > 0 and sup:  # v_k - v_{k-1} with a paired interval: does the variance rise?
+            prev = np.concatenate(levels_est[k - 1])[support]
+            d, lo, hi = M.variance_difference(key[support], prev, Ak[support], truth[support],
+                                              bid[support])  # fmt: skip
+            level_rows[-1].update(dvar=d, dvar_lo=lo, dvar_hi=hi)
     prop = None
     if hgpo_mean is not None and level_rows and support.any():
         H = np.concatenate(hgpo_mean)
         hb = M.bias_variance(key[support], H[support], truth[support], bid[support])
         prop = proposition_41([r["bias2"] for r in level_rows], [r["variance"] for r in level_rows],
                               hb.bias2, hb.variance, K, cfg.alpha)  # fmt: skip
-        prop.update(env=env_spec, K=K, stage=stage)
+        prop.update(env=env_spec, K=K, stage=stage,
+                    dvar=[[r["dvar"], r["dvar_lo"], r["dvar_hi"]] for r in level_rows[1:]])  # fmt: skip
     return {"rows": rows, "levels": level_rows, "prop41": prop}
 
 
@@ -345,6 +371,7 @@ def proposition_41(
 def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
     """Run every (env, K, stage) cell (``workers`` processes, or Ray tasks: studies.backend) and
     write the results folder; :class:`studies.backend.SweepError` lists the cells that failed."""
+    check_out_dir(cfg.out)  # before any cell: a folder that cannot be written fails now
     cells = [(e, K, s) for e in cfg.envs for K in cfg.Ks for s in cfg.stages]
     seeds = np.random.SeedSequence(cfg.seed).spawn(len(cells))
     tasks = [
@@ -371,7 +398,7 @@ def _parser() -> argparse.ArgumentParser:
     d = StudyConfig()
     p = argparse.ArgumentParser(
         prog="python -m studies.bias_variance", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
     )  # fmt: skip
     p.add_argument(
         "--envs",
@@ -410,7 +437,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rollouts", type=int, default=d.rollouts, help="rollouts per group (default: %(default)s)"
     )
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="(>= 0, default: %(default)s)")
+    p.add_argument(
+        "--estimator-options",
+        default=d.estimator_options,
+        help="EstimatorConfig options of every estimator, e.g. leave_one_out=true",
+    )
     p.add_argument("--workers", type=int, default=min(d.workers, os.cpu_count() or 1))
     p.add_argument("--backend", default=d.backend, help=BACKEND_HELP + " (default: %(default)s)")
     p.add_argument("--ray-address", default=d.ray_address, help=ADDRESS_HELP)
@@ -418,10 +450,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="one env (keydoor 4x4), K=2, 2 stages, 12 batches: a smoke run",
+        help="one env (keydoor 4x4), K=2, 2 stages, 12 batches: a smoke run (flags you give "
+        "keep their values)",
     )
     p.add_argument("--no-progress", action="store_true")
     return p
+
+
+QUICK = dict(envs=["keydoor:size=4"], Ks=[2], stages=["untrained", "0.5"], n_batches=12)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -429,11 +465,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     kw = {k: v for k, v in vars(a).items() if k not in ("quick", "no_progress")}
     if a.quick:
-        kw.update(envs=["keydoor:size=4"], Ks=[2], stages=["untrained", "0.5"], n_batches=12)
+        kw = apply_preset(kw, QUICK, given_dests(p, argv))
     for k in ("envs", "Ks", "stages", "estimators", "norms"):
         kw[k] = tuple(kw[k])
     try:
         cfg = StudyConfig(**kw)
+        check_out_dir(cfg.out)
         check_backend(cfg.backend, cfg.ray_address)
     except ValueError as exc:
         p.error(str(exc))

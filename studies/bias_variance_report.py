@@ -67,6 +67,9 @@ def _prop_text(props: list[dict[str, Any]]) -> str:
             f"  {p['env'].split(':')[0]} K={p['K']} {p['stage']}: b_k=[{b}] b_H={p['b_H']:.3f}; "
             f"v_k=[{v}] v_H={p['v_H']:.3f} (sum w^2={p['sum_w2']:.3f})\n    " + "; ".join(flags)
         )
+        if p.get("dvar"):
+            steps = ", ".join(f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" for d, lo, hi in p["dvar"])
+            out.append(f"    v_k - v_(k-1), paired 95% intervals: {steps}")
         if (
             p["bias_falls"]
             and p["variance_rises"]

@@ -21,6 +21,7 @@ __all__ = [
     "mean_ci",
     "sign_agreement",
     "spearman",
+    "variance_difference",
 ]
 
 
@@ -84,6 +85,19 @@ def bias_variance(
         batch: int64[m] the batch each sample came from (blocks of batches give the intervals).
         n_blocks: jackknife blocks.
     """
+    per_block = _block_sums(key, estimate, truth, batch, n_blocks)
+    tot = [sum(p[i] for p in per_block) for i in range(4)]
+    full = _bv_from_sums(*tot)
+    coverage = float(tot[0][tot[0] >= 2].sum() / max(key.size, 1))
+    jack = np.array([_bv_from_sums(*(tot[i] - p[i] for i in range(4))) for p in per_block])
+    cis = _jackknife_ci(np.asarray(full), jack)
+    return BiasVariance(full[0], full[1], full[2], coverage, cis[0], cis[1], cis[2])
+
+
+def _block_sums(
+    key: np.ndarray, estimate: np.ndarray, truth: np.ndarray, batch: np.ndarray, n_blocks: int
+) -> list[tuple[np.ndarray, ...]]:
+    """Per block of batches: per-key count, sum of estimates, of squares, of squared errors."""
     m_keys = int(key.max()) + 1 if key.size else 0
     blocks = np.minimum(batch * n_blocks // (int(batch.max()) + 1), n_blocks - 1)
     err2 = (estimate - truth) ** 2
@@ -98,15 +112,42 @@ def bias_variance(
                 np.bincount(key[sel], weights=err2[sel], minlength=m_keys),
             )
         )
-    tot = [sum(p[i] for p in per_block) for i in range(4)]
-    full = _bv_from_sums(*tot)
-    coverage = float(tot[0][tot[0] >= 2].sum() / max(key.size, 1))
-    jack = np.array([_bv_from_sums(*(tot[i] - p[i] for i in range(4))) for p in per_block])
-    nb = n_blocks
+    return per_block
+
+
+def _jackknife_ci(full: np.ndarray, jack: np.ndarray) -> list[tuple[float, float]]:
+    """95% t intervals full +- t se, se the delete-one-block jackknife's (jack: [blocks, m])."""
+    nb = jack.shape[0]
     se = np.sqrt((nb - 1) / nb * ((jack - jack.mean(axis=0)) ** 2).sum(axis=0))
     t = sps.t.ppf(0.975, nb - 1)
-    cis = [(full[i] - t * se[i], full[i] + t * se[i]) for i in range(3)]
-    return BiasVariance(full[0], full[1], full[2], coverage, cis[0], cis[1], cis[2])
+    return [(float(f - t * e), float(f + t * e)) for f, e in zip(full, se, strict=True)]
+
+
+def variance_difference(
+    key: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    truth: np.ndarray,
+    batch: np.ndarray,
+    n_blocks: int = 10,
+) -> tuple[float, float, float]:
+    """(var_b - var_a, lo, hi): the difference of two estimators' variances (as
+    :func:`bias_variance` defines them) on the same samples, with a paired delete-one-block
+    jackknife 95% interval (both from the same batches, so their shared noise cancels)."""
+    pa = _block_sums(key, a, truth, batch, n_blocks)
+    pb = _block_sums(key, b, truth, batch, n_blocks)
+    ta = [sum(p[i] for p in pa) for i in range(4)]
+    tb = [sum(p[i] for p in pb) for i in range(4)]
+    full = _bv_from_sums(*tb)[1] - _bv_from_sums(*ta)[1]
+    jack = np.array(
+        [
+            _bv_from_sums(*(tb[i] - qb[i] for i in range(4)))[1]
+            - _bv_from_sums(*(ta[i] - qa[i] for i in range(4)))[1]
+            for qa, qb in zip(pa, pb, strict=True)
+        ]
+    )
+    ((lo, hi),) = _jackknife_ci(np.array([full]), jack[:, None])
+    return float(full), lo, hi
 
 
 def sign_agreement(estimate: np.ndarray, truth: np.ndarray, tol: float = 1e-9) -> float:

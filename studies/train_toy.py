@@ -23,16 +23,17 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hgpo.options import check_choice
+from hgpo.options import bad, check_choice, check_int, check_number, parse_name_values
 from studies.backend import BACKENDS, SweepError, Task, check_backend, run_tasks
+from studies.cli import apply_preset, check_out_dir, given_dests
 from studies.io import atomic_write_json
 
 __all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
@@ -128,45 +129,35 @@ class TrainToyConfig:
     out: str = "results/train_toy"
 
     def __post_init__(self) -> None:
-        def bad(flag: str, must: str, got: Any) -> ValueError:
-            return ValueError(f"--{flag}: must be {must}, got {got!r}")
-
         ints = {
             "seeds": 1, "iterations": 1, "groups": 1, "rollouts": 2, "epochs": 1,
-            "minibatches": 1, "eval_every": 1, "eval_rollouts": 1, "workers": 1,
+            "minibatches": 1, "eval_every": 1, "eval_rollouts": 1, "workers": 1, "seed": 0,
         }  # fmt: skip
         for name, lo in ints.items():
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise bad(name.replace("_", "-"), f"an integer >= {lo}", v)
-        pos = ("lr", "critic_lr", "eval_temperature")
-        for name in pos:
-            v = getattr(self, name)
-            if not (np.isfinite(v) and v > 0):
-                raise bad(name.replace("_", "-"), "a positive number", v)
-        nonneg = ("kl_coef", "entropy_coef", "grad_clip")
-        for name in nonneg:
-            v = getattr(self, name)
-            if not (np.isfinite(v) and v >= 0):
-                raise bad(name.replace("_", "-"), ">= 0", v)
-        if not 0 < self.clip < 1:
-            raise bad("clip", "in (0, 1)", self.clip)
+            check_int(_flag(name), getattr(self, name), lo=lo)
+        for name in ("lr", "critic_lr", "eval_temperature"):
+            check_number(_flag(name), getattr(self, name), lo=0.0, lo_open=True)
+        for name in ("kl_coef", "entropy_coef", "grad_clip"):
+            check_number(_flag(name), getattr(self, name), lo=0.0)
+        check_number("--clip", self.clip, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
         for name in ("gamma", "gae_lambda"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise bad(name.replace("_", "-"), "in [0, 1]", getattr(self, name))
-        if self.norm not in ("mean", "mean_std"):
-            raise bad("norm", "'mean' or 'mean_std'", self.norm)
+            check_number(_flag(name), getattr(self, name), lo=0.0, hi=1.0)
+        check_choice("--norm", self.norm, ("mean", "mean_std"))
         for K in self.Ks:
-            if isinstance(K, bool) or not isinstance(K, int) or not 0 <= K <= 6:
-                raise bad("K", "integers in 0..6", K)
-        _check_start("start", self.start)
+            check_int("--K", K, lo=0, hi=TABULAR_MAX_K)
+        _check_start("--start", self.start)
         check_choice("--backend", self.backend, BACKENDS)
         if not self.envs or not self.settings or not self.Ks:
             raise ValueError("--envs, --settings and --K each need at least one value")
         for spec in self.envs:
             split_env(spec)
         for s in self.settings:
-            parse_setting(s, self)
+            _, K, ec = parse_setting(s, self)
+            for k in self.Ks if K is None else (K,):  # the configs the runs will use
+                try:
+                    ec.replace(K=k)
+                except ValueError as exc:
+                    raise ValueError(f"--settings {s!r} at K={k}: {exc}") from None
 
     def run_fields(self) -> dict[str, Any]:
         """The fields that change a run's result (not envs/settings lists, workers or out)."""
@@ -174,30 +165,39 @@ class TrainToyConfig:
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
-def _check_start(flag: str, value: str) -> str:
-    if value != "uniform":
-        try:
-            v = float(value)
-        except ValueError:
-            v = -1.0
-        if not 0 < v < 1:
-            raise ValueError(
-                f"--{flag}: must be 'uniform' or a success rate in (0, 1), got {value!r}"
-            )
-    return value
+TABULAR_MAX_K = 6
+"""Deepest memory of a tabular run (the context table grows as |O|^(K + 1) |A|^K)."""
+
+
+def _flag(name: str) -> str:
+    return "--" + _FLAGS.get(name, name).replace("_", "-")
+
+
+def _check_start(where: str, value: Any) -> str:
+    """ "uniform" or a success rate in (0, 1) (as text, the form run keys and caches use)."""
+    if value == "uniform":
+        return value
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        rate = math.nan
+    if not 0 < rate < 1:
+        raise bad(where, "'uniform' or a success rate in (0, 1)", value)
+    return str(value)
 
 
 def split_env(spec: str) -> tuple[str, dict[str, Any], str | None]:
     """ "keydoor:size=5,start=0.03" -> ("keydoor", {"size": 5}, "0.03"), validated by toyenvs."""
     from studies.bias_variance import parse_env
 
+    if not isinstance(spec, str):
+        raise bad("--envs", 'a string "family:param=value,..."', spec)
     name, _, rest = spec.partition(":")
-    items = [it for it in rest.split(",") if it]
-    start = None
-    for it in items:
-        if it.startswith("start="):
-            start = _check_start(f"envs: {spec!r}: start", it[len("start=") :])
-    kept = ",".join(it for it in items if not it.startswith("start="))
+    params = parse_name_values(rest, where=f"--envs {spec!r}")
+    start = params.pop("start", None)
+    if start is not None:
+        start = _check_start(f"--envs {spec!r}: start", start)
+    kept = ",".join(f"{k}={v}" for k, v in params.items())
     fam, params = parse_env(f"{name}:{kept}" if kept else name)
     return fam, params, start
 
@@ -209,36 +209,23 @@ def parse_setting(spec: str, cfg: TrainToyConfig | None = None) -> tuple[str, in
     """
     from hgpo import ESTIMATORS, EstimatorConfig
 
+    if not isinstance(spec, str):
+        raise bad("--settings", 'a string "estimator:option=value,..."', spec)
     cfg = cfg or TrainToyConfig.__new__(TrainToyConfig)
     name, _, rest = spec.partition(":")
-    if name not in ESTIMATORS:
-        raise ValueError(
-            f"--settings: unknown estimator {name!r} in {spec!r}; known: {', '.join(ESTIMATORS)}"
-        )
-    opts: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, val = item.partition("=")
-        if not eq:
-            raise ValueError(f"--settings: {item!r} in {spec!r} is not option=value")
-        for conv in (int, float):
-            try:
-                opts[key] = conv(val)
-                break
-            except ValueError:
-                continue
-        else:
-            opts[key] = {"true": True, "false": False}.get(val.lower(), val)
+    check_choice(f"--settings {spec!r}: estimator", name, ESTIMATORS)
+    opts = parse_name_values(rest, where=f"--settings {spec!r}")
     K = opts.pop("K", None)
-    if K is not None and (not isinstance(K, int) or not 0 <= K <= 6):
-        raise ValueError(f"--settings: K must be an integer in 0..6 in {spec!r}, got {K!r}")
+    if K is not None:
+        K = check_int(f"--settings {spec!r}: K", K, lo=0, hi=TABULAR_MAX_K)
     base = dict(
         gamma=getattr(cfg, "gamma", 0.95), norm=getattr(cfg, "norm", "mean_std"),
         gae_lambda=getattr(cfg, "gae_lambda", 0.95),
     )  # fmt: skip
     try:
         ec = EstimatorConfig(**base).replace(**opts)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"--settings: {spec!r}: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"--settings {spec!r}: {exc}") from None
     return name, K, ec
 
 
@@ -400,7 +387,7 @@ def run_study(cfg: TrainToyConfig, progress: bool = True, fresh: bool = False) -
     Finished runs are kept in ``out/runs/<key>.json`` (key = run + a hash of every setting that
     changes its result), so a killed study resumes where it stopped; ``fresh`` deletes them.
     """
-    out = Path(cfg.out)
+    out = check_out_dir(cfg.out)  # before any run: a folder that cannot be written fails now
     runs_dir = out / "runs"
     if fresh and runs_dir.exists():
         for p in runs_dir.glob("*.json"):
@@ -435,13 +422,13 @@ _FLAGS = {"Ks": "K"}
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m studies.train_toy", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
     )  # fmt: skip
     from hgpo.config import field_docs
 
     doc = field_docs(TrainToyConfig)
     for f in dataclasses.fields(TrainToyConfig):
-        flag = "--" + _FLAGS.get(f.name, f.name).replace("_", "-")
+        flag = _flag(f.name)
         default = f.default
         help_ = (doc.get(f.name, "") + " (default: %(default)s)").strip()
         if isinstance(default, tuple):
@@ -451,41 +438,44 @@ def _parser() -> argparse.ArgumentParser:
             )
         else:
             p.add_argument(flag, dest=f.name, type=type(default), default=default, help=help_)
-    p.add_argument(
+    preset = p.add_mutually_exclusive_group()
+    preset.add_argument(
         "--full", action="store_true",
-        help="6 envs, 17 settings, K = 2 and 4 for each, 8 seeds, 200 iterations (see docs)",
+        help="6 envs, 17 settings, K = 2 and 4 for each, 8 seeds, 200 iterations (see docs); "
+        "flags you give keep their values",
     )  # fmt: skip
-    p.add_argument(
+    preset.add_argument(
         "--quick",
         action="store_true",
-        help="one env, 3 settings, 2 seeds, 20 iterations: a smoke run",
+        help="one env, 3 settings, 2 seeds, 20 iterations: a smoke run; flags you give keep "
+        "their values",
     )
     p.add_argument("--fresh", action="store_true", help="discard finished runs in --out first")
     p.add_argument("--no-progress", action="store_true")
     return p
 
 
+FULL = dict(
+    envs=list(FULL_ENVS), settings=list(FULL_SETTINGS), Ks=[2, 4], seeds=8, iterations=200,
+    out="results/train_toy_full",
+)  # fmt: skip
+QUICK = dict(
+    envs=["tmaze:length=3"], settings=["grpo", "gigpo", "hgpo"], seeds=2, iterations=20,
+    eval_every=10, out="results/train_toy_quick",
+)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
     kw = {f.name: getattr(a, f.name) for f in dataclasses.fields(TrainToyConfig)}
-    given = {arg.split("=")[0] for arg in (argv if argv is not None else sys.argv[1:])}
-    if a.full:
-        full = dict(
-            envs=list(FULL_ENVS), settings=list(FULL_SETTINGS), Ks=[2, 4], seeds=8,
-            iterations=200, out="results/train_toy_full",
-        )  # fmt: skip
-        kw.update({k: v for k, v in full.items() if "--" + _FLAGS.get(k, k) not in given})
-    if a.quick:
-        quick = dict(
-            envs=["tmaze:length=3"], settings=["grpo", "gigpo", "hgpo"], seeds=2,
-            iterations=20, eval_every=10, out="results/train_toy_quick",
-        )  # fmt: skip
-        kw.update({k: v for k, v in quick.items() if "--" + _FLAGS.get(k, k) not in given})
+    if a.full or a.quick:
+        kw = apply_preset(kw, FULL if a.full else QUICK, given_dests(p, argv))
     for k in ("envs", "settings", "Ks"):
         kw[k] = tuple(kw[k])
     try:
         cfg = TrainToyConfig(**kw)
+        check_out_dir(cfg.out)
         check_backend(cfg.backend, cfg.ray_address)
     except ValueError as exc:
         p.error(str(exc))

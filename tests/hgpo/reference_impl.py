@@ -54,9 +54,18 @@ def ref_returns(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
 
 
 def ref_normalise(
-    values: list[float], norm: str, std: str, eps: float, singleton: str = "zero"
+    values: list[float],
+    norm: str,
+    std: str,
+    eps: float,
+    singleton: str = "zero",
+    leave_one_out: bool = False,
 ) -> list[float]:
-    """(x - mean) / (std + eps) or x - mean for one group; singleton/tied -> 0."""
+    """(x - mean) / (std + eps) or x - mean for one group; singleton/tied -> 0.
+
+    leave_one_out: the baseline of x_i is the mean of the other members, straight from the
+    definition: x_i - (sum_j x_j - x_i) / (n - 1); the std stays the whole group's.
+    """
     n = len(values)
     if n == 1:
         if singleton == "raw":
@@ -67,10 +76,12 @@ def ref_normalise(
     fr = [Fraction(v) for v in values]
     mean = sum(fr) / n
     devs = [f - mean for f in fr]
-    if norm == "mean":
-        return [float(d) for d in devs]
     denom = n if std == "population" else n - 1
     sd = math.sqrt(float(sum(d * d for d in devs) / denom))
+    if leave_one_out:
+        devs = [f - (sum(fr) - f) / (n - 1) for f in fr]
+    if norm == "mean":
+        return [float(d) for d in devs]
     return [float(d) / (sd + eps) for d in devs]
 
 
@@ -90,7 +101,13 @@ def _group_informative(keys: list, x: list[float], singleton: str = "zero") -> l
 
 
 def _group_norm(
-    keys: list, x: list[float], norm: str, std: str, eps: float, singleton: str = "zero"
+    keys: list,
+    x: list[float],
+    norm: str,
+    std: str,
+    eps: float,
+    singleton: str = "zero",
+    leave_one_out: bool = False,
 ) -> list[float]:
     members: dict = defaultdict(list)
     for i, k in enumerate(keys):
@@ -99,7 +116,9 @@ def _group_norm(
     out = [0.0] * len(x)
     for rows in members.values():
         for i, v in zip(
-            rows, ref_normalise([x[i] for i in rows], norm, std, eps, singleton), strict=False
+            rows,
+            ref_normalise([x[i] for i in rows], norm, std, eps, singleton, leave_one_out),
+            strict=False,
         ):
             out[i] = v
     return out
@@ -122,7 +141,10 @@ def ref_context(b: StepBatch, row: int, k: int, cfg: EstimatorConfig):
 def ref_levels(b: StepBatch, cfg: EstimatorConfig, K: int):
     R = ref_returns(b, cfg)
     keys = [[ref_context(b, row, k, cfg) for row in range(b.n_steps)] for k in range(K + 1)]
-    A = [_group_norm(keys[k], R, cfg.norm, cfg.std, cfg.eps) for k in range(K + 1)]
+    A = [
+        _group_norm(keys[k], R, cfg.norm, cfg.std, cfg.eps, leave_one_out=cfg.leave_one_out)
+        for k in range(K + 1)
+    ]
     sizes = []
     for k in range(K + 1):
         count: dict = defaultdict(int)

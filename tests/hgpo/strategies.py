@@ -58,4 +58,5 @@ def configs(draw) -> EstimatorConfig:
         episode_pooling=draw(st.sampled_from(["trajectory", "steps"])),
         episode_singleton=draw(st.sampled_from(["zero", "raw"])),
         omega=draw(st.sampled_from([1.0, 0.5])),
+        leave_one_out=draw(st.booleans()),
     )

@@ -1,9 +1,19 @@
-"""Bad input gets a ValueError that names the field and the value."""
+"""Bad input gets a ValueError that names the field and the value: one table per entry point."""
+
+import math
 
 import numpy as np
 import pytest
 
-from hgpo import EstimatorConfig, StepBatch, compute_advantages, context_keys, state_ids
+from hgpo import (
+    ESTIMATORS,
+    EstimatorConfig,
+    StepBatch,
+    compute_advantages,
+    context_keys,
+    state_ids,
+)
+from hgpo.estimators import hgpo as hgpo_fn
 
 
 def batch(**over):
@@ -12,6 +22,16 @@ def batch(**over):
     )
     kw.update(over)
     return StepBatch(**kw)
+
+
+def pair(reward):
+    """Two one-step trajectories in one group, same state: every group estimator compares them."""
+    return StepBatch(group=[0, 0], traj=[0, 1], step=[0, 0], reward=reward, state=[0, 0])
+
+
+# --------------------------------------------------------------------------- StepBatch(...)
+
+HINT = r"hgpo\.state_ids"
 
 
 @pytest.mark.parametrize(
@@ -26,14 +46,31 @@ def batch(**over):
         (dict(traj=[0, 0, 0]), r"traj value 0 labels two separate runs"),
         (dict(group=[0, 1, 0]), r"group\[1\] is 1"),
         (dict(step=[0, -1, 0]), r"step\[1\] is -1"),
-        (dict(state=[1.5, 2, 1]), r"state must hold integers, got 1.5"),
+        (dict(state=[1.5, 2, 1]), r"state must hold integers, got 1\.5"),
         (dict(reward=["a", "b", "c"]), r"reward must be numeric"),
         (dict(group=[], traj=[], step=[], reward=[], state=[]), r"empty"),
+        # strings, None and ints past int64 name the field and point to state_ids
+        (dict(state=["kitchen", "hall", "kitchen"]), r"StepBatch\.state must hold integers, got <U7 values such as 'kitchen'.*" + HINT),
+        (dict(state=[None, None, None]), r"StepBatch\.state must hold integers, got None at \[0\].*" + HINT),
+        (dict(state=[1, 2**70, 1]), r"StepBatch\.state\[1\] is 1180591620717411303424, outside the int64 range.*" + HINT),
+        (dict(state=np.array([1, 2**64 - 1, 1], dtype=np.uint64)), r"state\[1\] is 18446744073709551615, outside the int64"),
+        (dict(state=[1.0, np.nan, 1.0]), r"state must hold integers, got nan"),
+        (dict(action=["go", "go", "go"]), r"StepBatch\.action must hold integers.*state_ids"),
+        (dict(traj=[0, 0, 2**70]), r"StepBatch\.traj\[2\] is 1180591620717411303424, outside the int64 range$"),
+        (dict(group=[True, True, True]), r"group must hold integers, got dtype bool"),
+        (dict(state=[[1], [2, 3], [1]]), r"StepBatch\.state: must be a sequence of integers"),
+        (dict(invalid=[0, 2, 0]), r"invalid must be boolean, got 2"),
     ],
-)
-def test_step_batch_validation(over, match):
+)  # fmt: skip
+def test_step_batch_table(over, match):
     with pytest.raises(ValueError, match=match):
         batch(**over)
+
+
+def test_step_batch_accepts_integer_valued_input_of_any_int_or_float_dtype():
+    for state in ([1, 2, 1], np.array([1, 2, 1], np.int32), [1.0, 2.0, 1.0], [1, 2.0, np.int64(1)]):
+        assert batch(state=state).state.tolist() == [1, 2, 1]
+    assert batch(state=[-(2**63), 0, 2**63 - 1]).state.dtype == np.int64
 
 
 def test_trajectory_ids_need_not_rise_only_be_unique():
@@ -47,40 +84,126 @@ def test_trajectory_ids_need_not_rise_only_be_unique():
         StepBatch(group=[0, 0, 0], traj=[7, 3, 7], step=[0, 0, 0], reward=[0.0] * 3, state=[0] * 3)
 
 
-def test_unknown_estimator_and_option():
-    with pytest.raises(ValueError, match=r"unknown estimator 'ppo'; known estimators: grpo, rloo"):
-        compute_advantages("ppo", batch())
-    with pytest.raises(ValueError, match=r"unknown estimator option 'KK'"):
-        compute_advantages("hgpo", batch(), KK=2)
+# --------------------------------------------------------------------------- from_trajectories
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (([], [], []), r"from_trajectories: no trajectories"),
+        (([0, 0], [[1.0]], [[0]]), r"groups \(2\), rewards \(1\) and states \(1\)"),
+        (([0], [[1.0, 2.0]], [[0]]), r"trajectory 0 has 2 rewards but 1 states"),
+        (([0], [[]], [[]]), r"trajectory 0 is empty"),
+        (([0], [["x"]], [[0]]), r"trajectory 0 has a reward 'x'"),
+        (([0], [[None]], [[0]]), r"trajectory 0 has a reward None"),
+        (([0], [[1.0]], [["kitchen"]]), r"StepBatch\.state must hold integers.*state_ids"),
+    ],
+)
+def test_from_trajectories_table(args, match):
+    with pytest.raises(ValueError, match=match):
+        StepBatch.from_trajectories(*args)
+
+
+# --------------------------------------------------------------------------- EstimatorConfig
+
+NUMERIC = ("alpha", "gamma", "eps", "weight_offset", "weight_eps", "base_weight",
+           "invalid_penalty", "omega", "gae_lambda")  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("opts", "match"),
     [
-        (dict(K=-1), r"K must be a non-negative integer, got -1"),
-        (dict(K=1.5), r"K must be a non-negative integer, got 1.5"),
-        (dict(alpha=-1.0), r"alpha must be a number >= 0, got -1.0"),
-        (dict(gamma=1.5), r"gamma must be a number in \[0, 1\], got 1.5"),
-        (dict(alpha=float("nan")), r"alpha must be a number >= 0, got nan"),
-        (dict(norm="zscore"), r"norm must be one of \('mean_std', 'mean'\), got 'zscore'"),
-        (dict(early="late"), r"early must be one of"),
-        (dict(weight_offset=0), r"weight_offset must be a number > 0, got 0"),
-    ],
-)
-def test_config_validation(opts, match):
+        (dict(K=-1), r"^EstimatorConfig\.K: must be an integer in 0\.\.256, got -1 \(each level"),
+        (dict(K=1.5), r"EstimatorConfig\.K: must be an integer in 0\.\.256, got 1\.5"),
+        (dict(K=True), r"EstimatorConfig\.K: must be an integer"),
+        # K is bounded before anything is allocated, with the reason in the message
+        (dict(K=2**40), r"K: must be an integer in 0\.\.256, got 1099511627776 \(each level is a pass over the batch"),
+        (dict(K=10**5), r"K: must be an integer in 0\.\.256, got 100000"),
+        (dict(alpha=-1.0), r"^EstimatorConfig\.alpha: must be a finite number >= 0\.0, got -1\.0$"),
+        (dict(gamma=1.5), r"EstimatorConfig\.gamma: must be a finite number in \[0\.0, 1\.0\], got 1\.5"),
+        (dict(alpha=math.nan), r"EstimatorConfig\.alpha: must be a finite number >= 0\.0, got nan"),
+        (dict(norm="zscore"), r"EstimatorConfig\.norm: must be one of 'mean_std', 'mean', got 'zscore'"),
+        (dict(early="late"), r"EstimatorConfig\.early: must be one of"),
+        (dict(weight_offset=0), r"EstimatorConfig\.weight_offset: must be a finite number > 0\.0, got 0"),
+        (dict(omega="x"), r"EstimatorConfig\.omega: must be a finite number >= 0\.0, got 'x'"),
+        (dict(omega=None), r"EstimatorConfig\.omega: must be a finite number"),
+        (dict(base_group="yes"), r"EstimatorConfig\.base_group: must be true or false, got 'yes'"),
+        (dict(leave_one_out=1), r"EstimatorConfig\.leave_one_out: must be true or false, got 1"),
+        # finite options whose level weights over- or underflow float64
+        (dict(alpha=1000.0, weight_offset=10.0), r"level weights .* must be finite and non-zero in float64.* give inf at k = 0 and inf at k = 2"),
+        (dict(alpha=2000.0, weight_offset=0.5), r"level weights .* give 0\.0 at k = 0 and .* at k = 2"),
+        (dict(K=6, alpha=380.0), r"give 1\.0 at k = 0 and inf at k = 6"),
+        (dict(base_group=True, base_weight=1.7e308, weight_offset=1e308), r"must be finite and non-zero in float64, with their sum"),
+    ]
+    + [(dict([(name, v)]), rf"^EstimatorConfig\.{name}: must be a finite number")
+       for name in NUMERIC for v in (math.inf, -math.inf, math.nan, "1", True)],
+)  # fmt: skip
+def test_config_table(opts, match):
     with pytest.raises(ValueError, match=match):
         EstimatorConfig(**opts)
 
 
-def test_keys_and_gae_errors():
-    with pytest.raises(ValueError, match="K must be a non-negative integer, got -2"):
-        context_keys(batch(), -2)
-    with pytest.raises(ValueError, match=r"include_actions=True needs StepBatch\.action"):
-        context_keys(batch(), 1, include_actions=True)
-    with pytest.raises(ValueError, match="gae' needs values"):
-        compute_advantages("gae", batch())
-    with pytest.raises(ValueError, match=r"values has shape \(2,\), expected \(3,\)"):
-        compute_advantages("gae", batch(), values=np.zeros(2))
+def test_config_accepts_numpy_scalars_and_stores_python_numbers():
+    cfg = EstimatorConfig(K=np.int64(2), alpha=np.float32(1.0), gamma=np.float64(0.5),
+                          base_group=np.bool_(True))  # fmt: skip
+    assert (cfg.K, cfg.alpha, cfg.gamma, cfg.base_group) == (2, 1.0, 0.5, True)
+    assert type(cfg.K) is int and type(cfg.alpha) is float and type(cfg.base_group) is bool
+    assert cfg == EstimatorConfig(K=2, alpha=1.0, gamma=0.5, base_group=True)
+    out = compute_advantages("hgpo", batch(), K=np.int64(2), alpha=np.float32(1.0))
+    assert np.isfinite(out.advantages).all()
+
+
+# --------------------------------------------------------------------------- compute_advantages
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: compute_advantages("ppo", batch()), r"unknown estimator 'ppo'; known estimators: grpo, rloo"),
+        (lambda: compute_advantages("hgpo", batch(), KK=2), r"unknown estimator option 'KK'"),
+        (lambda: compute_advantages("hgpo", {"reward": [1.0]}), r"estimator 'hgpo': batch must be a StepBatch .*got dict"),
+        (lambda: compute_advantages("grpo", None), r"batch must be a StepBatch .*got NoneType"),
+        (lambda: compute_advantages("hgpo", batch(), {"K": 2}), r"config must be an EstimatorConfig .*got dict"),
+        (lambda: hgpo_fn(batch(), None), r"estimator 'hgpo': config must be an EstimatorConfig .*got NoneType"),
+        (lambda: hgpo_fn({}, EstimatorConfig()), r"batch must be a StepBatch .*got dict"),
+        (lambda: compute_advantages("hgpo", batch(), alpha=math.inf), r"EstimatorConfig\.alpha: must be a finite number"),
+        (lambda: compute_advantages("grpo", batch(), eps=math.inf), r"EstimatorConfig\.eps: must be a finite number"),
+        (lambda: compute_advantages("gae", batch()), r"gae' needs values"),
+        (lambda: compute_advantages("gae", batch(), values=np.zeros(2)), r"values has shape \(2,\), expected \(3,\)"),
+        (lambda: compute_advantages("gae", batch(), values=[0.0, math.nan, 0.0]), r"values\[1\] is nan"),
+        # finite rewards whose return overflows: the trajectory is named
+        (lambda: compute_advantages("hgpo", StepBatch.from_trajectories([0, 0], [[1e308, 1e308], [0.0, 0.0]], [[0, 1], [0, 1]]), gamma=1.0),
+         r"the return of step 0 of trajectory 0 \(row 0\) overflows float64 \(inf\).*scale them down"),
+        (lambda: compute_advantages("grpo", StepBatch.from_trajectories([0, 0], [[0.0], [-1.7e308]], [[0], [0]], invalid=[[False], [True]]), invalid_penalty=1e308),
+         r"penalised reward of step 0 of trajectory 1 \(row 1\) overflows"),
+        (lambda: compute_advantages("gigpo", StepBatch.from_trajectories([0, 0], [[0.0], [-1.7e308]], [[0], [0]], invalid=[[False], [True]]), invalid_penalty=1e308, penalty_mode="after_discount"),
+         r"return of step 0 of trajectory 1 \(row 1\) overflows"),
+        # finite returns whose advantage overflows (rloo's n / (n - 1), in reward units)
+        (lambda: compute_advantages("rloo", pair([1.7e308, -1.7e308]), norm="mean"),
+         r"estimator 'rloo': the advantage of step 0 of trajectory 0 \(row 0\) overflows float64"),
+    ],
+)  # fmt: skip
+def test_compute_advantages_table(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# --------------------------------------------------------------------------- context_keys
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(K=-2), r"^K: must be an integer in 0\.\.256, got -2"),
+        (dict(K=2**40), r"^K: must be an integer in 0\.\.256, got 1099511627776 \(each level"),
+        (dict(K="2"), r"^K: must be an integer"),
+        (dict(K=1, include_actions=True), r"include_actions=True needs StepBatch\.action"),
+        (dict(K=1, early="late"), r"early must be one of"),
+    ],
+)
+def test_context_keys_table(kw, match):
+    with pytest.raises(ValueError, match=match):
+        context_keys(batch(), **kw)
 
 
 def test_state_ids():
@@ -90,3 +213,31 @@ def test_state_ids():
     assert ids.tolist() == [0, 1, 0, 2, 2]
     with pytest.raises(ValueError, match="observation of type set is not hashable"):
         state_ids([{1}])
+
+
+# --------------------------------------------------------------------------- the whole float64 range
+
+
+@pytest.mark.parametrize("estimator", [e for e in ESTIMATORS if e != "gae"])
+@pytest.mark.parametrize("big", [1e154, 1e155, 1e300, 1.7e308, 1e-170, 1e-300])
+def test_group_estimators_are_right_over_the_whole_float64_range(estimator, big):
+    """The issue's case: with norm="mean_std" a reward of 1e155 or more gave [0, -0] (dev * dev
+    overflowed); every group estimator now gives what it gives at reward 1. With eps = 0 the
+    standardised advantages are scale-free; "mean" ones scale with the reward."""
+    want = compute_advantages(estimator, pair([1.0, 0.0]), eps=0.0).advantages
+    got = compute_advantages(estimator, pair([big, 0.0]), eps=0.0).advantages
+    np.testing.assert_allclose(got, want, rtol=1e-15)
+    if estimator in ("grpo", "hgpo", "stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform"):
+        np.testing.assert_array_equal(want, [1.0, -1.0])
+    mean = compute_advantages(estimator, pair([big, 0.0]), norm="mean").advantages
+    if big < 1e308:  # rloo and gigpo double 1.7e308's deviation past float64
+        ref = compute_advantages(estimator, pair([1.0, 0.0]), norm="mean").advantages
+        np.testing.assert_allclose(mean, ref * big, rtol=1e-15)
+
+
+def test_the_issue_case_with_the_default_eps():
+    for estimator in ("grpo", "rloo", "stepwise", "gigpo", "oracle", "hgpo"):
+        a = compute_advantages(estimator, pair([1e155, 0.0])).advantages
+        b = compute_advantages(estimator, pair([1e154, 0.0])).advantages
+        np.testing.assert_array_equal(a, b)
+        assert a[0] > 0.99 and a[1] < -0.99

@@ -129,3 +129,35 @@ def test_gae_special_cases():
     # delta = [0 + 0.5*2 - 1, 0 + 0.5*4 - 2, 10 + 0 - 4] = [0, 0, 6]
     a = compute_advantages("gae", b, cfg.replace(gae_lambda=0.0), values=V).advantages
     np.testing.assert_allclose(a, [0, 0, 6])
+
+
+# Leave-one-out levels (leave_one_out=True): a step's baseline is the mean of the *other*
+# members of its group. Same BATCH, K = 1, gamma = 1, norm = "mean":
+# Level 0 at state 3, returns {10, 0, 0, 10, 0}:
+#   tau1 (10): 10 - mean(0, 0, 10, 0) = 10 - 2.5 = 7.5;  tau2 (0): 0 - mean(10, 0, 10, 0) = -5
+#   (= 5/4 * the group-mean deviations 6 and -4: n / (n - 1) with n = 5).
+# Level 1, G_1((1,3)) = {10, 10, 0} (tau1, tau4, tau5):
+#   tau1: 10 - mean(10, 0) = 5;  tau5: 0 - mean(10, 10) = -10  (= 3/2 * [10/3, -20/3]).
+#   G_1((2,3)) = {0, 0}: tied -> 0, left out of Eq. 7.
+# HGPO (w_0 = 1, w_1 = 2):
+#   tau1 t=1: (1 * 7.5 + 2 * 5) / 3 = 17.5 / 3 = 35/6
+#   tau5 t=1: (1 * -5 + 2 * -10) / 3 = -25/3
+#   tau2 t=1: only level 0 -> -5
+# t = 0: G_0(1) = G_1 = {10, 10, 0} -> [5, 5, -10] on both levels, so A^H = [5, 5, -10].
+# stepwise = level 0 alone: tau1 t=1 7.5, tau2 t=1 -5.
+# mean_std: the std stays the group's: level 0 at state 3, population std sqrt(24), so
+#   tau1 t=1 stepwise = 7.5 / (sqrt(24) + eps).
+LOO = MEAN.replace(leave_one_out=True)
+
+
+def test_leave_one_out_levels():
+    a = compute_advantages("hgpo", BATCH, LOO).advantages
+    np.testing.assert_allclose(a[[1, 3, 5, 7, 9]], [35 / 6, -5, -5, 35 / 6, -25 / 3])
+    np.testing.assert_allclose(a[[0, 2, 4, 6, 8]], [5, 0, 0, 5, -10])
+    s = compute_advantages("stepwise", BATCH, LOO).advantages
+    np.testing.assert_allclose(s[[1, 3, 9]], [7.5, -5, -5])
+    z = compute_advantages("stepwise", BATCH, LOO.replace(norm="mean_std")).advantages
+    assert z[1] == pytest.approx(7.5 / (np.sqrt(24) + 1e-6), rel=1e-14)
+    # GiGPO: the episode term is unchanged (6 for tau1), the step term leaves one out: 6 + 7.5
+    g = compute_advantages("gigpo", BATCH, LOO).advantages
+    assert g[1] == pytest.approx(13.5, rel=1e-14)

@@ -2,9 +2,7 @@
 
 import json
 
-import pytest
-
-from studies.bias_variance import StudyConfig, main
+from studies.bias_variance import main
 
 
 def test_quick_study_writes_results_and_is_reproducible(tmp_path, capsys):
@@ -26,18 +24,4 @@ def test_quick_study_writes_results_and_is_reproducible(tmp_path, capsys):
     assert gae["bias2_lo"] <= 0.0 <= gae["bias2_hi"] + 1e-9
 
 
-@pytest.mark.parametrize(
-    ("kw", "match"),
-    [
-        (dict(estimators=("ppo",)), "unknown estimator 'ppo'"),
-        (dict(envs=("keydoor:size=2",)), "size must be in"),
-        (dict(envs=("nowhere",)), "unknown family 'nowhere'"),
-        (dict(stages=("1.5",)), "success target must be in"),
-        (dict(stages=("half",)), "neither 'untrained'"),
-        (dict(n_batches=3), "--batches: must be >= 10, got 3"),
-        (dict(norms=("zscore",)), "--norms"),
-    ],
-)
-def test_bad_options_fail_before_work(kw, match):
-    with pytest.raises(ValueError, match=match):
-        StudyConfig(**kw)
+# The bad-input table of StudyConfig and of the command line: tests/studies/test_bad_input.py.

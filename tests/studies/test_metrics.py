@@ -1,6 +1,7 @@
 """The study's figures on synthetic samples whose answers are known."""
 
 import numpy as np
+import pytest
 
 from studies.bias_variance import proposition_41
 from studies.metrics import (
@@ -56,3 +57,18 @@ def test_proposition_41_check():
     assert p["sum_w2"] == 5 / 9 and p["variance_between"]
     q = proposition_41([0.25, 1.0], [4.0, 1.0], 0.5, 9.0, K=1, alpha=1.0)
     assert not q["bias_falls"] and not q["variance_rises"] and not q["variance_between"]
+
+
+def test_variance_difference_is_paired():
+    """var(2a) - var(a) = 3 var(a) exactly; an estimator against itself differs by exactly 0."""
+    from studies.metrics import bias_variance, variance_difference
+
+    rng = np.random.default_rng(0)
+    key = rng.integers(0, 20, 4000)
+    batch = np.repeat(np.arange(40), 100)
+    truth = key * 0.1
+    a = truth + rng.normal(size=key.size)
+    d, lo, hi = variance_difference(key, a, 2 * a, truth, batch)
+    v = bias_variance(key, a, truth, batch).variance
+    assert d == pytest.approx(3 * v, rel=1e-12) and lo < d < hi
+    assert variance_difference(key, a, a, truth, batch) == (0.0, 0.0, 0.0)

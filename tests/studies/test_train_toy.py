@@ -209,34 +209,7 @@ def test_settings_k_and_dedup(tmp_path: Path) -> None:
     assert (name, K, ec.alpha, ec.base_group) == ("hgpo", 4, 2.0, True)
 
 
-@pytest.mark.parametrize(
-    ("kw", "match"),
-    [
-        ({"settings": ("nope",)}, "unknown estimator 'nope'"),
-        ({"settings": ("hgpo:alpah=1",)}, "alpah"),
-        ({"settings": ("hgpo:K=9",)}, "K must be an integer in 0..6"),
-        ({"envs": ("keydoor:size=2",)}, "size"),
-        ({"envs": ("keydoor:start=2",)}, "start"),
-        ({"start": "warm"}, "--start: must be 'uniform' or a success rate"),
-        ({"seeds": 0}, "--seeds: must be an integer >= 1, got 0"),
-        ({"lr": -1.0}, "--lr: must be a positive number, got -1.0"),
-        ({"norm": "std"}, "--norm"),
-        ({"Ks": (7,)}, "--K"),
-    ],
-)
-def test_bad_settings_name_the_field(tmp_path: Path, kw: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        _cfg(tmp_path, **kw)
-
-
-def test_cli_rejects_bad_input_before_any_work(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    with pytest.raises(SystemExit) as e:
-        tt.main(["--settings", "hgpo:alpha=-1", "--out", str(tmp_path / "x")])
-    assert e.value.code == 2
-    assert "alpha" in capsys.readouterr().err
-    assert not (tmp_path / "x").exists()
+# The bad-input tables of TrainToyConfig and of the command line: tests/studies/test_bad_input.py.
 
 
 def test_cli_quick_run_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -99,7 +99,7 @@ def test_cli_overrides_every_kind_of_field(tmp_path):
         (["--lr", "-1"], "TrainConfig.lr must be > 0, got -1.0"),
         (["--env", "minecraft"], "TrainConfig.env must be one of"),
         (["--estimator-options", "nrm=mean"], "unknown estimator option 'nrm'"),
-        (["--estimator-options", "norm=median"], "EstimatorConfig.norm must be one of"),
+        (["--estimator-options", "norm=median"], "EstimatorConfig.norm: must be one of"),
         (["--zero-stage", "4"], "TrainConfig.zero_stage must be 0, 1, 2 or 3, got 4"),
         (["--dual-clip", "0.5"], "TrainConfig.dual_clip must be 0 (off) or > 1"),
         (["--no-such-field", "1"], "unrecognized arguments: --no-such-field"),

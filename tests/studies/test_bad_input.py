@@ -1,0 +1,230 @@
+"""The studies fail fast: one bad-input table per entry point, every error named, before work.
+
+"Before any work" is checked by replacing each study's ``run_study`` with one that fails the
+test if it is ever reached; the command-line tables then expect argparse's exit status 2 and
+the message on stderr.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from studies import bias_variance as bv
+from studies import train_toy as tt
+from studies.cli import check_out_dir
+
+
+@pytest.fixture
+def no_work(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Replace both studies' run_study: record the config it got and return a stub summary."""
+    seen: list = []
+
+    def fake(cfg, progress=True, fresh=False):
+        seen.append(cfg)
+        return {"table": "", "prop41_text": "", "orderings_text_auc": ""}
+
+    monkeypatch.setattr(bv, "run_study", fake)
+    monkeypatch.setattr(tt, "run_study", fake)
+    return seen
+
+
+def _file(tmp_path: Path) -> str:
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    return str(f)
+
+
+def _read_only(tmp_path: Path) -> str:
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders; /proc/x and a file cover the check")
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    return str(d)
+
+
+OUT_CASES = [
+    (lambda tmp: "/proc/x", r"--out: cannot write to folder '/proc/x'"),
+    (_file, r"--out: '.*a_file' exists and is not a folder"),
+    (lambda tmp: _file(tmp) + "/sub", r"--out: cannot write to folder '.*a_file/sub'"),
+    (_read_only, r"--out: cannot write to folder '.*ro' \(Permission denied\)"),
+]
+
+
+@pytest.mark.parametrize(("make", "match"), OUT_CASES)
+def test_check_out_dir_table(tmp_path, make, match):
+    with pytest.raises(ValueError, match=match):
+        check_out_dir(make(tmp_path))
+
+
+def test_check_out_dir_creates_a_writable_folder(tmp_path):
+    assert check_out_dir(tmp_path / "a" / "b").is_dir()
+    assert list((tmp_path / "a" / "b").iterdir()) == []  # the write check leaves nothing
+
+
+# ---------------------------------------------------------------------------- bias_variance
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(estimators=("ppo",)), r"--estimators: must be one of .*got 'ppo'"),
+        (dict(envs=("keydoor:size=2",)), r"--envs 'keydoor:size=2': size must be in"),
+        (dict(envs=("nowhere",)), r"--envs 'nowhere': unknown family 'nowhere'"),
+        (dict(envs=("keydoor:size",)), r"--envs 'keydoor:size': must be name=value items"),
+        (dict(envs=("keydoor:size=x",)), r"--envs 'keydoor:size=x': size must be an integer"),
+        (dict(stages=("1.5",)), r"--stages: success target: must be a finite number in \(0\.0, 1\.0\)"),
+        (dict(stages=("nan",)), r"--stages: success target: must be a finite number"),
+        (dict(stages=("half",)), r"neither 'untrained'"),
+        (dict(n_batches=3), r"^--batches: must be an integer >= 10, got 3$"),
+        (dict(norms=("zscore",)), r"^--norms: must be one of 'mean', 'mean_std', got 'zscore'$"),
+        (dict(Ks=(9,)), r"^--K: must be an integer in 0\.\.8, got 9$"),
+        (dict(Ks=()), r"each need a value"),
+        (dict(seed=-1), r"^--seed: must be an integer >= 0, got -1$"),
+        (dict(workers=0), r"^--workers: must be an integer >= 1, got 0$"),
+        (dict(alpha=math.inf), r"^--alpha: must be a finite number >= 0\.0, got inf$"),
+        (dict(alpha=-1.0), r"^--alpha: must be a finite number >= 0\.0, got -1\.0$"),
+        (dict(alpha=1e6), r"^--alpha: EstimatorConfig: the level weights"),
+        (dict(gamma=math.nan), r"^--gamma: must be a finite number in \[0\.0, 1\.0\], got nan$"),
+        (dict(estimator_options="leave_one_out=2"), r"^--estimator-options: EstimatorConfig\.leave_one_out: must be true or false, got 2$"),
+        (dict(estimator_options="omega=inf"), r"^--estimator-options: EstimatorConfig\.omega: must be a finite number"),
+        (dict(estimator_options="alpah=1"), r"^--estimator-options: unknown estimator option 'alpah'"),
+        (dict(estimator_options="K=3"), r"^--estimator-options: K is set by the study's own flags$"),
+        (dict(estimator_options="weight_offset=1e100"), r"^--estimator-options: EstimatorConfig: the level weights .* alpha=4\.0"),  # the alpha sweep
+        (dict(estimator_options="x"), r"^--estimator-options: must be name=value items"),
+    ],
+)  # fmt: skip
+def test_bias_variance_config_table(kw, match):
+    with pytest.raises(ValueError, match=match):
+        bv.StudyConfig(**kw)
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--out", "/proc/x"], r"--out: cannot write to folder '/proc/x'"),
+        (["--seed", "-1"], r"--seed: must be an integer >= 0, got -1"),
+        (["--alpha", "inf"], r"--alpha: must be a finite number >= 0\.0, got inf"),
+        (["--quick", "--K", "99"], r"--K: must be an integer in 0\.\.8, got 99"),
+        (["--quick", "--envs", "keydoor:size=99"], r"--envs 'keydoor:size=99': size must be in"),
+        (["--alph", "1"], r"unrecognized arguments: --alph 1"),  # no abbreviations
+        (["--bat", "12"], r"unrecognized arguments: --bat 12"),
+        (["--estimator-options", "leave_one_out=maybe"], r"leave_one_out: must be true or false, got 'maybe'"),
+    ],
+)  # fmt: skip
+def test_bias_variance_cli_table(tmp_path, no_work, capsys, argv, match):
+    if "--out" not in argv:
+        argv = [*argv, "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as e:
+        bv.main(argv)
+    assert e.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
+    assert no_work == []
+
+
+@pytest.mark.parametrize(("make", "match"), OUT_CASES)
+def test_bias_variance_cli_out_table(tmp_path, no_work, capsys, make, match):
+    with pytest.raises(SystemExit):
+        bv.main(["--quick", "--out", make(tmp_path)])
+    assert re.search(match, capsys.readouterr().err)
+    assert no_work == []
+
+
+def test_bias_variance_quick_keeps_the_flags_given(tmp_path, no_work):
+    out = str(tmp_path / "out")
+    assert bv.main(["--quick", "--out", out]) == 0
+    assert (no_work[-1].Ks, no_work[-1].envs, no_work[-1].n_batches) == (
+        (2,),
+        ("keydoor:size=4",),
+        12,
+    )
+    assert bv.main(["--quick", "--K", "3", "--batches=20", "--out", out]) == 0
+    cfg = no_work[-1]
+    assert (cfg.Ks, cfg.n_batches, cfg.envs) == ((3,), 20, ("keydoor:size=4",))
+
+
+# ---------------------------------------------------------------------------- train_toy
+
+
+def _cfg(tmp_path: Path, **kw: object) -> tt.TrainToyConfig:
+    base: dict[str, object] = dict(envs=("tmaze:length=2",), settings=("grpo", "hgpo"), seeds=2,
+                                   iterations=6, workers=1, out=str(tmp_path / "out"))  # fmt: skip
+    return tt.TrainToyConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"settings": ("nope",)}, r"--settings 'nope': estimator: must be one of 'grpo'"),
+        ({"settings": ("hgpo:alpah=1",)}, r"--settings 'hgpo:alpah=1': unknown estimator option 'alpah'"),
+        ({"settings": ("hgpo:K=9",)}, r"--settings 'hgpo:K=9': K: must be an integer in 0\.\.6, got 9"),
+        ({"settings": ("hgpo:K=2.5",)}, r"K: must be an integer in 0\.\.6, got 2\.5"),
+        ({"settings": ("hgpo:alpha=inf",)}, r"--settings 'hgpo:alpha=inf': EstimatorConfig\.alpha: must be a finite number"),
+        ({"settings": ("hgpo:omega=nan",)}, r"EstimatorConfig\.omega: must be a finite number"),
+        ({"settings": ("hgpo:alpha=380",), "Ks": (2, 6)}, r"--settings 'hgpo:alpha=380' at K=6: EstimatorConfig: the level weights"),
+        ({"settings": ("hgpo:alpha",)}, r"--settings 'hgpo:alpha': must be name=value items"),
+        ({"settings": ("hgpo:alpha=1,alpha=2",)}, r"'alpha' is given twice"),
+        ({"envs": ("keydoor:size=2",)}, r"--envs 'keydoor:size=2': size must be in"),
+        ({"envs": ("keydoor:start=2",)}, r"--envs 'keydoor:start=2': start: must be 'uniform' or a success rate"),
+        ({"start": "warm"}, r"^--start: must be 'uniform' or a success rate in \(0, 1\), got 'warm'$"),
+        ({"seeds": 0}, r"^--seeds: must be an integer >= 1, got 0$"),
+        ({"seed": -1}, r"^--seed: must be an integer >= 0, got -1$"),
+        ({"lr": -1.0}, r"^--lr: must be a finite number > 0\.0, got -1\.0$"),
+        ({"lr": math.inf}, r"^--lr: must be a finite number > 0\.0, got inf$"),
+        ({"kl_coef": math.nan}, r"^--kl-coef: must be a finite number >= 0\.0, got nan$"),
+        ({"clip": 1.0}, r"^--clip: must be a finite number in \(0\.0, 1\.0\), got 1\.0$"),
+        ({"gamma": math.inf}, r"^--gamma: must be a finite number in \[0\.0, 1\.0\]"),
+        ({"norm": "std"}, r"^--norm: must be one of 'mean', 'mean_std', got 'std'$"),
+        ({"Ks": (7,)}, r"^--K: must be an integer in 0\.\.6, got 7$"),
+        ({"Ks": ()}, r"each need at least one value"),
+    ],
+)  # fmt: skip
+def test_train_toy_config_table(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        _cfg(tmp_path, **kw)
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--out", "/proc/x"], r"--out: cannot write to folder '/proc/x'"),
+        (["--seed", "-1"], r"--seed: must be an integer >= 0, got -1"),
+        (["--settings", "hgpo:alpha=inf"], r"--settings 'hgpo:alpha=inf': EstimatorConfig\.alpha: must be a finite number"),
+        (["--settings", "hgpo:alpha=-1"], r"alpha"),
+        (["--lr", "inf"], r"--lr: must be a finite number > 0\.0, got inf"),
+        (["--quick", "--iter", "3"], r"unrecognized arguments: --iter 3"),  # no abbreviations
+        (["--quick", "--K", "99"], r"--K: must be an integer in 0\.\.6, got 99"),
+        (["--quick", "--full"], r"argument --full: not allowed with argument --quick"),
+    ],
+)  # fmt: skip
+def test_train_toy_cli_table(tmp_path, no_work, capsys, argv, match):
+    if "--out" not in argv:
+        argv = [*argv, "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as e:
+        tt.main(argv)
+    assert e.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
+    assert no_work == []
+
+
+@pytest.mark.parametrize(("make", "match"), OUT_CASES)
+def test_train_toy_cli_out_table(tmp_path, no_work, capsys, make, match):
+    with pytest.raises(SystemExit):
+        tt.main(["--quick", "--out", make(tmp_path)])
+    assert re.search(match, capsys.readouterr().err)
+    assert no_work == []
+
+
+def test_train_toy_presets_keep_the_flags_given(tmp_path, no_work):
+    out = str(tmp_path / "out")
+    assert tt.main(["--quick", "--iterations", "3", "--out", out]) == 0
+    assert (no_work[-1].iterations, no_work[-1].seeds) == (3, 2)
+    assert tt.main(["--quick", "--iterations=4", "--seeds=1", "--out", out]) == 0
+    assert (no_work[-1].iterations, no_work[-1].seeds, no_work[-1].out) == (4, 1, out)
+    assert tt.main(["--full", "--K", "2", "--out", out]) == 0
+    assert no_work[-1].Ks == (2,) and no_work[-1].iterations == 200
