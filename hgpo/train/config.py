@@ -257,8 +257,16 @@ class TrainConfig:
         """The EstimatorConfig of this run: paper (or reference) options, K, gamma, overrides."""
         from hgpo.config import reference_config
 
-        est = "gigpo" if self.estimator == "gigpo" else "hgpo"
-        base = reference_config(est, env=self.env) if self.reference_options else EstimatorConfig()
+        base = EstimatorConfig()
+        if self.reference_options:
+            try:  # each estimator's own preset (rloo: norm=mean, std=sample; ...)
+                base = reference_config(self.estimator, env=self.env)
+            except ValueError:
+                raise ValueError(
+                    f"TrainConfig.reference_options: estimator {self.estimator!r} has no "
+                    "reference preset (hgpo.reference_config); drop --reference-options or "
+                    "give its options with --estimator-options"
+                ) from None
         try:
             opts = parse_options(self.estimator_options)
             return base.replace(K=self.history_length, gamma=self.gamma, **opts)

@@ -170,3 +170,36 @@ def test_deepspeed_launcher_local_rank_is_accepted(flag, monkeypatch):
     cfg, _ = parse_args([flag, "--preset", "tiny"])
     assert cfg.model == "tiny"
     assert os.environ["LOCAL_RANK"] == "1"
+
+
+@pytest.mark.parametrize("env", ["alfworld", "webshop"])
+@pytest.mark.parametrize(
+    "estimator",
+    ["grpo", "rloo", "stepwise", "gigpo", "oracle", "hgpo", "hgpo-nohog2", "hgpo-uniform"],
+)
+def test_reference_options_use_each_estimators_own_preset(estimator, env):
+    from hgpo.config import reference_config
+
+    cfg = resolve(
+        preset="tiny",
+        env=env,
+        overrides={"estimator": estimator, "reference_options": True, "history_length": 3},
+    )
+    want = reference_config(estimator, env=env).replace(K=3, gamma=cfg.gamma)
+    assert cfg.estimator_config() == want
+
+
+def test_reference_options_rloo_is_not_hgpos_preset():
+    # the bug this guards against: every estimator but gigpo got reference_config("hgpo"),
+    # so rloo trained with population std and mean_std normalisation on ALFWorld
+    est = resolve(
+        preset="tiny", overrides={"estimator": "rloo", "reference_options": True}
+    ).estimator_config()
+    assert (est.norm, est.std) == ("mean", "sample")
+
+
+def test_reference_options_without_a_preset_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--preset", "tiny", "--estimator", "gae", "--reference-options"])
+    err = capsys.readouterr().err
+    assert "TrainConfig.reference_options: estimator 'gae' has no reference preset" in err
