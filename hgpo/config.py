@@ -6,6 +6,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +124,7 @@ class EstimatorConfig:
             if (
                 isinstance(value, bool)
                 or not isinstance(value, (int, float))
-                or value != value
+                or not math.isfinite(value)
                 or not ok
             ):
                 raise ValueError(

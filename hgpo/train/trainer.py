@@ -31,7 +31,6 @@ from hgpo.train.model import (
     HF_MODEL_DIR,
     Critic,
     HFEngine,
-    check_model,
     grad_norm,
     kl_k3,
     load_causal_lm,
@@ -42,6 +41,7 @@ from hgpo.train.model import (
     save_hf_model,
     value_loss,
 )
+from hgpo.train.preflight import validate_config
 from hgpo.train.rollout import Rollout, logprob_gap, run_episodes
 
 log = logging.getLogger(__name__)
@@ -56,16 +56,12 @@ def _maybe_die(point: str, iteration: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def validate_config(cfg: TrainConfig) -> None:
-    """Checks that need the filesystem or the hub, done before any heavy work."""
-    if cfg.model != TINY_MODEL:
-        check_model(cfg.model)
-    if cfg.env == "alfworld" and cfg.alfworld_games_dir:
-        for split in (TRAIN_SPLIT, *val_splits("alfworld")):
-            if not (Path(cfg.alfworld_games_dir) / split).is_dir():
-                raise ValueError(
-                    f"TrainConfig.alfworld_games_dir: {cfg.alfworld_games_dir!r} has no {split}/ folder"
-                )
+NAN_ENV = "HGPO_TRAIN_NAN_AT"
+"""Test hook: "N" makes iteration N's PPO loss NaN (the run must stop before its checkpoint)."""
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient norm that is NaN or infinite: the run stops before its checkpoint."""
 
 
 def begin_forward(engine: Any) -> None:
@@ -170,6 +166,7 @@ class Trainer:
         self.val_envs: dict[str, EnvSet] = {}
         self.start = 1
         self._grad_norm = 0.0
+        self._iteration = 0
         if cfg.resume:
             self._load()
         self.logger = MetricsLogger(self.out, cfg, self.start) if self.rank == 0 else None
@@ -242,7 +239,7 @@ class Trainer:
     def _load(self) -> None:
         path = ckpt.latest(self.out / "checkpoints")
         if path is None:
-            log.info("resume: no checkpoint in %s, starting from iteration 1", self.out)
+            log.warning("--resume: no checkpoint in %s, starting from iteration 1", self.out)
             return
         state = json.loads((path / "trainer_state.json").read_text())
         saved_world = int(state.get("world_size", self.world))
@@ -328,7 +325,15 @@ class Trainer:
         per_rank_mb = cfg.micro_batch_size * self.grad_accum
         n_mb = dist.all_max(math.ceil(n / per_rank_mb)) if n else dist.all_max(0)
         rng = np.random.default_rng([cfg.seed, iteration, self.rank, 7])
-        sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "tokens": 0.0}
+        self._iteration = iteration
+        sums = {
+            "pg_loss": 0.0,
+            "kl": 0.0,
+            "entropy": 0.0,
+            "clip_frac": 0.0,
+            "tokens": 0.0,
+            "nonfinite": 0.0,
+        }
         vsum, vcount, gnorms = 0.0, 0, []
         for _ in range(cfg.ppo_epochs):
             perm = rng.permutation(n) if n else np.zeros(0, dtype=np.int64)
@@ -351,6 +356,13 @@ class Trainer:
                 gnorms.append(float(gn) if gn is not None else self._grad_norm)
                 if iteration and m == 0:
                     _maybe_die("update", iteration)
+        bad = sums.pop("nonfinite") > 0 or not all(math.isfinite(g) for g in gnorms)
+        if dist.all_max(int(bad)):
+            raise NonFiniteError(
+                f"iteration {iteration}: the PPO loss or the gradient norm is not finite; the "
+                "run stops before writing a checkpoint (the last one is kept); lower --lr or "
+                "check the inputs"
+            )
         t = max(1.0, sums.pop("tokens"))
         out = {k: v / t for k, v in sums.items()}
         out["grad_norm"] = float(np.mean(gnorms)) if gnorms else 0.0
@@ -392,6 +404,8 @@ class Trainer:
             loss = loss + cfg.kl_coef * kl_sum
         ent_sum = (ent * mask).sum()
         loss = loss - cfg.entropy_coef * ent_sum
+        if os.environ.get(NAN_ENV) == str(self._iteration):
+            loss = loss * float("nan")
         # DeepSpeed divides by the accumulation steps; undo it so the mini-batch loss is a token mean.
         self.actor.backward(loss / tokens * self.grad_accum * weight)
         if self.actor.is_gradient_accumulation_boundary():
@@ -405,6 +419,7 @@ class Trainer:
             "entropy": float(ent_sum) * weight,
             "clip_frac": float((clipped * mask).sum()) * weight,
             "tokens": float(mask.sum()) * weight,
+            "nonfinite": float(not torch.isfinite(loss.detach())),
         }
         if self.critic is not None and returns is not None:
             v = self.critic(b)
