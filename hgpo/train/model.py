@@ -366,11 +366,6 @@ class HFEngine:
         return (lp * mask).sum(-1).tolist()
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, denom: float | torch.Tensor) -> torch.Tensor:
-    """sum(x * mask) / denom (token-mean over a mini-batch when denom = its token count)."""
-    return (x * mask).sum() / denom
-
-
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Low-variance KL(pi || pi_ref) estimate per token: exp(ref - lp) - (ref - lp) - 1,
     clamped to [-10, 10] as verl does."""
@@ -428,7 +423,6 @@ __all__ = [
     "load_causal_lm",
     "load_named",
     "load_tokenizer",
-    "masked_mean",
     "pack",
     "policy_loss",
     "response_logprobs",
