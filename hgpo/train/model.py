@@ -260,6 +260,13 @@ class HFEngine:
             return
         load_named(self.model, gathered_named_parameters(model))
 
+    def generated_logprobs(self) -> None:
+        """None: the training module computes the log-probs itself (same weights)."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to free: the model belongs to the trainer."""
+
     @torch.no_grad()
     def generate(
         self, prompts: Sequence[Sequence[int]], temperature: float, top_p: float, max_new: int
@@ -366,45 +373,6 @@ class HFEngine:
         return (lp * mask).sum(-1).tolist()
 
 
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Low-variance KL(pi || pi_ref) estimate per token: exp(ref - lp) - (ref - lp) - 1,
-    clamped to [-10, 10] as verl does."""
-    d = (ref_logp - logp).clamp(-20.0, 20.0)
-    return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
-
-
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    clip: float,
-    dual_clip: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate per token, with dual clip (Ye et al. 2020).
-
-    logp, old_logp: float[B, R]; adv: float[B, R] (the step advantage on every token).
-    loss = max(-A r, -A clip(r, 1-eps, 1+eps)); for A < 0 it is further capped at -c A.
-    Returns (loss [B, R], clipped [B, R] as 0/1 floats).
-    """
-    ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
-    l1 = -adv * ratio
-    l2 = -adv * ratio.clamp(1.0 - clip, 1.0 + clip)
-    loss = torch.maximum(l1, l2)
-    clipped = (l2 > l1).float()
-    if dual_clip > 0:
-        capped = torch.minimum(loss, -adv * dual_clip)
-        loss = torch.where(adv < 0, capped, loss)
-    return loss, clipped
-
-
-def value_loss(
-    v: torch.Tensor, v_old: torch.Tensor, ret: torch.Tensor, clip: float
-) -> torch.Tensor:
-    """PPO's clipped value loss 0.5 max((v - R)^2, (v_old + clip(v - v_old) - R)^2), per sample."""
-    vc = v_old + (v - v_old).clamp(-clip, clip)
-    return 0.5 * torch.maximum((v - ret) ** 2, (vc - ret) ** 2)
-
-
 def grad_norm(module: nn.Module) -> float:
     """L2 norm of the module's gradients (before clipping)."""
     sq = [p.grad.detach().float().pow(2).sum() for p in module.parameters() if p.grad is not None]
@@ -419,13 +387,10 @@ __all__ = [
     "check_model",
     "encode_prompt",
     "gathered_named_parameters",
-    "kl_k3",
     "load_causal_lm",
     "load_named",
     "load_tokenizer",
     "pack",
-    "policy_loss",
     "response_logprobs",
     "save_hf_model",
-    "value_loss",
 ]

@@ -95,8 +95,7 @@ class VLLMEngine:
             enforce_eager=on_cpu,  # CUDA graphs on GPU; on CPU compiling only adds start-up time
         )
         self.head_copies = 0
-        self.last_logprobs: list[list[float]] = []
-        """vLLM's log-probs of the tokens of the last ``generate`` call's responses."""
+        self._last_logprobs: list[list[float]] = []
         self.sync(actor)
 
     def sync(self, actor: nn.Module) -> None:
@@ -122,8 +121,12 @@ class VLLMEngine:
         outs = self.llm.generate(
             [{"prompt_token_ids": list(p)} for p in prompts], sampling_params=sp, use_tqdm=False
         )
-        self.last_logprobs = [_sampled_logprobs(o.outputs[0]) for o in outs]
+        self._last_logprobs = [_sampled_logprobs(o.outputs[0]) for o in outs]
         return [list(o.outputs[0].token_ids) for o in outs]
+
+    def generated_logprobs(self) -> list[list[float]]:
+        """vLLM's log-probs of the tokens of the last ``generate`` call's responses."""
+        return self._last_logprobs
 
     def logprobs(
         self, prompts: Sequence[Sequence[int]], max_new: int
