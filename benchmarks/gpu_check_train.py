@@ -69,14 +69,8 @@ def main() -> int:
 
     from hgpo.train import dist
     from hgpo.train.config import resolve
-    from hgpo.train.model import (
-        HFEngine,
-        kl_k3,
-        load_tokenizer,
-        pack,
-        policy_loss,
-        response_logprobs,
-    )
+    from hgpo.train.loss import ppo_loss
+    from hgpo.train.model import HFEngine, load_tokenizer, pack, response_logprobs
     from hgpo.train.tiny import train_tokenizer
     from hgpo.train.trainer import begin_forward
 
@@ -198,9 +192,8 @@ def main() -> int:
             begin_forward(actor)  # ZeRO-3 accumulates micro-batches only after this
             lp, ent = response_logprobs(actor.module, b, with_entropy=True)
             adv = torch.randn(lp.shape[0], 1, device=device).expand_as(lp)
-            pg, _ = policy_loss(lp, old[j], adv, 0.2, 3.0)
-            m = b.response_mask
-            loss = ((pg + 0.01 * kl_k3(lp, refl[j]) - 0.001 * ent) * m).sum() / m.sum()
+            # the trainer's loss with the tiny preset's (= the paper's) coefficients
+            loss, _ = ppo_loss(lp, old[j], refl[j], adv, b.response_mask, cfg, entropy=ent)
             actor.backward(loss)
             actor.step()
         sync()
