@@ -133,6 +133,17 @@ class TrainConfig:
     """Step samples per forward/backward on one rank."""
     value_clip: float = 0.2
     """Critic value clip around the rollout-time value (gae)."""
+    # --- LoRA --------------------------------------------------------------------------------------
+    lora_rank: int = 0
+    """Rank of the LoRA adapters trained instead of the actor's weights (0 = off: full
+    fine-tuning). The KL reference is then the base model with the adapters switched off."""
+    lora_alpha: float = 32.0
+    """LoRA scaling numerator: the adapter's update is (lora_alpha / lora_rank) B A."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input during the update."""
+    lora_targets: str = "all-linear"
+    """Modules that get adapters: "all-linear" (every linear layer but the output head) or
+    module names separated by commas, e.g. "q_proj,k_proj,v_proj,o_proj"."""
     # --- engines -----------------------------------------------------------------------------------
     zero_stage: int = 0
     """DeepSpeed ZeRO stage, 0-3."""
@@ -212,6 +223,14 @@ class TrainConfig:
                 "a multiple of 64 (head size 64, as vLLM needs)",
                 self.tiny_hidden,
             )
+        if self.lora_rank and self.zero_stage == 3:
+            raise bad(
+                "TrainConfig.zero_stage",
+                "0, 1 or 2 with lora_rank > 0 (LoRA under ZeRO-3 is not supported yet)",
+                self.zero_stage,
+            )
+        if self.lora_rank and not [t for t in self.lora_targets.split(",") if t.strip()]:
+            raise bad("TrainConfig.lora_targets", '"all-linear" or module names', "")
         if not self.model:
             raise bad("TrainConfig.model", "a Hugging Face id, a local folder or 'tiny'", "")
         self.estimator_config()  # validates estimator_options
@@ -301,6 +320,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "micro_batch_size",
         "value_clip",
     ),
+    "LoRA": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"),
     "engines": ("zero_stage", "precision", "gradient_checkpointing", "device"),
     "validation, checkpoints, logging": (
         "val_every",
@@ -362,6 +382,10 @@ _RULES: dict[str, dict[str, Any]] = {
         _AT_LEAST_0,
     ),
     **dict.fromkeys(("ppo_epochs", "mini_batch_size", "micro_batch_size"), _AT_LEAST_1),
+    # LoRA
+    "lora_rank": _AT_LEAST_0,
+    "lora_alpha": _POSITIVE,
+    "lora_dropout": {"lo": 0, "hi": 1, "hi_open": True},
     # engines
     "zero_stage": {"lo": 0, "hi": 3},
     # validation, checkpoints, logging

@@ -180,6 +180,16 @@ def gathered_named_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Te
             yield name, p.data.detach()
 
 
+def inference_named_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of the weights an inference copy needs, under the base model's names:
+    LoRA adapters merged in (``lora.merged_named_parameters``), ZeRO-3 shards gathered."""
+    from hgpo.train.lora import has_adapters, merged_named_parameters
+
+    if has_adapters(module):
+        return merged_named_parameters(module)
+    return gathered_named_parameters(module)
+
+
 def load_named(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy (name, full tensor) pairs into ``model``'s parameters of the same names; every
     parameter must be given exactly once."""
@@ -214,20 +224,26 @@ def persistent_buffers(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def save_hf_model(module: nn.Module, tok: Any, path: Path, write: bool) -> None:
-    """Save ``module`` as a full Hugging Face model folder (with ``tok``) at ``path``.
+    """Save ``module`` as a full Hugging Face model folder (with ``tok``) at ``path``; a LoRA
+    actor as its base model with the adapters merged.
 
     Under ZeRO-3 the parameters are gathered one at a time (a collective: every rank calls
     this, and only the rank with ``write`` keeps the tensors and writes them).
     """
+    from hgpo.train.lora import base_persistent_buffers, has_adapters
+
     state: dict[str, torch.Tensor] = {}
-    for name, t in gathered_named_parameters(module):
+    for name, t in inference_named_parameters(module):
         if write:
             state[name] = t.detach().to("cpu", copy=True)
     if not write:
         return
-    for name, b in persistent_buffers(module):
+    lora = has_adapters(module)
+    buffers = base_persistent_buffers(module) if lora else persistent_buffers(module)
+    for name, b in buffers:
         state[name] = b.detach().to("cpu", copy=True)
-    module.save_pretrained(str(path), state_dict=state)
+    target = module.get_base_model() if lora else module  # a peft model saves adapters only
+    target.save_pretrained(str(path), state_dict=state)
     tok.save_pretrained(str(path))
 
 
@@ -258,7 +274,7 @@ class HFEngine:
         if not self.copy:
             self.model = model
             return
-        load_named(self.model, gathered_named_parameters(model))
+        load_named(self.model, inference_named_parameters(model))
 
     def generated_logprobs(self) -> None:
         """None: the training module computes the log-probs itself (same weights)."""
@@ -387,6 +403,7 @@ __all__ = [
     "check_model",
     "encode_prompt",
     "gathered_named_parameters",
+    "inference_named_parameters",
     "load_causal_lm",
     "load_named",
     "load_tokenizer",

@@ -71,6 +71,11 @@ def check_packages(cfg: TrainConfig) -> None:
             f"TrainConfig.env: {cfg.env!r} needs {', '.join(missing)} (the [{cfg.env}] extra); "
             f"install it with {install}"
         )
+    if cfg.lora_rank and not installed("peft"):
+        raise TrainConfigError(
+            "TrainConfig.lora_rank: LoRA needs the peft package; install it with "
+            "pip install -e '.[llm]' (or pip install peft), or use --lora-rank 0"
+        )
     if cfg.rollout_engine == "vllm" and not installed("vllm"):
         raise TrainConfigError(
             "TrainConfig.rollout_engine: 'vllm' needs the vllm package (pip install -e "

@@ -26,12 +26,14 @@ from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
 from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
+from hgpo.train.lora import ADAPTER_DIR, add_adapters
 from hgpo.train.loss import ppo_loss, value_loss
 from hgpo.train.metrics import LevelFigures, MetricsLogger, PhaseTimes, RankFigures, merge_metrics
 from hgpo.train.model import (
     HF_MODEL_DIR,
     Critic,
     HFEngine,
+    Packed,
     grad_norm,
     load_causal_lm,
     load_tokenizer,
@@ -116,24 +118,11 @@ class Trainer:
     """Owns the engines, the environments, the logger and the loop of one run (one rank)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
-        import deepspeed
-
         validate_config(cfg)
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
         self.rank, self.world, self.device = dist.init(cfg.device)
-        if cfg.groups_per_iter % self.world:
-            raise TrainConfigError(
-                f"TrainConfig.groups_per_iter={cfg.groups_per_iter} must be divisible by the "
-                f"number of ranks ({self.world})"
-            )
-        per_opt_step = cfg.micro_batch_size * self.world
-        if cfg.mini_batch_size % per_opt_step:
-            raise TrainConfigError(
-                f"TrainConfig.mini_batch_size={cfg.mini_batch_size} must be a multiple of "
-                f"micro_batch_size x ranks = {per_opt_step}"
-            )
-        self.grad_accum = cfg.mini_batch_size // per_opt_step
+        self.grad_accum = self._grad_accum()
         use_bf16 = cfg.precision == "bf16" or (
             cfg.precision == "auto" and self.device.type == "cuda"
         )
@@ -144,30 +133,9 @@ class Trainer:
         self.model_path = self._prepare_model()
         torch.manual_seed(cfg.seed)
         self.tok = load_tokenizer(self.model_path)
-        actor = load_causal_lm(self.model_path, self.dtype, self.device)
-        if cfg.gradient_checkpointing:
-            actor.gradient_checkpointing_enable()
         self.sharded = cfg.zero_stage == 3
-        ds_cfg = self._ds_config()
-        self.ref = None
-        self._ref_engine = None  # ZeRO-3: owns the hooks that gather the reference's shards
-        if cfg.kl_coef > 0:
-            ref = load_causal_lm(self.model_path, self.dtype, self.device).eval()
-            ref.requires_grad_(False)
-            if self.sharded:  # sharded like the actor, forward only (no optimizer)
-                self._ref_engine, *_ = deepspeed.initialize(model=ref, config=ds_cfg)
-                ref = self._ref_engine.module.eval()
-            self.ref = ref
-        # A torch optimizer: DeepSpeed's own Adam would be compiled with g++ on first use.
-        opt = torch.optim.AdamW(actor.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.actor, *_ = deepspeed.initialize(model=actor, optimizer=opt, config=ds_cfg)
-        self.critic = None
-        if cfg.use_critic:
-            critic = Critic(self.model_path, self.dtype).to(self.device)
-            copt = torch.optim.AdamW(
-                critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay
-            )
-            self.critic, *_ = deepspeed.initialize(model=critic, optimizer=copt, config=ds_cfg)
+        self.lora = cfg.lora_rank > 0
+        self._build_engines()
         self.engine = self._rollout_engine()
         self.groups_per_rank = cfg.groups_per_iter // self.world
         self.train_envs = EnvSet(cfg, TRAIN_SPLIT, self.groups_per_rank * cfg.group_size)
@@ -180,6 +148,70 @@ class Trainer:
         self.logger = MetricsLogger(self.out, cfg, self.start) if self.rank == 0 else None
 
     # -- setup ---------------------------------------------------------------------------------
+    def _grad_accum(self) -> int:
+        """Micro-batches per optimizer step on each rank; refuses sizes the ranks cannot split."""
+        cfg = self.cfg
+        if cfg.groups_per_iter % self.world:
+            raise TrainConfigError(
+                f"TrainConfig.groups_per_iter={cfg.groups_per_iter} must be divisible by the "
+                f"number of ranks ({self.world})"
+            )
+        per_opt_step = cfg.micro_batch_size * self.world
+        if cfg.mini_batch_size % per_opt_step:
+            raise TrainConfigError(
+                f"TrainConfig.mini_batch_size={cfg.mini_batch_size} must be a multiple of "
+                f"micro_batch_size x ranks = {per_opt_step}"
+            )
+        return cfg.mini_batch_size // per_opt_step
+
+    def _build_engines(self) -> None:
+        """The actor (with LoRA adapters when asked), the KL reference and the critic (gae),
+        each in a DeepSpeed engine.
+
+        The reference is a frozen copy of the initial model (under ZeRO-3 sharded like the
+        actor, forward only); with LoRA it is the actor itself with its adapters switched off.
+        """
+        import deepspeed
+
+        cfg = self.cfg
+        ds_cfg = self._ds_config()
+        actor = load_causal_lm(self.model_path, self.dtype, self.device)
+        if cfg.gradient_checkpointing:
+            actor.gradient_checkpointing_enable()
+        self.ref = None
+        self._ref_engine = None  # ZeRO-3: owns the hooks that gather the reference's shards
+        if cfg.kl_coef > 0 and not self.lora:
+            ref = load_causal_lm(self.model_path, self.dtype, self.device).eval()
+            ref.requires_grad_(False)
+            if self.sharded:
+                self._ref_engine, *_ = deepspeed.initialize(model=ref, config=ds_cfg)
+                ref = self._ref_engine.module.eval()
+            self.ref = ref
+        if self.lora:
+            actor = add_adapters(actor, cfg)
+            if (
+                cfg.gradient_checkpointing
+            ):  # frozen embeddings: checkpointed blocks need a grad input
+                actor.enable_input_require_grads()
+        trainable = [p for p in actor.parameters() if p.requires_grad]
+        # A torch optimizer: DeepSpeed's own Adam would be compiled with g++ on first use.
+        opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.actor, *_ = deepspeed.initialize(model=actor, optimizer=opt, config=ds_cfg)
+        self.critic = None
+        if cfg.use_critic:
+            critic = Critic(self.model_path, self.dtype).to(self.device)
+            copt = torch.optim.AdamW(
+                critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay
+            )
+            self.critic, *_ = deepspeed.initialize(model=critic, optimizer=copt, config=ds_cfg)
+
+    def _reference_logprobs(self, batch: Packed) -> torch.Tensor:
+        """Log-probs [B, R] of the response tokens under the KL reference."""
+        if self.ref is not None:
+            return response_logprobs(self.ref, batch)[0]
+        with self.actor.module.disable_adapter():  # LoRA: the base model is the reference
+            return response_logprobs(self.actor.module, batch)[0]
+
     def _prepare_model(self) -> str:
         cfg = self.cfg
         if cfg.model != TINY_MODEL:
@@ -227,7 +259,10 @@ class Trainer:
             ckpt.tmp_dir(root, iteration)
         dist.barrier()
         tmp = root / f".tmp-iter_{iteration:06d}"
-        self.actor.save_checkpoint(str(tmp), tag="actor")
+        # LoRA: the actor's checkpoint holds the adapters and their optimizer state only
+        self.actor.save_checkpoint(str(tmp), tag="actor", exclude_frozen_parameters=self.lora)
+        if self.lora and self.rank == 0:
+            self.actor.module.save_pretrained(str(tmp / ADAPTER_DIR))
         if self.critic is not None:
             self.critic.save_checkpoint(str(tmp), tag="critic")
         save_hf_model(self.actor.module, self.tok, tmp / HF_MODEL_DIR, self.rank == 0)
@@ -260,7 +295,8 @@ class Trainer:
                 f"resume with {saved_world} ranks, or start a new run from its weights with "
                 f"--model {path / HF_MODEL_DIR}"
             )
-        self.actor.load_checkpoint(str(path), tag="actor")
+        # LoRA: the base weights come from model_path, the checkpoint has the adapters
+        self.actor.load_checkpoint(str(path), tag="actor", load_module_strict=not self.lora)
         if self.critic is not None:
             self.critic.load_checkpoint(str(path), tag="critic")
         # the optimizer states bring back the saved learning rates; the run's config (where
@@ -386,7 +422,7 @@ class Trainer:
             sl = slice(0, 1) if extra else slice(m * mb, (m + 1) * mb)
             b = pack(roll.prompt_ids[sl], roll.response_ids[sl], self.tok.pad_token_id, self.device)
             lp, _ = response_logprobs(self.actor.module, b)
-            rl = response_logprobs(self.ref, b)[0] if self.ref is not None else None
+            rl = self._reference_logprobs(b) if cfg.kl_coef > 0 else None
             v = self.critic.module(b) if self.critic is not None else None
             if extra:
                 continue
@@ -398,7 +434,7 @@ class Trainer:
         self.actor.module.train()
         return Scored(
             old,
-            ref if self.ref is not None else None,
+            ref if cfg.kl_coef > 0 else None,
             val if self.critic is not None else None,
         )
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hgpo.train.model import gathered_named_parameters, stop_ids
+from hgpo.train.model import inference_named_parameters, stop_ids
 
 
 def _load_into_worker(worker: Any, named: list[tuple[str, torch.Tensor]], tied: bool) -> bool:
@@ -83,7 +83,8 @@ class VLLMEngine:
 
         self.tok = tok
         self.stop = stop_ids(tok)
-        self.tied = bool(getattr(actor.config, "tie_word_embeddings", False))
+        config = actor.get_base_model().config if hasattr(actor, "get_base_model") else actor.config
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.llm = LLM(
             model=model_path,
             tokenizer=model_path,
@@ -99,8 +100,9 @@ class VLLMEngine:
         self.sync(actor)
 
     def sync(self, actor: nn.Module) -> None:
-        """Load the actor's current weights; drop the prefix cache (its KV came from old weights)."""
-        named = list(gathered_named_parameters(actor))
+        """Load the actor's current weights (LoRA adapters merged in); drop the prefix cache
+        (its KV came from old weights)."""
+        named = list(inference_named_parameters(actor))
         res = self.llm.collective_rpc(_load_into_worker, args=(named, self.tied))
         self.head_copies += int(any(res))
         self.llm.reset_prefix_cache()
