@@ -188,6 +188,18 @@ class Rollout:
         )
 
 
+@dataclass
+class StepRecord:
+    """One step of one episode while it is played (then a row of the :class:`Rollout`)."""
+
+    prompt: list[int]
+    response: list[int]
+    key: str
+    invalid: bool
+    engine_logprobs: list[float] | None
+    reward: float = 0.0
+
+
 def run_episodes(
     envs: EnvSet, engine: Engine, tok: Any, task_ids: list[int], play: Play
 ) -> Rollout:
@@ -203,7 +215,7 @@ def run_episodes(
     env_s = time.perf_counter() - t0
     B = len(obs)
     done = np.array([bool(i.get("crashed")) for i in infos])
-    per: list[list[dict[str, Any]]] = [[] for _ in range(B)]
+    per: list[list[StepRecord]] = [[] for _ in range(B)]
     gen_tokens, gen_s = 0, 0.0
     last_info = list(infos)
     keep = play.keep_samples
@@ -237,27 +249,27 @@ def run_episodes(
             parsed = parse_action(text, envs.bench, admissible)
             actions[i] = parsed.action
             per[i].append(
-                {
-                    "prompt": prompts[j] if keep else [],
-                    "response": responses[j] if keep else [],
-                    "key": envs.key(i, obs[i]),
-                    "invalid": not parsed.valid,
-                    "engine_lp": engine_lps[j] if engine_lps and keep else None,
-                }
+                StepRecord(
+                    prompt=prompts[j] if keep else [],
+                    response=responses[j] if keep else [],
+                    key=envs.key(i, obs[i]),
+                    invalid=not parsed.valid,
+                    engine_logprobs=engine_lps[j] if engine_lps and keep else None,
+                )
             )
             envs.remember(i, obs[i], parsed.action)
         t = time.perf_counter()
         obs, rewards, dones, infos = envs.step(actions)
         env_s += time.perf_counter() - t
         for i in live:
-            per[i][-1]["reward"] = float(rewards[i])
+            per[i][-1].reward = float(rewards[i])
             last_info[i] = infos[i]
         done = dones.copy()
     return _collect(per, last_info, play.group_size, gen_tokens, gen_s, env_s)
 
 
 def _collect(
-    per: list[list[dict[str, Any]]],
+    per: list[list[StepRecord]],
     last_info: list[dict[str, Any]],
     group_size: int,
     gen_tokens: int,
@@ -273,15 +285,15 @@ def _collect(
         out.task_type.append(str(info.get("task_type", "")))
         out.length.append(len(steps))
         for t, s in enumerate(steps):
-            out.prompt_ids.append(s["prompt"])
-            out.response_ids.append(s["response"])
+            out.prompt_ids.append(s.prompt)
+            out.response_ids.append(s.response)
             out.group.append(i // group_size)
             out.traj.append(i)
             out.step.append(t)
-            out.reward.append(s["reward"])
-            out.invalid.append(s["invalid"])
-            out.key.append(s["key"])
-            out.engine_logprobs.append(s["engine_lp"])
+            out.reward.append(s.reward)
+            out.invalid.append(s.invalid)
+            out.key.append(s.key)
+            out.engine_logprobs.append(s.engine_logprobs)
     return out
 
 
