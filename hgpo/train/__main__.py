@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     note = note_resume(cfg)
-    if note:
+    if note and os.environ.get("RANK", "0") == "0":
         print(f"note: {note}", file=sys.stderr)
     from hgpo.train.trainer import NonFiniteError, train
 
