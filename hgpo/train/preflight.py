@@ -64,7 +64,7 @@ def installed(module: str) -> bool:
 
 def check_packages(cfg: TrainConfig) -> None:
     """The env's extra, and vLLM for ``rollout_engine = "vllm"``, are installed."""
-    modules, install = EXTRAS[cfg.env]
+    modules, install = EXTRAS.get(cfg.env, ((), ""))  # an env without an extra needs none
     missing = [m for m in modules if not installed(m)]
     if missing:
         raise TrainConfigError(
