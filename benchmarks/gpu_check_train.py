@@ -53,7 +53,14 @@ def main() -> int:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     ap.add_argument("--out", default="/tmp/gpu_check_train")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    ap.add_argument("--arch", choices=("qwen2.5-1.5b", "small"), default="qwen2.5-1.5b")
+    ap.add_argument("--arch", choices=("qwen2.5-1.5b", "small", "tiny"), default="qwen2.5-1.5b")
+    ap.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="train LoRA adapters of this rank (0 = the full model), as --lora-rank in the trainer",
+    )
+    ap.add_argument("--lora-alpha", type=float, default=32.0)
     ap.add_argument(
         "--engine",
         choices=("vllm", "hf"),
@@ -61,6 +68,8 @@ def main() -> int:
         help="rollout engine; hf (transformers generate) where vllm cannot be installed",
     )
     args = ap.parse_args()
+    if args.lora_rank and args.zero_stage == 3:
+        ap.error("--lora-rank with --zero-stage 3 is not supported (as in the trainer)")
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import deepspeed
@@ -69,14 +78,8 @@ def main() -> int:
 
     from hgpo.train import dist
     from hgpo.train.config import resolve
-    from hgpo.train.model import (
-        HFEngine,
-        kl_k3,
-        load_tokenizer,
-        pack,
-        policy_loss,
-        response_logprobs,
-    )
+    from hgpo.train.loss import ppo_loss
+    from hgpo.train.model import HFEngine, load_tokenizer, pack, response_logprobs
     from hgpo.train.tiny import train_tokenizer
     from hgpo.train.trainer import begin_forward
 
@@ -85,25 +88,30 @@ def main() -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     t0 = time.perf_counter()
-    # Qwen2.5-1.5B-Instruct's architecture (config.json of the hub model), random weights.
-    big = args.arch == "qwen2.5-1.5b"
-    qcfg = Qwen2Config(
-        vocab_size=151936,
-        hidden_size=1536 if big else 256,
-        intermediate_size=8960 if big else 1024,
-        num_hidden_layers=28 if big else 4,
-        num_attention_heads=12 if big else 4,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        sliding_window=None,
-        use_sliding_window=False,
-        max_window_layers=21,
-        eos_token_id=151645,
-        pad_token_id=151643,
-    )
+    if args.arch == "tiny":  # the trainer's --model tiny: width 64, 2 layers, 1024 tokens
+        from hgpo.train.tiny import tiny_model
+
+        qcfg = tiny_model(1024).config
+    else:
+        # Qwen2.5-1.5B-Instruct's architecture (config.json of the hub model), random weights.
+        big = args.arch == "qwen2.5-1.5b"
+        qcfg = Qwen2Config(
+            vocab_size=151936,
+            hidden_size=1536 if big else 256,
+            intermediate_size=8960 if big else 1024,
+            num_hidden_layers=28 if big else 4,
+            num_attention_heads=12 if big else 4,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            sliding_window=None,
+            use_sliding_window=False,
+            max_window_layers=21,
+            eos_token_id=151645,
+            pad_token_id=151643,
+        )
     os.makedirs(args.out, exist_ok=True)
     tok = train_tokenizer(args.out, [], 512)  # the tokenizer only frames prompts here
     torch.manual_seed(0)
@@ -114,8 +122,23 @@ def main() -> int:
     tok = load_tokenizer(args.out)
     model = model.to(device)
     model.gradient_checkpointing_enable()
-    ref = AutoModelForCausalLM.from_pretrained(args.out, dtype=dtype).to(device).eval()
-    ref.requires_grad_(False)
+    ref = None  # LoRA: the reference is the actor with its adapters off, as in the trainer
+    if args.lora_rank:
+        from types import SimpleNamespace
+
+        from hgpo.train.lora import add_adapters
+
+        lora = SimpleNamespace(
+            lora_rank=args.lora_rank,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=0.0,
+            lora_targets="all-linear",
+        )
+        model = add_adapters(model, lora)
+        model.enable_input_require_grads()  # checkpointed blocks behind frozen embeddings
+    else:
+        ref = AutoModelForCausalLM.from_pretrained(args.out, dtype=dtype).to(device).eval()
+        ref.requires_grad_(False)
     build_s = time.perf_counter() - t0
     cfg = resolve(
         preset="tiny",
@@ -127,7 +150,8 @@ def main() -> int:
         },
     )
     t = time.perf_counter()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-6, weight_decay=0.01)
     ds = {
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": max(1, args.prompts // (args.micro_batch * world)),
@@ -183,10 +207,16 @@ def main() -> int:
                     device,
                 )
                 old.append(response_logprobs(actor.module, b)[0].float())
-                refl.append(response_logprobs(ref, b)[0].float())
+                if ref is None:
+                    with actor.module.disable_adapter():
+                        refl.append(response_logprobs(actor.module, b)[0].float())
+                else:
+                    refl.append(response_logprobs(ref, b)[0].float())
         actor.module.train()
         sync()
         score_s = time.perf_counter() - t
+        if cuda:  # the update's own peak (on a CPU: the process's maximum RSS so far)
+            torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
         for j, s in enumerate(range(0, len(prompts), args.micro_batch)):
             b = pack(
@@ -198,13 +228,13 @@ def main() -> int:
             begin_forward(actor)  # ZeRO-3 accumulates micro-batches only after this
             lp, ent = response_logprobs(actor.module, b, with_entropy=True)
             adv = torch.randn(lp.shape[0], 1, device=device).expand_as(lp)
-            pg, _ = policy_loss(lp, old[j], adv, 0.2, 3.0)
-            m = b.response_mask
-            loss = ((pg + 0.01 * kl_k3(lp, refl[j]) - 0.001 * ent) * m).sum() / m.sum()
+            # the trainer's loss with the tiny preset's (= the paper's) coefficients
+            loss, _ = ppo_loss(lp, old[j], refl[j], adv, b.response_mask, cfg, entropy=ent)
             actor.backward(loss)
             actor.step()
         sync()
         update_s = time.perf_counter() - t
+        update_peak = _peak_mem_gib(cuda)
         t = time.perf_counter()
         eng.sync(actor.module)
         sync()
@@ -230,6 +260,7 @@ def main() -> int:
             "sync_s": sync_s,
             "logprob_gap_after_sync": gap,
             "tied_head_copies": getattr(eng, "head_copies", None),
+            "update_peak_mem_gib": update_peak,
             "peak_mem_gib": _peak_mem_gib(cuda),
         }
         rows.append(row)
@@ -245,6 +276,15 @@ def main() -> int:
         "deepspeed_init_s": ds_init_s,
         "engine": args.engine,
         "engine_init_s": engine_init_s,
+        "lora_rank": args.lora_rank,
+        "trainable_params": sum(p.numel() for p in trainable),
+        "optimizer_state_gib": sum(
+            v.numel() * v.element_size()
+            for st in opt.state.values()
+            for v in st.values()
+            if torch.is_tensor(v)
+        )
+        / 2**30,
         "peak_mem_gib": _peak_mem_gib(cuda),
     }
     if args.engine == "vllm":

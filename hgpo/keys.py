@@ -17,13 +17,12 @@ import numpy as np
 
 from hgpo.batch import StepBatch
 from hgpo.config import check_K
-from hgpo.groups import Grouping, dense_rank, group_by, segment_normalise
+from hgpo.groups import dense_rank, segment_normalise
 
 __all__ = [
     "CHUNK_ROWS",
     "EARLY_RULES",
     "Hierarchy",
-    "context_groupings",
     "context_keys",
     "hierarchy",
 ]
@@ -265,10 +264,3 @@ def context_keys(
     and their contexts C_k (Eq. 3) are equal; the ids are exact, never hashed.
     """
     return hierarchy(batch, K, include_actions=include_actions, early=early).ids
-
-
-def context_groupings(
-    batch: StepBatch, K: int, include_actions: bool = False, early: str = "paper"
-) -> list[Grouping]:
-    """The level groups of :func:`context_keys` as K + 1 :class:`Grouping` objects."""
-    return [group_by(row) for row in context_keys(batch, K, include_actions, early)]

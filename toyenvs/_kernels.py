@@ -23,6 +23,8 @@ import numpy as np
 from numba import njit, types
 from numba.typed import Dict
 
+from toyenvs.core import INVALID_PENALTY
+
 GOLD = np.uint64(0x9E3779B97F4A7C15)
 MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 MIX2 = np.uint64(0x94D049BB133111EB)
@@ -32,7 +34,6 @@ SH31 = np.uint64(31)
 SH11 = np.uint64(11)
 SH32 = np.uint64(32)
 TO_UNIT = 1.0 / 9007199254740992.0  # 2^-53
-INVALID_PENALTY = 0.1
 INIT_UNIFORM = 0
 INIT_RANDOM = 1
 
@@ -249,87 +250,6 @@ def sample_action(cdf, row, st):
     for k in range(A - 1):
         a += cdf[row, k] <= u
     return a, st
-
-
-@njit(cache=True)
-def rollout_kernel(
-    starts, n_rollouts, seed, horizon, K, n_obs, powM,
-    obs_of_state, next_state, next_prob, invalid, reward_enter, terminal,
-    htab, codes, logits, cdf, count, init_mode, init_seed, init_scale, inv_temp,
-    o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_keys,
-    o_success, o_len,
-):  # fmt: skip
-    """Roll out every start state ``n_rollouts`` times; trajectory g * n_rollouts + j.
-
-    Writes the rows of every trajectory contiguously into the ``o_*`` arrays (capacity
-    len(starts) * n_rollouts * horizon) and returns the number of rows, or -1 when the policy
-    table filled up (the caller grows it and calls again; nothing else is mutated).
-    o_keys: int64[K + 1, cap] the k-step context code of each step (row K = full context).
-    """
-    A = next_state.shape[1]
-    M = (n_obs + 1) * (A + 1)
-    pad = M - 1
-    hist = np.empty(max(K, 1), dtype=np.int64)
-    row = 0
-    for g in range(starts.shape[0]):
-        for j in range(n_rollouts):
-            tr = g * n_rollouts + j
-            st = stream_seed(seed, tr)
-            s = starts[g]
-            for k in range(K):
-                hist[k] = pad
-            success = False
-            t = 0
-            while True:
-                o = obs_of_state[s]
-                acc = np.int64(0)
-                for k in range(K):
-                    o_keys[k, row] = acc * n_obs + o
-                    acc += hist[k] * powM[k]
-                code = acc * n_obs + o
-                o_keys[K, row] = code
-                c = table_find(code, htab)
-                if c < 0:
-                    c = table_find_or_insert(
-                        code,
-                        htab,
-                        codes,
-                        logits,
-                        cdf,
-                        count,
-                        init_mode,
-                        init_seed,
-                        init_scale,
-                        inv_temp,
-                    )
-                    if c < 0:
-                        return -1
-                a, st = sample_action(cdf, c, st)
-                s2, st = env_next(s, a, st, next_state, next_prob)
-                o_group[row] = g
-                o_traj[row] = tr
-                o_step[row] = t
-                o_reward[row] = reward_enter[s2]
-                o_obs[row] = o
-                o_action[row] = a
-                o_invalid[row] = invalid[s, a]
-                o_hidden[row] = s
-                o_ctx[row] = c
-                row += 1
-                t += 1
-                if terminal[s2]:
-                    success = reward_enter[s2] > 0.0
-                    break
-                if t >= horizon:
-                    break
-                for k in range(K - 1, 0, -1):
-                    hist[k] = hist[k - 1]
-                if K > 0:
-                    hist[0] = o * (A + 1) + a
-                s = s2
-            o_success[tr] = success
-            o_len[tr] = t
-    return row
 
 
 @njit(cache=True)
@@ -739,7 +659,8 @@ def rollout_kernel_fast(
     o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_keys,
     o_success, o_len,
 ):  # fmt: skip
-    """Same contract and same trajectories as :func:`rollout_kernel`, bit for bit, faster.
+    """Same contract and same trajectories as the one-at-a-time ``rollout_kernel`` (kept in
+    ``tests/toyenvs/reference_kernels.py``), bit for bit, faster.
 
     Only the dense row numbers of contexts met for the first time in this call can differ (they
     follow the order in which the table meets them); codes, actions, states and keys do not.

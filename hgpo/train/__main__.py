@@ -20,20 +20,27 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    from hgpo.train.trainer import train, validate_config
+    from hgpo.train.config import TrainConfigError
+    from hgpo.train.preflight import note_resume, validate_config
 
     try:
         validate_config(cfg)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from hgpo.train.config import TrainConfigError
+    note = note_resume(cfg)
+    if note and os.environ.get("RANK", "0") == "0":
+        print(f"note: {note}", file=sys.stderr)
+    from hgpo.train.trainer import NonFiniteError, train
 
     try:
         rows = train(cfg)
     except TrainConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if rows:
         last = rows[-1]
         keys = [k for k in ("success_rate", "reward_mean", "pg_loss", "kl") if k in last]

@@ -20,10 +20,25 @@ from typing import Any
 from hgpo.config import EstimatorConfig
 from hgpo.config import field_docs as dataclass_field_docs
 from hgpo.estimators import ESTIMATORS
-from hgpo.options import parse_name_values
+from hgpo.options import (
+    bad,
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    parse_name_values,
+)
 from hgpo.train.tiny import ARCHS as TINY_ARCHS
 
-__all__ = ["PRESETS", "TrainConfig", "build_parser", "field_docs", "parse_args", "resolve"]
+__all__ = [
+    "PRESETS",
+    "SECTIONS",
+    "TrainConfig",
+    "build_parser",
+    "field_docs",
+    "parse_args",
+    "resolve",
+]
 
 ENVS = ("alfworld", "webshop")
 TINY_MODEL = "tiny"
@@ -128,6 +143,17 @@ class TrainConfig:
     """Step samples per forward/backward on one rank."""
     value_clip: float = 0.2
     """Critic value clip around the rollout-time value (gae)."""
+    # --- LoRA --------------------------------------------------------------------------------------
+    lora_rank: int = 0
+    """Rank of the LoRA adapters trained instead of the actor's weights (0 = off: full
+    fine-tuning). The KL reference is then the base model with the adapters switched off."""
+    lora_alpha: float = 32.0
+    """LoRA scaling numerator: the adapter's update is (lora_alpha / lora_rank) B A."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input during the update."""
+    lora_targets: str = "all-linear"
+    """Modules that get adapters: "all-linear" (every linear layer but the output head) or
+    module names separated by commas, e.g. "q_proj,k_proj,v_proj,o_proj"."""
     # --- engines -----------------------------------------------------------------------------------
     zero_stage: int = 0
     """DeepSpeed ZeRO stage, 0-3."""
@@ -182,91 +208,50 @@ class TrainConfig:
     template with its thinking switch)."""
 
     def __post_init__(self) -> None:
-        def bad(name: str, rule: str) -> ValueError:
-            return ValueError(f"TrainConfig.{name} must be {rule}, got {getattr(self, name)!r}")
-
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            kind = _field_types()[f.name]
-            ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-            if kind is float and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, f.name, float(value))
-                ok = True
-            if not ok:
-                raise bad(f.name, f"of type {kind.__name__}")
-        choices = {
-            "env": ENVS,
-            "rollout_engine": ("hf", "vllm"),
-            "action_mode": ("generate", "score"),
-            "precision": ("auto", "bf16", "fp32"),
-            "device": ("auto", "cpu", "cuda"),
-            "tiny_arch": TINY_ARCHS,
-            "env_backend": ("process", "ray"),
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise bad(name, f"one of {allowed}")
+        for f in dataclasses.fields(self):  # ints become floats where a float is asked for
+            value = _check_field(f.name, getattr(self, f.name))
+            object.__setattr__(self, f.name, value)
         if self.estimator not in ESTIMATORS:
             raise ValueError(
                 f"TrainConfig.estimator: unknown estimator {self.estimator!r}; known "
                 f"estimators: {', '.join(ESTIMATORS)}"
             )
-        positive = [
-            "groups_per_iter",
-            "group_size",
-            "iterations",
-            "max_steps",
-            "max_prompt_tokens",
-            "max_response_tokens",
-            "rollout_batch_size",
-            "env_workers",
-            "ppo_epochs",
-            "mini_batch_size",
-            "micro_batch_size",
-            "val_tasks",
-            "keep_checkpoints",
-            "alfworld_train_games",
-            "webshop_products",
-            "webshop_goals",
-            "webshop_eval_goals",
-            "tiny_hidden",
-            "tiny_layers",
-            "tiny_vocab",
-        ]
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise bad(name, ">= 1")
-        for name in ("lr", "critic_lr", "temperature", "val_temperature", "env_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise bad(name, "> 0")
-        for name in ("weight_decay", "kl_coef", "entropy_coef", "grad_clip", "value_clip"):
-            if not getattr(self, name) >= 0:
-                raise bad(name, ">= 0")
-        for name in ("history_length", "val_every", "save_every", "train_tasks"):
-            if getattr(self, name) < 0:
-                raise bad(name, ">= 0")
-        if not 0 < self.clip_ratio < 1:
-            raise bad("clip_ratio", "in (0, 1)")
         if self.dual_clip != 0 and self.dual_clip <= 1:
-            raise bad("dual_clip", "0 (off) or > 1")
-        if not 0 < self.top_p <= 1:
-            raise bad("top_p", "in (0, 1]")
-        if not 0 <= self.gamma <= 1:
-            raise bad("gamma", "in [0, 1]")
-        if not 0 < self.vllm_gpu_memory_utilization < 1:
-            raise bad("vllm_gpu_memory_utilization", "in (0, 1)")
+            raise bad("TrainConfig.dual_clip", "0 (off) or > 1", self.dual_clip)
         if self.action_mode == "score" and self.rollout_engine != "hf":
-            raise bad("action_mode", "'generate' with rollout_engine='vllm' ('score' needs 'hf')")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise bad("zero_stage", "0, 1, 2 or 3")
+            raise bad(
+                "TrainConfig.action_mode",
+                "'generate' with rollout_engine='vllm' ('score' needs 'hf')",
+                self.action_mode,
+            )
         if not self.webshop_eval_goals < self.webshop_goals:
-            raise bad("webshop_eval_goals", f"< webshop_goals={self.webshop_goals}")
+            raise bad(
+                "TrainConfig.webshop_eval_goals",
+                f"< webshop_goals={self.webshop_goals}",
+                self.webshop_eval_goals,
+            )
         if self.tiny_hidden % 64:
-            raise bad("tiny_hidden", "a multiple of 64 (head size 64, as vLLM needs)")
+            raise bad(
+                "TrainConfig.tiny_hidden",
+                "a multiple of 64 (head size 64, as vLLM needs)",
+                self.tiny_hidden,
+            )
+        if self.lora_rank and self.zero_stage == 3:
+            raise bad(
+                "TrainConfig.zero_stage",
+                "0, 1 or 2 with lora_rank > 0 (LoRA under ZeRO-3 is not supported yet)",
+                self.zero_stage,
+            )
+        if self.lora_rank and not [t for t in self.lora_targets.split(",") if t.strip()]:
+            raise bad("TrainConfig.lora_targets", '"all-linear" or module names', "")
         if not self.model:
-            raise bad("model", "a Hugging Face id, a local folder or 'tiny'")
+            raise bad("TrainConfig.model", "a Hugging Face id, a local folder or 'tiny'", "")
         if self.enable_thinking and self.model == TINY_MODEL and self.tiny_arch == "qwen2":
-            raise bad("enable_thinking", "false with tiny_arch='qwen2' (no thinking switch)")
+            raise bad(
+                "TrainConfig.enable_thinking",
+                "false with tiny_arch='qwen2' (no thinking switch)",
+                self.enable_thinking,
+            )
         if self.env_backend == "ray":
             from hgpo.ray_cluster import require_ray
 
@@ -278,8 +263,16 @@ class TrainConfig:
         """The EstimatorConfig of this run: paper (or reference) options, K, gamma, overrides."""
         from hgpo.config import reference_config
 
-        est = "gigpo" if self.estimator == "gigpo" else "hgpo"
-        base = reference_config(est, env=self.env) if self.reference_options else EstimatorConfig()
+        base = EstimatorConfig()
+        if self.reference_options:
+            try:  # each estimator's own preset (rloo: norm=mean, std=sample; ...)
+                base = reference_config(self.estimator, env=self.env)
+            except ValueError:
+                raise ValueError(
+                    f"TrainConfig.reference_options: estimator {self.estimator!r} has no "
+                    "reference preset (hgpo.reference_config); drop --reference-options or "
+                    "give its options with --estimator-options"
+                ) from None
         try:
             opts = parse_options(self.estimator_options)
             return base.replace(K=self.history_length, gamma=self.gamma, **opts)
@@ -308,6 +301,165 @@ class TrainConfig:
         """Read a config written by :meth:`save` (unknown keys are an error)."""
         data = json.loads(Path(path).read_text())
         return with_overrides(cls(), data, source=str(path))
+
+
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "task and model": ("env", "model", "enable_thinking", "out_dir", "seed"),
+    "estimator": (
+        "estimator",
+        "estimator_options",
+        "reference_options",
+        "history_length",
+        "gamma",
+        "train_tasks",
+    ),
+    "rollout": (
+        "groups_per_iter",
+        "group_size",
+        "iterations",
+        "max_steps",
+        "max_prompt_tokens",
+        "max_response_tokens",
+        "temperature",
+        "top_p",
+        "action_mode",
+        "rollout_engine",
+        "rollout_batch_size",
+        "vllm_gpu_memory_utilization",
+        "env_workers",
+        "env_timeout_s",
+        "env_backend",
+    ),
+    "PPO": (
+        "lr",
+        "critic_lr",
+        "weight_decay",
+        "clip_ratio",
+        "dual_clip",
+        "kl_coef",
+        "entropy_coef",
+        "grad_clip",
+        "ppo_epochs",
+        "mini_batch_size",
+        "micro_batch_size",
+        "value_clip",
+    ),
+    "LoRA": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"),
+    "engines": ("zero_stage", "precision", "gradient_checkpointing", "device"),
+    "validation, checkpoints, logging": (
+        "val_every",
+        "val_tasks",
+        "val_temperature",
+        "save_every",
+        "keep_checkpoints",
+        "resume",
+        "tensorboard",
+        "wandb",
+        "wandb_project",
+        "progress",
+    ),
+    "environments": (
+        "alfworld_games_dir",
+        "alfworld_train_games",
+        "webshop_products",
+        "webshop_goals",
+        "webshop_eval_goals",
+    ),
+    "tiny model (model = 'tiny')": ("tiny_hidden", "tiny_layers", "tiny_vocab", "tiny_arch"),
+}
+"""TrainConfig's fields by section (the class body's order; ``--help`` shows these groups)."""
+
+_AT_LEAST_1 = {"lo": 1}
+_AT_LEAST_0 = {"lo": 0}
+_POSITIVE = {"lo": 0, "lo_open": True}
+_RULES: dict[str, dict[str, Any]] = {
+    # task and model
+    "seed": _AT_LEAST_0,  # numpy refuses negative seeds
+    # estimator
+    "history_length": _AT_LEAST_0,
+    "gamma": {"lo": 0, "hi": 1},
+    "train_tasks": _AT_LEAST_0,
+    # rollout
+    **dict.fromkeys(
+        (
+            "groups_per_iter",
+            "group_size",
+            "iterations",
+            "max_steps",
+            "max_prompt_tokens",
+            "max_response_tokens",
+            "rollout_batch_size",
+            "env_workers",
+        ),
+        _AT_LEAST_1,
+    ),
+    "temperature": _POSITIVE,
+    "top_p": {"lo": 0, "lo_open": True, "hi": 1},
+    "vllm_gpu_memory_utilization": {"lo": 0, "hi": 1, "lo_open": True, "hi_open": True},
+    "env_timeout_s": _POSITIVE,
+    # PPO
+    "lr": _POSITIVE,
+    "critic_lr": _POSITIVE,
+    "clip_ratio": {"lo": 0, "hi": 1, "lo_open": True, "hi_open": True},
+    **dict.fromkeys(
+        ("weight_decay", "dual_clip", "kl_coef", "entropy_coef", "grad_clip", "value_clip"),
+        _AT_LEAST_0,
+    ),
+    **dict.fromkeys(("ppo_epochs", "mini_batch_size", "micro_batch_size"), _AT_LEAST_1),
+    # LoRA
+    "lora_rank": _AT_LEAST_0,
+    "lora_alpha": _POSITIVE,
+    "lora_dropout": {"lo": 0, "hi": 1, "hi_open": True},
+    # engines
+    "zero_stage": {"lo": 0, "hi": 3},
+    # validation, checkpoints, logging
+    "val_every": _AT_LEAST_0,
+    "save_every": _AT_LEAST_0,
+    "val_tasks": _AT_LEAST_1,
+    "keep_checkpoints": _AT_LEAST_1,
+    "val_temperature": _POSITIVE,
+    # environments and the tiny model
+    **dict.fromkeys(
+        (
+            "alfworld_train_games",
+            "webshop_products",
+            "webshop_goals",
+            "webshop_eval_goals",
+            "tiny_hidden",
+            "tiny_layers",
+            "tiny_vocab",
+        ),
+        _AT_LEAST_1,
+    ),
+}
+"""Bounds of the numeric fields (hgpo.options.check_int / check_number keywords); every
+numeric field must be finite whether or not it is listed here."""
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "env": ENVS,
+    "rollout_engine": ("hf", "vllm"),
+    "action_mode": ("generate", "score"),
+    "precision": ("auto", "bf16", "fp32"),
+    "device": ("auto", "cpu", "cuda"),
+    "tiny_arch": TINY_ARCHS,
+    "env_backend": ("process", "ray"),
+}
+
+
+def _check_field(name: str, value: Any) -> Any:
+    """TrainConfig's one field check: the field's type, its bounds or choices; finite numbers."""
+    where, kind = f"TrainConfig.{name}", _field_types()[name]
+    if kind is bool:
+        return check_bool(where, value)
+    if kind is int:
+        return check_int(where, value, **_RULES.get(name, {}))
+    if kind is float:
+        return check_number(where, value, **_RULES.get(name, {}))
+    if name in _CHOICES:
+        return check_choice(where, value, _CHOICES[name])
+    if not isinstance(value, str):
+        raise bad(where, "a string", value)
+    return value
 
 
 def parse_options(text: str, where: str = "--estimator-options") -> dict[str, Any]:
@@ -433,8 +585,7 @@ def resolve(
         raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
     layer = dict(PRESETS[preset]) if preset else {}
     env = env or overrides.get("env") or layer.get("env") or "alfworld"
-    if env not in ENVS:
-        raise ValueError(f"TrainConfig.env must be one of {ENVS}, got {env!r}")
+    check_choice("TrainConfig.env", env, ENVS)
     values: dict[str, Any] = {"env": env, **ENV_DEFAULTS[env]}
     values.update({k: v for k, v in layer.items() if k != "env"})
     values.update(overrides)
@@ -452,6 +603,19 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _read_config(path: str) -> TrainConfig:
+    """``--config PATH``, with a one-line error for a file that cannot be read or parsed."""
+    try:
+        return TrainConfig.load(path)
+    except OSError as e:
+        raise ValueError(
+            f"--config: cannot read {path!r} ({e.strerror or type(e).__name__}); give the "
+            "config.json of a run folder, or leave --config out"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--config: {path!r} is not JSON ({e.msg}, line {e.lineno})") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: ``--preset``, ``--config`` and one ``--field-name`` per TrainConfig field."""
     p = argparse.ArgumentParser(
@@ -465,6 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
     # the deepspeed launcher appends --local_rank=N to the command (it sets LOCAL_RANK too)
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     docs = field_docs()
+    groups = {
+        name: p.add_argument_group(title) for title, names in SECTIONS.items() for name in names
+    }
     for f in dataclasses.fields(TrainConfig):
         kind = _field_types()[f.name]
         flag = "--" + f.name.replace("_", "-")
@@ -473,10 +640,11 @@ def build_parser() -> argparse.ArgumentParser:
             "default": argparse.SUPPRESS,
             "help": f"{docs.get(f.name, '')} (default {f.default!r}; env/preset may change it)",
         }
+        group = groups.get(f.name, p)
         if kind is bool:
-            p.add_argument(flag, type=_bool, nargs="?", const=True, metavar="BOOL", **kw)
+            group.add_argument(flag, type=_bool, nargs="?", const=True, metavar="BOOL", **kw)
         else:
-            p.add_argument(flag, type=kind, metavar=kind.__name__.upper(), **kw)
+            group.add_argument(flag, type=kind, metavar=kind.__name__.upper(), **kw)
     return p
 
 
@@ -494,7 +662,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
     overrides = {k: v for k, v in vars(ns).items() if k in fields}
     try:
         if ns.config:
-            cfg = with_overrides(TrainConfig.load(ns.config), overrides, source="cli")
+            cfg = with_overrides(_read_config(ns.config), overrides, source="cli")
         else:
             cfg = resolve(overrides.pop("env", None), ns.preset, overrides)
             saved = Path(cfg.out_dir) / "config.json"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from agentenvs import (
     BatchedEnv,
     BatchMemory,
@@ -70,45 +72,61 @@ class EnvSet:
                 n_eval=n_eval,
                 max_steps=cfg.max_steps,
             )
-        self.env = BatchedEnv(
+        self._env = BatchedEnv(
             factory,
             num_envs,
             num_workers=cfg.env_workers,
             timeout_s=cfg.env_timeout_s,
             backend=cfg.env_backend,
         )
-        self.memory = BatchMemory(num_envs)
-        self.tasks: list[str] = [""] * num_envs
+        self._memory = BatchMemory(num_envs)
+        self._tasks: list[str] = [""] * num_envs
 
     def reset(self, task_ids: list[int], group_n: int) -> tuple[list[str], list[dict[str, Any]]]:
         """Start the tasks (each ``group_n`` times), forget the memories, read the goal texts."""
-        obs, infos = self.env.reset(task_ids, group_n)
-        self.memory.reset(len(obs))
+        obs, infos = self._env.reset(task_ids, group_n)
+        self._memory.reset(len(obs))
         for i, (o, info) in enumerate(zip(obs, infos, strict=True)):
             if self.bench == "alfworld":
-                self.tasks[i] = alfworld_task(o) if o else ""
+                self._tasks[i] = alfworld_task(o) if o else ""
             else:
-                self.tasks[i] = info.get("task", "")
+                self._tasks[i] = info.get("task", "")
         return obs, infos
 
     def shown(self, i: int, obs: str) -> str:
         """What the prompt and the memory show of observation ``obs`` of slot ``i``."""
         if self.bench == "webshop":
-            return observation_key("webshop", obs, self.tasks[i])
+            return observation_key("webshop", obs, self._tasks[i])
         return obs
 
     def key(self, i: int, obs: str) -> str:
         """The state key HGPO groups by (agentenvs.observation_key)."""
-        return observation_key(self.bench, obs, self.tasks[i])
+        return observation_key(self.bench, obs, self._tasks[i])
 
     def prompt(self, i: int, obs: str, info: dict[str, Any]) -> str:
         """The paper's prompt of slot ``i`` (memory module + template)."""
         admissible = info.get("admissible_actions", [])
         K = self.cfg.history_length
         if self.bench == "alfworld":
-            return alfworld_prompt(self.tasks[i], obs, admissible, self.memory[i], K)
-        return webshop_prompt(self.tasks[i], self.shown(i, obs), admissible, self.memory[i], K)
+            return alfworld_prompt(self._tasks[i], obs, admissible, self._memory[i], K)
+        return webshop_prompt(self._tasks[i], self.shown(i, obs), admissible, self._memory[i], K)
+
+    def step(self, actions: list[str]) -> tuple[list[str], np.ndarray, np.ndarray, list[dict]]:
+        """Step every slot that is not done with its action: (obs, rewards, dones, infos)."""
+        return self._env.step(actions)
+
+    def done(self, i: int) -> bool:
+        """Whether slot ``i``'s episode has ended."""
+        return bool(self._env.done[i])
+
+    def remember(self, i: int, obs: str, action: str) -> None:
+        """Store (observation, action) in slot ``i``'s memory (the next prompts show it)."""
+        self._memory[i].store(self.shown(i, obs), action)
+
+    def task(self, i: int) -> str:
+        """The goal text of slot ``i``'s task."""
+        return self._tasks[i]
 
     def close(self) -> None:
         """Stop the env workers."""
-        self.env.close()
+        self._env.close()

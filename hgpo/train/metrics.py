@@ -1,12 +1,20 @@
-"""Run metrics: JSONL always, TensorBoard where installed, Weights & Biases when asked."""
+"""Run metrics: each rank's figures of an iteration, merged on rank 0; written to JSONL always,
+TensorBoard where installed, Weights & Biases when asked."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from hgpo.train.checkpoint import atomic_write_text
 
@@ -84,3 +92,112 @@ def read_metrics(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every row of a run's metrics.jsonl."""
     path = Path(out_dir) / METRICS_FILE
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+@dataclass
+class PhaseTimes:
+    """Wall seconds of an iteration's phases on one rank."""
+
+    rollout: float = 0.0
+    score: float = 0.0
+    """Old and reference log-probs, critic values."""
+    advantage: float = 0.0
+    update: float = 0.0
+    """The PPO update and the weight sync."""
+
+    @contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        """Time the ``with`` block as ``phase``."""
+        t = time.perf_counter()
+        yield
+        setattr(self, phase, time.perf_counter() - t)
+
+
+class LevelFigures(NamedTuple):
+    """One HGPO level's grouping figures on one rank (the estimator's diagnostics)."""
+
+    level: str
+    utilisation: float
+    mean_group_size: float
+    n_groups: int
+
+
+@dataclass
+class RankFigures:
+    """One rank's raw figures of an iteration; :func:`merge_metrics` combines the ranks'."""
+
+    n_steps: int
+    adv_sum: float
+    adv_sq: float
+    reward: list[float]
+    """Each trajectory's summed env reward."""
+    success: list[bool]
+    score: list[float]
+    length: list[int]
+    invalid: int
+    gen_tokens: int
+    gen_s: float
+    env_s: float
+    lp_gap: tuple[float, int, float]
+    """rollout.LogprobGap: (sum of |difference|, tokens, max)."""
+    levels: list[LevelFigures]
+    update: dict[str, float]
+    """UpdateStats.metrics()."""
+    times: PhaseTimes
+
+
+def _mean(xs: list[Any]) -> float:
+    return float(np.mean(xs)) if xs else 0.0
+
+
+def merge_metrics(parts: list[RankFigures]) -> dict[str, Any]:
+    """Combine the ranks' raw figures into the iteration's metrics."""
+    n = sum(p.n_steps for p in parts)
+    adv_mean = sum(p.adv_sum for p in parts) / max(1, n)
+    adv_var = sum(p.adv_sq for p in parts) / max(1, n) - adv_mean**2
+    gen_tokens = sum(p.gen_tokens for p in parts)
+    success = [x for p in parts for x in p.success]
+    m: dict[str, Any] = {
+        "adv_mean": adv_mean,
+        "adv_std": math.sqrt(max(0.0, adv_var)),
+        "reward_mean": _mean([x for p in parts for x in p.reward]),
+        "success_rate": _mean(success),
+        "score_mean": _mean([x for p in parts for x in p.score]),
+        "episode_length": _mean([x for p in parts for x in p.length]),
+        "invalid_rate": sum(p.invalid for p in parts) / max(1, n),
+        "n_steps": n,
+        "n_trajectories": len(success),
+        "gen_tokens": gen_tokens,
+        "tokens_per_s": gen_tokens / max(1e-9, max(p.gen_s for p in parts)),
+        "time/rollout": max(p.times.rollout for p in parts),
+        "time/generate": max(p.gen_s for p in parts),
+        "time/env": max(p.env_s for p in parts),
+        "time/advantage": max(p.times.advantage for p in parts),
+        "time/update": max(p.times.update for p in parts),
+        "time/score": max(p.times.score for p in parts),
+    }
+    gap_n = sum(p.lp_gap[1] for p in parts)
+    if gap_n:  # the rollout engine's log-probs (vLLM) against the trainer's: the sync check
+        m["rollout/logprob_diff_mean"] = sum(p.lp_gap[0] for p in parts) / gap_n
+        m["rollout/logprob_diff_max"] = max(p.lp_gap[2] for p in parts)
+    for k in parts[0].update:
+        m[k] = float(np.mean([p.update[k] for p in parts]))
+    m.update(_merge_levels(parts, n))
+    return m
+
+
+def _merge_levels(parts: list[RankFigures], n: int) -> dict[str, float]:
+    """Per level: utilisation weighted by steps, group size weighted by groups, groups summed."""
+    by_level: dict[str, list[tuple[float, float, float]]] = {}
+    for p in parts:
+        for lv in p.levels:
+            by_level.setdefault(lv.level, []).append(
+                (lv.utilisation * p.n_steps, lv.mean_group_size * lv.n_groups, lv.n_groups)
+            )
+    m: dict[str, float] = {}
+    for name, rows in by_level.items():
+        m[f"level{name}/utilisation"] = sum(r[0] for r in rows) / max(1, n)
+        g = sum(r[2] for r in rows)
+        m[f"level{name}/mean_group_size"] = sum(r[1] for r in rows) / max(1, g)
+        m[f"level{name}/n_groups"] = g
+    return m

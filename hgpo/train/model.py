@@ -203,6 +203,16 @@ def gathered_named_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Te
             yield name, p.data.detach()
 
 
+def inference_named_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of the weights an inference copy needs, under the base model's names:
+    LoRA adapters merged in (``lora.merged_named_parameters``), ZeRO-3 shards gathered."""
+    from hgpo.train.lora import has_adapters, merged_named_parameters
+
+    if has_adapters(module):
+        return merged_named_parameters(module)
+    return gathered_named_parameters(module)
+
+
 def load_named(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy (name, full tensor) pairs into ``model``'s parameters of the same names; every
     parameter must be given exactly once."""
@@ -237,20 +247,26 @@ def persistent_buffers(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def save_hf_model(module: nn.Module, tok: Any, path: Path, write: bool) -> None:
-    """Save ``module`` as a full Hugging Face model folder (with ``tok``) at ``path``.
+    """Save ``module`` as a full Hugging Face model folder (with ``tok``) at ``path``; a LoRA
+    actor as its base model with the adapters merged.
 
     Under ZeRO-3 the parameters are gathered one at a time (a collective: every rank calls
     this, and only the rank with ``write`` keeps the tensors and writes them).
     """
+    from hgpo.train.lora import base_persistent_buffers, has_adapters
+
     state: dict[str, torch.Tensor] = {}
-    for name, t in gathered_named_parameters(module):
+    for name, t in inference_named_parameters(module):
         if write:
             state[name] = t.detach().to("cpu", copy=True)
     if not write:
         return
-    for name, b in persistent_buffers(module):
+    lora = has_adapters(module)
+    buffers = base_persistent_buffers(module) if lora else persistent_buffers(module)
+    for name, b in buffers:
         state[name] = b.detach().to("cpu", copy=True)
-    module.save_pretrained(str(path), state_dict=state)
+    target = module.get_base_model() if lora else module  # a peft model saves adapters only
+    target.save_pretrained(str(path), state_dict=state)
     tok.save_pretrained(str(path))
 
 
@@ -281,7 +297,14 @@ class HFEngine:
         if not self.copy:
             self.model = model
             return
-        load_named(self.model, gathered_named_parameters(model))
+        load_named(self.model, inference_named_parameters(model))
+
+    def generated_logprobs(self) -> None:
+        """None: the training module computes the log-probs itself (same weights)."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to free: the model belongs to the trainer."""
 
     @torch.no_grad()
     def generate(
@@ -389,50 +412,6 @@ class HFEngine:
         return (lp * mask).sum(-1).tolist()
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, denom: float | torch.Tensor) -> torch.Tensor:
-    """sum(x * mask) / denom (token-mean over a mini-batch when denom = its token count)."""
-    return (x * mask).sum() / denom
-
-
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Low-variance KL(pi || pi_ref) estimate per token: exp(ref - lp) - (ref - lp) - 1,
-    clamped to [-10, 10] as verl does."""
-    d = (ref_logp - logp).clamp(-20.0, 20.0)
-    return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
-
-
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    clip: float,
-    dual_clip: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate per token, with dual clip (Ye et al. 2020).
-
-    logp, old_logp: float[B, R]; adv: float[B, R] (the step advantage on every token).
-    loss = max(-A r, -A clip(r, 1-eps, 1+eps)); for A < 0 it is further capped at -c A.
-    Returns (loss [B, R], clipped [B, R] as 0/1 floats).
-    """
-    ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
-    l1 = -adv * ratio
-    l2 = -adv * ratio.clamp(1.0 - clip, 1.0 + clip)
-    loss = torch.maximum(l1, l2)
-    clipped = (l2 > l1).float()
-    if dual_clip > 0:
-        capped = torch.minimum(loss, -adv * dual_clip)
-        loss = torch.where(adv < 0, capped, loss)
-    return loss, clipped
-
-
-def value_loss(
-    v: torch.Tensor, v_old: torch.Tensor, ret: torch.Tensor, clip: float
-) -> torch.Tensor:
-    """PPO's clipped value loss 0.5 max((v - R)^2, (v_old + clip(v - v_old) - R)^2), per sample."""
-    vc = v_old + (v - v_old).clamp(-clip, clip)
-    return 0.5 * torch.maximum((v - ret) ** 2, (vc - ret) ** 2)
-
-
 def grad_norm(module: nn.Module) -> float:
     """L2 norm of the module's gradients (before clipping)."""
     sq = [p.grad.detach().float().pow(2).sum() for p in module.parameters() if p.grad is not None]
@@ -448,14 +427,11 @@ __all__ = [
     "check_thinking_switch",
     "encode_prompt",
     "gathered_named_parameters",
-    "kl_k3",
+    "inference_named_parameters",
     "load_causal_lm",
     "load_named",
     "load_tokenizer",
-    "masked_mean",
     "pack",
-    "policy_loss",
     "response_logprobs",
     "save_hf_model",
-    "value_loss",
 ]

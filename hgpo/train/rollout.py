@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -17,13 +17,79 @@ from agentenvs import parse_action
 from hgpo import StepBatch, state_ids
 from hgpo.train.envs import EnvSet
 
+if TYPE_CHECKING:
+    from hgpo.train.config import TrainConfig
+
 
 class Engine(Protocol):
-    """What the rollout needs of a generation engine."""
+    """What the trainer needs of a rollout engine (``model.HFEngine``, ``vllm_engine.VLLMEngine``)."""
 
     def generate(
         self, prompts: Sequence[Sequence[int]], temperature: float, top_p: float, max_new: int
-    ) -> list[list[int]]: ...
+    ) -> list[list[int]]:
+        """One sampled response (token ids) per prompt."""
+        ...
+
+    def generated_logprobs(self) -> list[list[float]] | None:
+        """The engine's own log-probs of the last ``generate`` call's tokens, or None where the
+        engine samples from the training module itself (hf)."""
+        ...
+
+    def sync(self, model: Any) -> None:
+        """Sample from ``model``'s current weights from now on."""
+        ...
+
+    def close(self) -> None:
+        """Free what the engine holds."""
+        ...
+
+
+@dataclass(frozen=True)
+class Play:
+    """How :func:`run_episodes` plays: rollouts per task, sampling, lengths."""
+
+    group_size: int
+    """Rollouts of each task (one rollout group)."""
+    temperature: float
+    top_p: float
+    max_response_tokens: int
+    max_prompt_tokens: int
+    max_steps: int
+    action_mode: str = "generate"
+    """"generate" samples free text; "score" samples among the admissible actions."""
+    keep_samples: bool = True
+    """Keep prompts, responses and engine log-probs (training); False for validation."""
+    enable_thinking: bool = False
+    """The chat template's thinking switch (:func:`hgpo.train.model.encode_prompt`)."""
+
+    @classmethod
+    def training(cls, cfg: TrainConfig) -> Play:
+        """The training rollouts of ``cfg``."""
+        return cls(
+            cfg.group_size,
+            cfg.temperature,
+            cfg.top_p,
+            cfg.max_response_tokens,
+            cfg.max_prompt_tokens,
+            cfg.max_steps,
+            cfg.action_mode,
+            enable_thinking=cfg.enable_thinking,
+        )
+
+    @classmethod
+    def validation(cls, cfg: TrainConfig) -> Play:
+        """One rollout per held-out task at the validation temperature, no samples kept."""
+        return cls(
+            1,
+            cfg.val_temperature,
+            1.0,
+            cfg.max_response_tokens,
+            cfg.max_prompt_tokens,
+            cfg.max_steps,
+            cfg.action_mode,
+            keep_samples=False,
+            enable_thinking=cfg.enable_thinking,
+        )
 
 
 SCORE_THINK = "<think>I follow the plan.</think>"
@@ -107,6 +173,13 @@ class Rollout:
     def __len__(self) -> int:
         return len(self.step)
 
+    def trajectory_rewards(self) -> list[float]:
+        """Each trajectory's summed env reward, in trajectory order."""
+        return [
+            float(sum(r for r, tr in zip(self.reward, self.traj, strict=True) if tr == i))
+            for i in sorted(set(self.traj))
+        ]
+
     def step_batch(self) -> StepBatch:
         """The estimator input: state = id of the raw-observation key within this batch."""
         return StepBatch(
@@ -119,22 +192,22 @@ class Rollout:
         )
 
 
+@dataclass
+class StepRecord:
+    """One step of one episode while it is played (then a row of the :class:`Rollout`)."""
+
+    prompt: list[int]
+    response: list[int]
+    key: str
+    invalid: bool
+    engine_logprobs: list[float] | None
+    reward: float = 0.0
+
+
 def run_episodes(
-    envs: EnvSet,
-    engine: Engine,
-    tok: Any,
-    task_ids: list[int],
-    group_n: int,
-    temperature: float,
-    top_p: float,
-    max_new: int,
-    max_prompt: int,
-    max_steps: int,
-    keep_samples: bool = True,
-    action_mode: str = "generate",
-    enable_thinking: bool = False,
+    envs: EnvSet, engine: Engine, tok: Any, task_ids: list[int], play: Play
 ) -> Rollout:
-    """Play ``task_ids`` x ``group_n`` episodes to the end; group g = task_ids[g].
+    """Play ``task_ids`` x ``play.group_size`` episodes to the end; group g = task_ids[g].
 
     action_mode "generate" samples free text; "score" samples among the admissible actions'
     responses (:func:`score_and_sample`). ``enable_thinking`` is the chat template's thinking
@@ -143,32 +216,37 @@ def run_episodes(
     from hgpo.train.model import encode_prompt
 
     t0 = time.perf_counter()
-    obs, infos = envs.reset(task_ids, group_n)
+    obs, infos = envs.reset(task_ids, play.group_size)
     env_s = time.perf_counter() - t0
     B = len(obs)
     done = np.array([bool(i.get("crashed")) for i in infos])
-    per: list[list[dict[str, Any]]] = [[] for _ in range(B)]
+    per: list[list[StepRecord]] = [[] for _ in range(B)]
     gen_tokens, gen_s = 0, 0.0
     last_info = list(infos)
-    for _ in range(max_steps):
+    keep = play.keep_samples
+    for _ in range(play.max_steps):
         live = [i for i in range(B) if not done[i]]
         if not live:
             break
         prompts = [
-            encode_prompt(tok, envs.prompt(i, obs[i], infos[i]), max_prompt, enable_thinking)
+            encode_prompt(
+                tok, envs.prompt(i, obs[i], infos[i]), play.max_prompt_tokens, play.enable_thinking
+            )
             for i in live
         ]
         t = time.perf_counter()
-        if action_mode == "score":
+        if play.action_mode == "score":
             cands = [
-                candidate_actions(envs.bench, infos[i].get("admissible_actions", []), envs.tasks[i])
+                candidate_actions(envs.bench, infos[i].get("admissible_actions", []), envs.task(i))
                 for i in live
             ]
-            responses = score_and_sample(engine, tok, prompts, cands, temperature)
+            responses = score_and_sample(engine, tok, prompts, cands, play.temperature)
             engine_lps = None
         else:
-            responses = engine.generate(prompts, temperature, top_p, max_new)
-            engine_lps = getattr(engine, "last_logprobs", None)  # vLLM gives them; hf does not
+            responses = engine.generate(
+                prompts, play.temperature, play.top_p, play.max_response_tokens
+            )
+            engine_lps = engine.generated_logprobs()
         gen_s += time.perf_counter() - t
         gen_tokens += sum(len(r) for r in responses)
         actions = [""] * B
@@ -178,45 +256,67 @@ def run_episodes(
             parsed = parse_action(text, envs.bench, admissible)
             actions[i] = parsed.action
             per[i].append(
-                {
-                    "prompt": prompts[j] if keep_samples else [],
-                    "response": responses[j] if keep_samples else [],
-                    "key": envs.key(i, obs[i]),
-                    "invalid": not parsed.valid,
-                    "engine_lp": engine_lps[j] if engine_lps and keep_samples else None,
-                }
+                StepRecord(
+                    prompt=prompts[j] if keep else [],
+                    response=responses[j] if keep else [],
+                    key=envs.key(i, obs[i]),
+                    invalid=not parsed.valid,
+                    engine_logprobs=engine_lps[j] if engine_lps and keep else None,
+                )
             )
-            envs.memory[i].store(envs.shown(i, obs[i]), parsed.action)
+            envs.remember(i, obs[i], parsed.action)
         t = time.perf_counter()
-        obs, rewards, dones, infos = envs.env.step(actions)
+        obs, rewards, dones, infos = envs.step(actions)
         env_s += time.perf_counter() - t
         for i in live:
-            per[i][-1]["reward"] = float(rewards[i])
+            per[i][-1].reward = float(rewards[i])
             last_info[i] = infos[i]
         done = dones.copy()
+    return _collect(per, last_info, play.group_size, gen_tokens, gen_s, env_s)
+
+
+def _collect(
+    per: list[list[StepRecord]],
+    last_info: list[dict[str, Any]],
+    group_size: int,
+    gen_tokens: int,
+    gen_s: float,
+    env_s: float,
+) -> Rollout:
+    """The per-slot step records as one :class:`Rollout`, trajectory by trajectory."""
     out = Rollout(gen_tokens=gen_tokens, gen_seconds=gen_s, env_seconds=env_s)
-    for i in range(B):
+    for i, steps in enumerate(per):
         info = last_info[i]
         out.success.append(bool(info.get("won", False)))
         out.score.append(float(info.get("task_score", 0.0)))
         out.task_type.append(str(info.get("task_type", "")))
-        out.length.append(len(per[i]))
-        for t, s in enumerate(per[i]):
-            out.prompt_ids.append(s["prompt"])
-            out.response_ids.append(s["response"])
-            out.group.append(i // group_n)
+        out.length.append(len(steps))
+        for t, s in enumerate(steps):
+            out.prompt_ids.append(s.prompt)
+            out.response_ids.append(s.response)
+            out.group.append(i // group_size)
             out.traj.append(i)
             out.step.append(t)
-            out.reward.append(s["reward"])
-            out.invalid.append(s["invalid"])
-            out.key.append(s["key"])
-            out.engine_logprobs.append(s["engine_lp"])
+            out.reward.append(s.reward)
+            out.invalid.append(s.invalid)
+            out.key.append(s.key)
+            out.engine_logprobs.append(s.engine_logprobs)
     return out
+
+
+class LogprobGap(NamedTuple):
+    """The rollout engine's log-probs against the trainer's, over the response tokens."""
+
+    total: float
+    """Sum of |difference|."""
+    tokens: int
+    worst: float
+    """Largest |difference|."""
 
 
 def logprob_gap(
     engine_logprobs: Sequence[Sequence[float] | None], trainer_logprobs: Sequence[Any]
-) -> tuple[float, int, float]:
+) -> LogprobGap:
     """How far the rollout engine's log-probs of the sampled tokens are from the trainer's
     (its old log-probs, same weights): (sum of |difference| over tokens, tokens, max). A weight
     sync that missed a layer shows here at once. Samples without engine log-probs are skipped;
@@ -227,4 +327,4 @@ def logprob_gap(
             continue
         d = np.abs(np.asarray(eng, np.float64) - np.asarray(ours[: len(eng)], np.float64))
         total, n, worst = total + float(d.sum()), n + d.size, max(worst, float(d.max()))
-    return total, n, worst
+    return LogprobGap(total, n, worst)

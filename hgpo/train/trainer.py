@@ -26,24 +26,33 @@ from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
 from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
-from hgpo.train.metrics import MetricsLogger
+from hgpo.train.lora import ADAPTER_DIR, add_adapters
+from hgpo.train.loss import ppo_loss, value_loss
+from hgpo.train.metrics import LevelFigures, MetricsLogger, PhaseTimes, RankFigures, merge_metrics
 from hgpo.train.model import (
     HF_MODEL_DIR,
     Critic,
     HFEngine,
-    check_model,
+    Packed,
     check_thinking_switch,
     grad_norm,
-    kl_k3,
     load_causal_lm,
     load_tokenizer,
     pack,
-    policy_loss,
     response_logprobs,
     save_hf_model,
-    value_loss,
 )
-from hgpo.train.rollout import Rollout, logprob_gap, run_episodes
+from hgpo.train.preflight import validate_config
+from hgpo.train.rollout import Engine, Play, Rollout, logprob_gap, run_episodes
+from hgpo.train.update import (
+    MicroBatch,
+    Scored,
+    Targets,
+    UpdateStats,
+    count_minibatches,
+    pad_rows,
+    plan_epoch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +66,13 @@ def _maybe_die(point: str, iteration: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def validate_config(cfg: TrainConfig) -> None:
-    """Checks that need the filesystem or the hub, done before any heavy work."""
-    if cfg.model != TINY_MODEL:
-        check_model(cfg.model)
-    if cfg.env == "alfworld" and cfg.alfworld_games_dir:
-        for split in (TRAIN_SPLIT, *val_splits("alfworld")):
-            if not (Path(cfg.alfworld_games_dir) / split).is_dir():
-                raise ValueError(
-                    f"TrainConfig.alfworld_games_dir: {cfg.alfworld_games_dir!r} has no {split}/ folder"
-                )
+NAN_ENV = "HGPO_TRAIN_NAN_AT"
+"""Test hook: "N" makes iteration N's advantages NaN, so its PPO loss is NaN (the run must stop
+before that iteration's checkpoint)."""
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient norm that is NaN or infinite: the run stops before its checkpoint."""
 
 
 def begin_forward(engine: Any) -> None:
@@ -113,24 +119,11 @@ class Trainer:
     """Owns the engines, the environments, the logger and the loop of one run (one rank)."""
 
     def __init__(self, cfg: TrainConfig) -> None:
-        import deepspeed
-
         validate_config(cfg)
         self.cfg = cfg
         self.out = Path(cfg.out_dir)
         self.rank, self.world, self.device = dist.init(cfg.device)
-        if cfg.groups_per_iter % self.world:
-            raise TrainConfigError(
-                f"TrainConfig.groups_per_iter={cfg.groups_per_iter} must be divisible by the "
-                f"number of ranks ({self.world})"
-            )
-        per_opt_step = cfg.micro_batch_size * self.world
-        if cfg.mini_batch_size % per_opt_step:
-            raise TrainConfigError(
-                f"TrainConfig.mini_batch_size={cfg.mini_batch_size} must be a multiple of "
-                f"micro_batch_size x ranks = {per_opt_step}"
-            )
-        self.grad_accum = cfg.mini_batch_size // per_opt_step
+        self.grad_accum = self._grad_accum()
         use_bf16 = cfg.precision == "bf16" or (
             cfg.precision == "auto" and self.device.type == "cuda"
         )
@@ -142,22 +135,69 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.tok = load_tokenizer(self.model_path)
         check_thinking_switch(self.tok, cfg.enable_thinking)
+        self.sharded = cfg.zero_stage == 3
+        self.lora = cfg.lora_rank > 0
+        self._build_engines()
+        self.engine = self._rollout_engine()
+        self.groups_per_rank = cfg.groups_per_iter // self.world
+        self.train_envs = EnvSet(cfg, TRAIN_SPLIT, self.groups_per_rank * cfg.group_size)
+        self.val_envs: dict[str, EnvSet] = {}
+        self.play = Play.training(cfg)
+        self.start = 1
+        self._grad_norm = 0.0  # the fallback grad norm when DeepSpeed records none
+        if cfg.resume:
+            self._load()
+        self.logger = MetricsLogger(self.out, cfg, self.start) if self.rank == 0 else None
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _grad_accum(self) -> int:
+        """Micro-batches per optimizer step on each rank; refuses sizes the ranks cannot split."""
+        cfg = self.cfg
+        if cfg.groups_per_iter % self.world:
+            raise TrainConfigError(
+                f"TrainConfig.groups_per_iter={cfg.groups_per_iter} must be divisible by the "
+                f"number of ranks ({self.world})"
+            )
+        per_opt_step = cfg.micro_batch_size * self.world
+        if cfg.mini_batch_size % per_opt_step:
+            raise TrainConfigError(
+                f"TrainConfig.mini_batch_size={cfg.mini_batch_size} must be a multiple of "
+                f"micro_batch_size x ranks = {per_opt_step}"
+            )
+        return cfg.mini_batch_size // per_opt_step
+
+    def _build_engines(self) -> None:
+        """The actor (with LoRA adapters when asked), the KL reference and the critic (gae),
+        each in a DeepSpeed engine.
+
+        The reference is a frozen copy of the initial model (under ZeRO-3 sharded like the
+        actor, forward only); with LoRA it is the actor itself with its adapters switched off.
+        """
+        import deepspeed
+
+        cfg = self.cfg
+        ds_cfg = self._ds_config()
         actor = load_causal_lm(self.model_path, self.dtype, self.device)
         if cfg.gradient_checkpointing:
             actor.gradient_checkpointing_enable()
-        self.sharded = cfg.zero_stage == 3
-        ds_cfg = self._ds_config()
         self.ref = None
         self._ref_engine = None  # ZeRO-3: owns the hooks that gather the reference's shards
-        if cfg.kl_coef > 0:
+        if cfg.kl_coef > 0 and not self.lora:
             ref = load_causal_lm(self.model_path, self.dtype, self.device).eval()
             ref.requires_grad_(False)
-            if self.sharded:  # sharded like the actor, forward only (no optimizer)
+            if self.sharded:
                 self._ref_engine, *_ = deepspeed.initialize(model=ref, config=ds_cfg)
                 ref = self._ref_engine.module.eval()
             self.ref = ref
+        if self.lora:
+            actor = add_adapters(actor, cfg)
+            if (
+                cfg.gradient_checkpointing
+            ):  # frozen embeddings: checkpointed blocks need a grad input
+                actor.enable_input_require_grads()
+        trainable = [p for p in actor.parameters() if p.requires_grad]
         # A torch optimizer: DeepSpeed's own Adam would be compiled with g++ on first use.
-        opt = torch.optim.AdamW(actor.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.actor, *_ = deepspeed.initialize(model=actor, optimizer=opt, config=ds_cfg)
         self.critic = None
         if cfg.use_critic:
@@ -166,17 +206,14 @@ class Trainer:
                 critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay
             )
             self.critic, *_ = deepspeed.initialize(model=critic, optimizer=copt, config=ds_cfg)
-        self.engine = self._rollout_engine()
-        self.groups_per_rank = cfg.groups_per_iter // self.world
-        self.train_envs = EnvSet(cfg, TRAIN_SPLIT, self.groups_per_rank * cfg.group_size)
-        self.val_envs: dict[str, EnvSet] = {}
-        self.start = 1
-        self._grad_norm = 0.0
-        if cfg.resume:
-            self._load()
-        self.logger = MetricsLogger(self.out, cfg, self.start) if self.rank == 0 else None
 
-    # -- setup ---------------------------------------------------------------------------------
+    def _reference_logprobs(self, batch: Packed) -> torch.Tensor:
+        """Log-probs [B, R] of the response tokens under the KL reference."""
+        if self.ref is not None:
+            return response_logprobs(self.ref, batch)[0]
+        with self.actor.module.disable_adapter():  # LoRA: the base model is the reference
+            return response_logprobs(self.actor.module, batch)[0]
+
     def _prepare_model(self) -> str:
         cfg = self.cfg
         if cfg.model != TINY_MODEL:
@@ -209,7 +246,7 @@ class Trainer:
             "wall_clock_breakdown": False,
         }
 
-    def _rollout_engine(self) -> Any:
+    def _rollout_engine(self) -> Engine:
         cfg = self.cfg
         if cfg.rollout_engine == "vllm":
             from hgpo.train.vllm_engine import VLLMEngine
@@ -230,7 +267,10 @@ class Trainer:
             ckpt.tmp_dir(root, iteration)
         dist.barrier()
         tmp = root / f".tmp-iter_{iteration:06d}"
-        self.actor.save_checkpoint(str(tmp), tag="actor")
+        # LoRA: the actor's checkpoint holds the adapters and their optimizer state only
+        self.actor.save_checkpoint(str(tmp), tag="actor", exclude_frozen_parameters=self.lora)
+        if self.lora and self.rank == 0:
+            self.actor.module.save_pretrained(str(tmp / ADAPTER_DIR))
         if self.critic is not None:
             self.critic.save_checkpoint(str(tmp), tag="critic")
         save_hf_model(self.actor.module, self.tok, tmp / HF_MODEL_DIR, self.rank == 0)
@@ -250,7 +290,7 @@ class Trainer:
     def _load(self) -> None:
         path = ckpt.latest(self.out / "checkpoints")
         if path is None:
-            log.info("resume: no checkpoint in %s, starting from iteration 1", self.out)
+            log.warning("--resume: no checkpoint in %s, starting from iteration 1", self.out)
             return
         state = json.loads((path / "trainer_state.json").read_text())
         saved_world = int(state.get("world_size", self.world))
@@ -263,7 +303,8 @@ class Trainer:
                 f"resume with {saved_world} ranks, or start a new run from its weights with "
                 f"--model {path / HF_MODEL_DIR}"
             )
-        self.actor.load_checkpoint(str(path), tag="actor")
+        # LoRA: the base weights come from model_path, the checkpoint has the adapters
+        self.actor.load_checkpoint(str(path), tag="actor", load_module_strict=not self.lora)
         if self.critic is not None:
             self.critic.load_checkpoint(str(path), tag="critic")
         # the optimizer states bring back the saved learning rates; the run's config (where
@@ -280,21 +321,104 @@ class Trainer:
         self.engine.sync(self.actor.module)
 
     # -- one iteration -------------------------------------------------------------------------
-    def _tasks(self, iteration: int) -> list[int]:
+    def iteration(self, it: int) -> dict[str, Any]:
+        """Run iteration ``it``: rollout -> score -> advantages -> PPO update -> weight sync.
+
+        Returns its metrics (merged over ranks) on rank 0, {} on the other ranks.
+        """
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed * 1_000_003 + it * 1_009 + self.rank)
+        times = PhaseTimes()
+
+        # 1. rollout: group_size episodes of each of this rank's tasks
+        with times.timing("rollout"):
+            roll = run_episodes(self.train_envs, self.engine, self.tok, self._tasks(it), self.play)
+
+        # 2. score: log-probs of the sampled tokens under the rollout's weights (and the
+        #    reference's), the critic's values
+        with times.timing("score"):
+            scored = self._score(roll)
+
+        # 3. advantages: the estimator by name, on the rollout's step batch
+        with times.timing("advantage"):
+            est = compute_advantages(
+                cfg.estimator,
+                roll.step_batch(),
+                cfg.estimator_config(),
+                values=scored.value_array(),
+            )
+            adv = est.advantages
+            if os.environ.get(NAN_ENV) == str(it):
+                adv = adv * np.nan
+            targets = Targets(adv, est.returns if cfg.use_critic else None)
+
+        # 4. PPO update over mini-batches, then 5. the rollout engine samples from the new weights
+        with times.timing("update"):
+            stats = UpdateStats()
+            n_minibatches = dist.all_max(
+                count_minibatches(len(roll), cfg.micro_batch_size * self.grad_accum)
+            )
+            rng = np.random.default_rng([cfg.seed, it, self.rank, 7])
+            lengths = [len(r) for r in roll.response_ids]
+            for _ in range(cfg.ppo_epochs):
+                plan = plan_epoch(
+                    lengths, n_minibatches, cfg.micro_batch_size, self.grad_accum, rng
+                )
+                for m, minibatch in enumerate(plan):
+                    for micro in minibatch:
+                        self._micro_step(roll, scored, targets, micro, stats)
+                    stats.add_grad_norm(self._last_grad_norm())
+                    if m == 0:
+                        _maybe_die("update", it)
+            stats.optimizer_steps = n_minibatches * cfg.ppo_epochs
+            stats.lr = float(self.actor.optimizer.param_groups[0]["lr"])
+            stop_unless_finite(stats, it)
+            self.engine_sync()
+
+        # 6. the iteration's figures, merged over ranks
+        mine = RankFigures(
+            n_steps=len(roll),
+            adv_sum=float(adv.sum()),
+            adv_sq=float((adv**2).sum()),
+            reward=roll.trajectory_rewards(),
+            success=roll.success,
+            score=roll.score,
+            length=roll.length,
+            invalid=int(np.sum(roll.invalid)),
+            gen_tokens=roll.gen_tokens,
+            gen_s=roll.gen_seconds,
+            env_s=roll.env_seconds,
+            lp_gap=logprob_gap(roll.engine_logprobs, scored.old),
+            levels=[
+                LevelFigures(
+                    d["level"],
+                    d.get("utilisation", 0.0),
+                    d.get("mean_group_size", 0.0),
+                    d.get("n_groups", 0),
+                )
+                for d in est.diagnostics.get("levels", [])
+            ],
+            update=stats.metrics(),
+            times=times,
+        )
+        parts = dist.gather(mine)
+        return merge_metrics(parts) if self.rank == 0 else {}
+
+    def _tasks(self, it: int) -> list[int]:
+        """This rank's tasks of iteration ``it``: seeded by (seed, iteration), whole groups."""
         cfg = self.cfg
         n = self.train_envs.num_tasks
         if cfg.train_tasks:
             n = min(n, cfg.train_tasks)
-        rng = np.random.default_rng([cfg.seed, iteration])
+        rng = np.random.default_rng([cfg.seed, it])
         tasks = rng.choice(n, size=cfg.groups_per_iter, replace=n < cfg.groups_per_iter)
         g = self.groups_per_rank
         return [int(t) for t in tasks[self.rank * g : (self.rank + 1) * g]]
 
     @torch.no_grad()
-    def _score(self, roll: Rollout) -> dict[str, torch.Tensor]:
+    def _score(self, roll: Rollout) -> Scored:
         """Old log-probs (actor), reference log-probs and values of every step sample."""
         cfg = self.cfg
-        pad = self.tok.pad_token_id
         old, ref, val = [], [], []
         self.actor.module.eval()
         mb = cfg.micro_batch_size
@@ -304,9 +428,9 @@ class Trainer:
         for m in range(n_mb):
             extra = m * mb >= len(roll)  # a forward to keep in step, its result dropped
             sl = slice(0, 1) if extra else slice(m * mb, (m + 1) * mb)
-            b = pack(roll.prompt_ids[sl], roll.response_ids[sl], pad, self.device)
+            b = pack(roll.prompt_ids[sl], roll.response_ids[sl], self.tok.pad_token_id, self.device)
             lp, _ = response_logprobs(self.actor.module, b)
-            rl = response_logprobs(self.ref, b)[0] if self.ref is not None else None
+            rl = self._reference_logprobs(b) if cfg.kl_coef > 0 else None
             v = self.critic.module(b) if self.critic is not None else None
             if extra:
                 continue
@@ -316,178 +440,65 @@ class Trainer:
             if v is not None:
                 val.extend(v.float().cpu())
         self.actor.module.train()
-        out = {"old": old, "ref": ref}
-        if val:
-            out["values"] = val
-        return out
-
-    def _update(
-        self,
-        roll: Rollout,
-        adv: np.ndarray,
-        scored: dict,
-        returns: np.ndarray | None,
-        iteration: int,
-    ) -> dict[str, float]:
-        """One PPO epoch (``ppo_epochs``) over the step samples in mini-batches."""
-        cfg = self.cfg
-        pad = self.tok.pad_token_id
-        n = len(roll)
-        per_rank_mb = cfg.micro_batch_size * self.grad_accum
-        n_mb = dist.all_max(math.ceil(n / per_rank_mb)) if n else dist.all_max(0)
-        rng = np.random.default_rng([cfg.seed, iteration, self.rank, 7])
-        sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "tokens": 0.0}
-        vsum, vcount, gnorms = 0.0, 0, []
-        for _ in range(cfg.ppo_epochs):
-            perm = rng.permutation(n) if n else np.zeros(0, dtype=np.int64)
-            for m in range(n_mb):
-                idx = perm[m * per_rank_mb : (m + 1) * per_rank_mb]
-                tokens = max(1, sum(len(roll.response_ids[i]) for i in idx))
-                for a in range(self.grad_accum):
-                    midx = idx[a * cfg.micro_batch_size : (a + 1) * cfg.micro_batch_size]
-                    weight = 1.0
-                    if len(midx) == 0:  # keep the collectives in step with the other ranks
-                        midx, weight = np.zeros(1, dtype=np.int64), 0.0
-                        if n == 0:
-                            raise RuntimeError("a rank without any step sample cannot take part")
-                    st = self._micro_step(roll, adv, scored, returns, midx, tokens, weight, pad)
-                    for k in sums:
-                        sums[k] += st[k]
-                    if "vf_loss" in st:
-                        vsum, vcount = vsum + st["vf_loss"], vcount + 1
-                gn = self.actor.get_global_grad_norm()
-                gnorms.append(float(gn) if gn is not None else self._grad_norm)
-                if iteration and m == 0:
-                    _maybe_die("update", iteration)
-        t = max(1.0, sums.pop("tokens"))
-        out = {k: v / t for k, v in sums.items()}
-        out["grad_norm"] = float(np.mean(gnorms)) if gnorms else 0.0
-        out["optimizer_steps"] = n_mb * cfg.ppo_epochs
-        out["lr"] = float(self.actor.optimizer.param_groups[0]["lr"])
-        if vcount:
-            out["vf_loss"] = vsum / vcount
-        return out
+        return Scored(
+            old,
+            ref if cfg.kl_coef > 0 else None,
+            val if self.critic is not None else None,
+        )
 
     def _micro_step(
-        self, roll, adv, scored, returns, midx, tokens, weight, pad
-    ) -> dict[str, float]:
-        cfg = self.cfg
+        self,
+        roll: Rollout,
+        scored: Scored,
+        targets: Targets,
+        micro: MicroBatch,
+        stats: UpdateStats,
+    ) -> None:
+        """One forward/backward of the actor (and the critic) on ``micro``; DeepSpeed steps the
+        optimizer at the mini-batch's last micro-batch."""
+        rows = micro.rows
         b = pack(
-            [roll.prompt_ids[i] for i in midx],
-            [roll.response_ids[i] for i in midx],
-            pad,
+            [roll.prompt_ids[i] for i in rows],
+            [roll.response_ids[i] for i in rows],
+            self.tok.pad_token_id,
             self.device,
         )
         R = b.response_mask.shape[1]
-
-        def stack(rows: list[torch.Tensor]) -> torch.Tensor:
-            out = torch.zeros((len(midx), R), dtype=torch.float32)
-            for j, i in enumerate(midx):
-                out[j, : rows[i].shape[0]] = rows[i][:R]
-            return out.to(self.device)
-
-        mask = b.response_mask
-        old = stack(scored["old"])
-        a = torch.tensor(adv[midx], dtype=torch.float32, device=self.device)[:, None].expand(-1, R)
+        adv = torch.tensor(targets.advantages[rows], dtype=torch.float32, device=self.device)
         begin_forward(self.actor)
         lp, ent = response_logprobs(self.actor.module, b, with_entropy=True)
-        pg, clipped = policy_loss(lp, old, a, cfg.clip_ratio, cfg.dual_clip)
-        loss = (pg * mask).sum()
-        kl_sum = torch.zeros((), device=self.device)
-        if self.ref is not None:
-            kl = kl_k3(lp, stack(scored["ref"]))
-            kl_sum = (kl * mask).sum()
-            loss = loss + cfg.kl_coef * kl_sum
-        ent_sum = (ent * mask).sum()
-        loss = loss - cfg.entropy_coef * ent_sum
+        ref = pad_rows(scored.ref, rows, R, self.device) if scored.ref is not None else None
+        loss, st = ppo_loss(
+            lp,
+            pad_rows(scored.old, rows, R, self.device),
+            ref,
+            adv[:, None].expand(-1, R),
+            b.response_mask,
+            self.cfg,
+            entropy=ent,
+            denom=micro.tokens,
+        )
         # DeepSpeed divides by the accumulation steps; undo it so the mini-batch loss is a token mean.
-        self.actor.backward(loss / tokens * self.grad_accum * weight)
+        self.actor.backward(loss * self.grad_accum * micro.weight)
         if self.actor.is_gradient_accumulation_boundary():
             # DeepSpeed records the norm only on its ZeRO/bf16 paths; read it here otherwise.
             self._grad_norm = grad_norm(self.actor.module)
         self.actor.step()
-        pg, kl_sum, ent_sum = pg.detach(), kl_sum.detach(), ent_sum.detach()
-        st = {
-            "pg_loss": float((pg * mask).sum()) * weight,
-            "kl": float(kl_sum) * weight,
-            "entropy": float(ent_sum) * weight,
-            "clip_frac": float((clipped * mask).sum()) * weight,
-            "tokens": float(mask.sum()) * weight,
-        }
-        if self.critic is not None and returns is not None:
+        stats.add(st, micro.weight)
+        if self.critic is not None and targets.returns is not None:
+            assert scored.values is not None
             v = self.critic(b)
-            v_old = torch.stack([scored["values"][i] for i in midx]).to(self.device)
-            ret = torch.tensor(returns[midx], dtype=torch.float32, device=self.device)
-            vl = value_loss(v, v_old, ret, cfg.value_clip).mean()
-            self.critic.backward(vl * weight)
+            v_old = torch.stack([scored.values[i] for i in rows]).to(self.device)
+            ret = torch.tensor(targets.returns[rows], dtype=torch.float32, device=self.device)
+            vl = value_loss(v, v_old, ret, self.cfg.value_clip).mean()
+            self.critic.backward(vl * micro.weight)
             self.critic.step()
-            st["vf_loss"] = float(vl.detach()) * weight
-        return st
+            stats.vf_losses.append(float(vl.detach()) * micro.weight)
 
-    def iteration(self, it: int) -> dict[str, Any]:
-        """Run iteration ``it``; returns its metrics (merged over ranks on rank 0)."""
-        cfg = self.cfg
-        torch.manual_seed(cfg.seed * 1_000_003 + it * 1_009 + self.rank)
-        t0 = time.perf_counter()
-        roll = run_episodes(
-            self.train_envs,
-            self.engine,
-            self.tok,
-            self._tasks(it),
-            cfg.group_size,
-            cfg.temperature,
-            cfg.top_p,
-            cfg.max_response_tokens,
-            cfg.max_prompt_tokens,
-            cfg.max_steps,
-            action_mode=cfg.action_mode,
-            enable_thinking=cfg.enable_thinking,
-        )
-        t1 = time.perf_counter()
-        scored = self._score(roll)
-        t_score = time.perf_counter()
-        est_cfg = cfg.estimator_config()
-        values = None
-        if cfg.use_critic:
-            values = np.array([float(v) for v in scored["values"]], dtype=np.float64)
-        res = compute_advantages(cfg.estimator, roll.step_batch(), est_cfg, values=values)
-        adv = res.advantages
-        t2 = time.perf_counter()
-        upd = self._update(roll, adv, scored, res.returns if cfg.use_critic else None, it)
-        self.engine_sync()
-        t3 = time.perf_counter()
-        local = {
-            "n_steps": len(roll),
-            "adv_sum": float(adv.sum()),
-            "adv_sq": float((adv**2).sum()),
-            "reward": [
-                float(sum(r for r, tr in zip(roll.reward, roll.traj, strict=True) if tr == i))
-                for i in sorted(set(roll.traj))
-            ],
-            "success": roll.success,
-            "score": roll.score,
-            "length": roll.length,
-            "invalid": int(np.sum(roll.invalid)),
-            "gen_tokens": roll.gen_tokens,
-            "gen_s": roll.gen_seconds,
-            "env_s": roll.env_seconds,
-            "lp_gap": logprob_gap(roll.engine_logprobs, scored["old"]),
-            "levels": [
-                (
-                    d["level"],
-                    d.get("utilisation", 0.0),
-                    d.get("mean_group_size", 0.0),
-                    d.get("n_groups", 0),
-                )
-                for d in res.diagnostics.get("levels", [])
-            ],
-            "upd": upd,
-            "times": (t1 - t0, t2 - t_score, t3 - t2, t_score - t1),
-        }
-        parts = dist.gather(local)
-        if self.rank != 0:
-            return {}
-        return merge_metrics(parts)
+    def _last_grad_norm(self) -> float:
+        """The actor's gradient norm of the optimizer step just taken (before clipping)."""
+        gn = self.actor.get_global_grad_norm()
+        return float(gn) if gn is not None else self._grad_norm
 
     # -- validation ----------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
@@ -497,24 +508,12 @@ class Trainer:
         for split in val_splits(cfg.env):
             n = min(cfg.val_tasks, split_size(cfg, split))
             mine = list(range(n))[self.rank :: self.world]
-            res = {"success": [], "score": [], "task_type": []}
+            res: dict[str, list[Any]] = {"success": [], "score": [], "task_type": []}
             if mine:
                 if split not in self.val_envs:
                     self.val_envs[split] = EnvSet(cfg, split, len(mine))
                 roll = run_episodes(
-                    self.val_envs[split],
-                    self.engine,
-                    self.tok,
-                    mine,
-                    1,
-                    cfg.val_temperature,
-                    1.0,
-                    cfg.max_response_tokens,
-                    cfg.max_prompt_tokens,
-                    cfg.max_steps,
-                    keep_samples=False,
-                    action_mode=cfg.action_mode,
-                    enable_thinking=cfg.enable_thinking,
+                    self.val_envs[split], self.engine, self.tok, mine, Play.validation(cfg)
                 )
                 res = {"success": roll.success, "score": roll.score, "task_type": roll.task_type}
             parts = dist.gather(res)
@@ -531,24 +530,22 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
-        """Train from ``self.start`` to ``cfg.iterations``; returns the logged rows (rank 0)."""
+        """Train from ``self.start`` to ``cfg.iterations``; returns the logged rows (rank 0).
+
+        Per iteration: train (:meth:`iteration`), then every ``val_every`` iterations validate,
+        log the row, and every ``save_every`` iterations checkpoint (and after the last one).
+        """
         cfg = self.cfg
         rows: list[dict[str, Any]] = []
-        bar = None
-        if self.rank == 0 and cfg.progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=cfg.iterations, initial=self.start - 1, desc="hgpo.train", unit="it")
+        bar = self._progress_bar()
         try:
             for it in range(self.start, cfg.iterations + 1):
                 m = self.iteration(it)
                 last = it == cfg.iterations
-                if cfg.val_every and (it % cfg.val_every == 0 or last):
+                if due(cfg.val_every, it) or (cfg.val_every and last):
                     t = time.perf_counter()
-                    v = self.validate()
-                    if self.rank == 0:
-                        m.update(v)
-                        m["time/validation"] = time.perf_counter() - t
+                    m.update(self.validate())
+                    m["time/validation"] = time.perf_counter() - t
                 if self.rank == 0:
                     self.logger.log(it, m)
                     rows.append({"iteration": it, **m})
@@ -557,69 +554,44 @@ class Trainer:
                         bar.set_postfix(
                             success=f"{m['success_rate']:.2f}", reward=f"{m['reward_mean']:.2f}"
                         )
-                if (cfg.save_every and it % cfg.save_every == 0) or last:
+                if due(cfg.save_every, it) or last:
                     self._save(it)
         finally:
             if bar is not None:
                 bar.close()
         return rows
 
+    def _progress_bar(self) -> Any:
+        if self.rank != 0 or not self.cfg.progress:
+            return None
+        from tqdm import tqdm
+
+        total, done = self.cfg.iterations, self.start - 1
+        return tqdm(total=total, initial=done, desc="hgpo.train", unit="it")
+
     def close(self) -> None:
-        """Stop env workers and close the logger."""
+        """Stop env workers, the rollout engine and the logger."""
         self.train_envs.close()
         for e in self.val_envs.values():
             e.close()
         if self.logger is not None:
             self.logger.close()
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()
 
 
-def merge_metrics(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Combine the ranks' raw figures into the iteration's metrics."""
-    n = sum(p["n_steps"] for p in parts)
-    cat = lambda key: [x for p in parts for x in p[key]]  # noqa: E731
-    adv_mean = sum(p["adv_sum"] for p in parts) / max(1, n)
-    adv_var = sum(p["adv_sq"] for p in parts) / max(1, n) - adv_mean**2
-    rollout_s = max(p["times"][0] for p in parts)
-    gen_tokens = sum(p["gen_tokens"] for p in parts)
-    m: dict[str, Any] = {
-        "adv_mean": adv_mean,
-        "adv_std": math.sqrt(max(0.0, adv_var)),
-        "reward_mean": float(np.mean(cat("reward"))) if cat("reward") else 0.0,
-        "success_rate": float(np.mean(cat("success"))) if cat("success") else 0.0,
-        "score_mean": float(np.mean(cat("score"))) if cat("score") else 0.0,
-        "episode_length": float(np.mean(cat("length"))) if cat("length") else 0.0,
-        "invalid_rate": sum(p["invalid"] for p in parts) / max(1, n),
-        "n_steps": n,
-        "n_trajectories": len(cat("success")),
-        "gen_tokens": gen_tokens,
-        "tokens_per_s": gen_tokens / max(1e-9, max(p["gen_s"] for p in parts)),
-        "time/rollout": rollout_s,
-        "time/generate": max(p["gen_s"] for p in parts),
-        "time/env": max(p["env_s"] for p in parts),
-        "time/advantage": max(p["times"][1] for p in parts),
-        "time/update": max(p["times"][2] for p in parts),
-        "time/score": max(p["times"][3] for p in parts),
-    }
-    gap_n = sum(p["lp_gap"][1] for p in parts)
-    if gap_n:  # the rollout engine's log-probs (vLLM) against the trainer's: the sync check
-        m["rollout/logprob_diff_mean"] = sum(p["lp_gap"][0] for p in parts) / gap_n
-        m["rollout/logprob_diff_max"] = max(p["lp_gap"][2] for p in parts)
-    upd = [p["upd"] for p in parts]
-    for k in upd[0]:
-        m[k] = float(np.mean([u[k] for u in upd]))
-    by_level: dict[str, list[tuple[float, float, float]]] = {}
-    for p in parts:
-        for name, util, size, groups in p["levels"]:
-            by_level.setdefault(name, []).append((util * p["n_steps"], size * groups, groups))
-    for name, rows in by_level.items():
-        m[f"level{name}/utilisation"] = sum(r[0] for r in rows) / max(1, n)
-        g = sum(r[2] for r in rows)
-        m[f"level{name}/mean_group_size"] = sum(r[1] for r in rows) / max(1, g)
-        m[f"level{name}/n_groups"] = g
-    return m
+def due(every: int, it: int) -> bool:
+    """Whether a task done every ``every`` iterations (0 = never) falls on iteration ``it``."""
+    return bool(every) and it % every == 0
+
+
+def stop_unless_finite(stats: UpdateStats, it: int) -> None:
+    """Raise NonFiniteError on every rank when any rank saw a NaN or infinite loss or gradient
+    norm: before the weight sync and before the iteration's checkpoint."""
+    if dist.all_max(int(not stats.finite)):
+        raise NonFiniteError(
+            f"iteration {it}: the PPO loss or the gradient norm is not finite; the run stops "
+            "before writing a checkpoint (the last one is kept); lower --lr or check the inputs"
+        )
 
 
 def train(cfg: TrainConfig) -> list[dict[str, Any]]:

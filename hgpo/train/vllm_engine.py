@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hgpo.train.model import gathered_named_parameters, stop_ids
+from hgpo.train.model import inference_named_parameters, stop_ids
 
 
 def _load_into_worker(worker: Any, named: list[tuple[str, torch.Tensor]], tied: bool) -> bool:
@@ -84,7 +84,8 @@ class VLLMEngine:
 
         self.tok = tok
         self.stop = stop_ids(tok)
-        self.tied = bool(getattr(actor.config, "tie_word_embeddings", False))
+        config = actor.get_base_model().config if hasattr(actor, "get_base_model") else actor.config
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.llm = LLM(
             model=model_path,
             tokenizer=model_path,
@@ -96,13 +97,13 @@ class VLLMEngine:
             enforce_eager=on_cpu,  # CUDA graphs on GPU; on CPU compiling only adds start-up time
         )
         self.head_copies = 0
-        self.last_logprobs: list[list[float]] = []
-        """vLLM's log-probs of the tokens of the last ``generate`` call's responses."""
+        self._last_logprobs: list[list[float]] = []
         self.sync(actor)
 
     def sync(self, actor: nn.Module) -> None:
-        """Load the actor's current weights; drop the prefix cache (its KV came from old weights)."""
-        named = list(gathered_named_parameters(actor))
+        """Load the actor's current weights (LoRA adapters merged in); drop the prefix cache
+        (its KV came from old weights)."""
+        named = list(inference_named_parameters(actor))
         res = self.llm.collective_rpc(_load_into_worker, args=(named, self.tied))
         self.head_copies += int(any(res))
         self.llm.reset_prefix_cache()
@@ -123,8 +124,12 @@ class VLLMEngine:
         outs = self.llm.generate(
             [{"prompt_token_ids": list(p)} for p in prompts], sampling_params=sp, use_tqdm=False
         )
-        self.last_logprobs = [_sampled_logprobs(o.outputs[0]) for o in outs]
+        self._last_logprobs = [_sampled_logprobs(o.outputs[0]) for o in outs]
         return [list(o.outputs[0].token_ids) for o in outs]
+
+    def generated_logprobs(self) -> list[list[float]]:
+        """vLLM's log-probs of the tokens of the last ``generate`` call's responses."""
+        return self._last_logprobs
 
     def logprobs(
         self, prompts: Sequence[Sequence[int]], max_new: int

@@ -65,16 +65,16 @@ def expert_samples(
         for step in range(max(len(p) for p in plans)):
             actions = [""] * len(tasks)
             for i, plan in enumerate(plans):
-                if step >= len(plan) or envs.env.done[i]:
+                if step >= len(plan) or envs.done(i):
                     continue
                 text = envs.prompt(i, obs[i], infos[i])
                 prompt = encode_prompt(tok, text, cfg.max_prompt_tokens, cfg.enable_thinking)
                 text = f"{THINK}<action>{plan[step]}</action>"
                 resp = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
                 samples.append((prompt, resp))
-                envs.memory[i].store(envs.shown(i, obs[i]), plan[step])
+                envs.remember(i, obs[i], plan[step])
                 actions[i] = plan[step]
-            obs, _, _, infos = envs.env.step(actions)
+            obs, _, _, infos = envs.step(actions)
             won |= np.array([bool(x.get("won")) for x in infos])
     finally:
         envs.close()

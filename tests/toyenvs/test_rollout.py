@@ -8,6 +8,7 @@ from conftest import SMALL, make_small
 
 import toyenvs
 from hgpo.batch import StepBatch
+from tests.toyenvs import reference_kernels
 from toyenvs import _kernels as kn
 from toyenvs.rollout import alloc_buffers, env_args
 
@@ -115,7 +116,7 @@ def _run_kernel(fn, env: toyenvs.POMDP, K: int = 2) -> tuple[int, dict]:
     return n, out
 
 
-@pytest.mark.parametrize("kernel", [kn.rollout_kernel, kn.rollout_kernel_fast])
+@pytest.mark.parametrize("kernel", [reference_kernels.rollout_kernel, kn.rollout_kernel_fast])
 def test_rollout_kernels_compiled_equal_python(kernel) -> None:
     env = make_small("keydoor_slip")
     (n1, a), (n2, b) = _run_kernel(kernel, env), _run_kernel(kernel.py_func, env)
@@ -131,7 +132,7 @@ def test_fast_kernel_equals_the_one_at_a_time_reference(key: str, K: int) -> Non
     # (the lanes meet them in another order), so rows are compared through their codes.
     env = make_small(key)
     (n1, a), (n2, b) = (
-        _run_kernel(kn.rollout_kernel, env, K=K),
+        _run_kernel(reference_kernels.rollout_kernel, env, K=K),
         _run_kernel(kn.rollout_kernel_fast, env, K=K),
     )
     assert n1 == n2 > 0

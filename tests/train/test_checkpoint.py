@@ -52,7 +52,7 @@ def test_resume_on_another_number_of_ranks(tmp_path, stage, refused):
     saved = {"lr": 3e-4, "weight_decay": 0.01}
     opt = types.SimpleNamespace(param_groups=[dict(saved), dict(saved)])
     actor = types.SimpleNamespace(
-        load_checkpoint=lambda path, tag: loaded.append(tag), optimizer=opt
+        load_checkpoint=lambda path, tag, **kw: loaded.append(tag), optimizer=opt
     )
     fake = types.SimpleNamespace(
         out=tmp_path,
@@ -60,6 +60,7 @@ def test_resume_on_another_number_of_ranks(tmp_path, stage, refused):
         cfg=types.SimpleNamespace(zero_stage=stage, lr=1e-6, weight_decay=0.0),
         actor=actor,
         critic=None,
+        lora=False,
         engine_sync=lambda: None,
     )
     if refused:

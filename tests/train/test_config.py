@@ -8,7 +8,30 @@ import os
 
 import pytest
 
-from hgpo.train.config import PRESETS, TrainConfig, build_parser, field_docs, parse_args, resolve
+from hgpo.train.config import (
+    PRESETS,
+    SECTIONS,
+    TrainConfig,
+    build_parser,
+    field_docs,
+    parse_args,
+    resolve,
+)
+
+
+def test_every_field_is_in_one_section_in_class_order():
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    assert [n for section in SECTIONS.values() for n in section] == names
+
+
+def test_every_numeric_field_refuses_nan_and_infinity():
+    base = resolve(preset="tiny")
+    for f in dataclasses.fields(TrainConfig):
+        if f.type not in ("int", "float", int, float):
+            continue
+        for value in (float("nan"), float("inf"), -float("inf")):
+            with pytest.raises(ValueError, match=f"TrainConfig.{f.name}: must be"):
+                dataclasses.replace(base, **{f.name: value})
 
 
 def test_every_field_has_a_docstring_and_a_flag():
@@ -96,12 +119,23 @@ def test_cli_overrides_every_kind_of_field(tmp_path):
     ("argv", "needle"),
     [
         (["--estimator", "ppo"], "unknown estimator 'ppo'; known estimators: grpo"),
-        (["--lr", "-1"], "TrainConfig.lr must be > 0, got -1.0"),
-        (["--env", "minecraft"], "TrainConfig.env must be one of"),
+        (["--lr", "-1"], "TrainConfig.lr: must be a finite number > 0, got -1.0"),
+        (["--lr", "inf"], "TrainConfig.lr: must be a finite number > 0, got inf"),
+        (["--kl-coef", "inf"], "TrainConfig.kl_coef: must be a finite number >= 0, got inf"),
+        (["--dual-clip", "nan"], "TrainConfig.dual_clip: must be a finite number >= 0, got nan"),
+        (["--gamma", "nan"], "TrainConfig.gamma: must be a finite number in [0, 1], got nan"),
+        (["--temperature=-inf"], "TrainConfig.temperature: must be a finite number > 0"),
+        (["--env-timeout-s", "inf"], "TrainConfig.env_timeout_s: must be a finite number > 0"),
+        (["--seed", "-1"], "TrainConfig.seed: must be an integer >= 0, got -1"),
+        (["--env", "minecraft"], "TrainConfig.env: must be one of 'alfworld', 'webshop'"),
+        (["--device", "tpu"], "TrainConfig.device: must be one of 'auto', 'cpu', 'cuda'"),
         (["--estimator-options", "nrm=mean"], "unknown estimator option 'nrm'"),
         (["--estimator-options", "norm=median"], "EstimatorConfig.norm: must be one of"),
-        (["--zero-stage", "4"], "TrainConfig.zero_stage must be 0, 1, 2 or 3, got 4"),
-        (["--dual-clip", "0.5"], "TrainConfig.dual_clip must be 0 (off) or > 1"),
+        (["--estimator-options", "alpha=inf"], "EstimatorConfig.alpha: must be a finite number"),
+        (["--zero-stage", "4"], "TrainConfig.zero_stage: must be an integer in 0..3, got 4"),
+        (["--dual-clip", "0.5"], "TrainConfig.dual_clip: must be 0 (off) or > 1, got 0.5"),
+        (["--clip-ratio", "1"], "TrainConfig.clip_ratio: must be a finite number in (0, 1)"),
+        (["--config", "/missing.json"], "--config: cannot read '/missing.json' (No such file"),
         (["--no-such-field", "1"], "unrecognized arguments: --no-such-field"),
     ],
 )
@@ -170,3 +204,36 @@ def test_deepspeed_launcher_local_rank_is_accepted(flag, monkeypatch):
     cfg, _ = parse_args([flag, "--preset", "tiny"])
     assert cfg.model == "tiny"
     assert os.environ["LOCAL_RANK"] == "1"
+
+
+@pytest.mark.parametrize("env", ["alfworld", "webshop"])
+@pytest.mark.parametrize(
+    "estimator",
+    ["grpo", "rloo", "stepwise", "gigpo", "oracle", "hgpo", "hgpo-nohog2", "hgpo-uniform"],
+)
+def test_reference_options_use_each_estimators_own_preset(estimator, env):
+    from hgpo.config import reference_config
+
+    cfg = resolve(
+        preset="tiny",
+        env=env,
+        overrides={"estimator": estimator, "reference_options": True, "history_length": 3},
+    )
+    want = reference_config(estimator, env=env).replace(K=3, gamma=cfg.gamma)
+    assert cfg.estimator_config() == want
+
+
+def test_reference_options_rloo_is_not_hgpos_preset():
+    # the bug this guards against: every estimator but gigpo got reference_config("hgpo"),
+    # so rloo trained with population std and mean_std normalisation on ALFWorld
+    est = resolve(
+        preset="tiny", overrides={"estimator": "rloo", "reference_options": True}
+    ).estimator_config()
+    assert (est.norm, est.std) == ("mean", "sample")
+
+
+def test_reference_options_without_a_preset_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--preset", "tiny", "--estimator", "gae", "--reference-options"])
+    err = capsys.readouterr().err
+    assert "TrainConfig.reference_options: estimator 'gae' has no reference preset" in err

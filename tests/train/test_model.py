@@ -7,16 +7,8 @@ import math
 import pytest
 import torch
 
-from hgpo.train.model import (
-    Critic,
-    HFEngine,
-    encode_prompt,
-    kl_k3,
-    pack,
-    policy_loss,
-    response_logprobs,
-    value_loss,
-)
+from hgpo.train.loss import kl_k3, policy_loss, value_loss
+from hgpo.train.model import Critic, HFEngine, encode_prompt, pack, response_logprobs
 from hgpo.train.tiny import build_tiny
 
 

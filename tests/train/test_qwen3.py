@@ -119,7 +119,7 @@ def test_tiny_folder_of_another_arch_is_refused(qwen3):
 def test_rollout_prompts_follow_the_switch(qwen3):
     """The rollout renders every step's prompt with the run's switch."""
     from hgpo.train.envs import EnvSet
-    from hgpo.train.rollout import run_episodes
+    from hgpo.train.rollout import Play, run_episodes
 
     _, tok = qwen3
     block = tok(EMPTY_THINK, add_special_tokens=False)["input_ids"]
@@ -129,6 +129,9 @@ def test_rollout_prompts_follow_the_switch(qwen3):
         def generate(self, prompts, temperature, top_p, max_new):
             return [[*response, tok.eos_token_id] for _ in prompts]
 
+        def generated_logprobs(self):
+            return None
+
     cfg = TrainConfig(
         env="alfworld", alfworld_games_dir=str(GAMES), max_steps=2, history_length=1,
         env_workers=1,
@@ -137,9 +140,8 @@ def test_rollout_prompts_follow_the_switch(qwen3):
     try:
         tails = {}
         for on in (False, True):
-            roll = run_episodes(
-                envs, Fixed(), tok, [0], 1, 1.0, 1.0, 16, 2048, 2, enable_thinking=on
-            )
+            play = Play(1, 1.0, 1.0, 16, 2048, 2, enable_thinking=on)
+            roll = run_episodes(envs, Fixed(), tok, [0], play)
             assert len(roll) == 2 and not any(roll.invalid)
             tails[on] = {tuple(p[-len(block) :]) == tuple(block) for p in roll.prompt_ids}
     finally:
@@ -151,9 +153,9 @@ def test_config_tiny_arch_and_enable_thinking():
     cfg, _ = parse_args(["--preset", "tiny", "--tiny-arch", "qwen3", "--enable-thinking"])
     assert (cfg.tiny_arch, cfg.enable_thinking) == ("qwen3", True)
     assert (TrainConfig().tiny_arch, TrainConfig().enable_thinking) == ("qwen2", False)
-    with pytest.raises(ValueError, match=r"tiny_arch must be one of \('qwen2', 'qwen3'\)"):
+    with pytest.raises(ValueError, match=r"tiny_arch: must be one of 'qwen2', 'qwen3'"):
         TrainConfig(tiny_arch="llama")
-    with pytest.raises(ValueError, match="enable_thinking must be false with tiny_arch='qwen2'"):
+    with pytest.raises(ValueError, match="enable_thinking: must be false with tiny_arch='qwen2'"):
         TrainConfig(model="tiny", enable_thinking=True)
 
 

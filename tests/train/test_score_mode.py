@@ -9,7 +9,13 @@ from agentenvs import parse_action
 from hgpo.train.config import TrainConfig
 from hgpo.train.metrics import read_metrics
 from hgpo.train.model import HFEngine, pack, response_logprobs
-from hgpo.train.rollout import candidate_actions, response_text, run_episodes, score_and_sample
+from hgpo.train.rollout import (
+    Play,
+    candidate_actions,
+    response_text,
+    run_episodes,
+    score_and_sample,
+)
 from hgpo.train.tiny import build_tiny
 from tests.train.conftest import GAMES, run_cli
 
@@ -78,7 +84,8 @@ def test_score_mode_rollout_is_admissible_and_logprobs_match_the_trainer(tmp_pat
     )  # fmt: skip
     envs = EnvSet(cfg, "train", 2)
     try:
-        roll = run_episodes(envs, engine, tok, [0], 2, 1.0, 1.0, 16, 1024, 3, action_mode="score")
+        play = Play(2, 1.0, 1.0, 16, 1024, 3, action_mode="score")
+        roll = run_episodes(envs, engine, tok, [0], play)
     finally:
         envs.close()
     assert len(roll) == 6 and not any(roll.invalid)
