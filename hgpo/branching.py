@@ -92,55 +92,89 @@ def branch_layout(
             "a trajectory has one parent"
         )
     b = step[first]
-    index_of = {int(t): j for j, t in enumerate(traj[first].tolist())}
-    parent = np.full(n_traj, -1, dtype=np.int64)
+    parent = _dense_parents(p_id, traj[first], traj)
+    roots = parent < 0
+    if (roots & (b != 0)).any():
+        row = int(first[np.flatnonzero(roots & (b != 0))[0]])
+        raise ValueError(
+            f"StepBatch.step[{row}] is {step[row]} at the start of trajectory {traj[row]}, "
+            "which has no parent: only a branch may start after step 0"
+        )
     vlen = b + traj_len
-    vrows = np.full((n_traj, int(vlen.max())), -1, dtype=np.int64)
-    for j in range(n_traj):
-        row = int(first[j])
-        if p_id[j] < 0:
-            if b[j] != 0:
+    br = np.flatnonzero(~roots)
+    p = parent[br]
+    out_of_range = (b[br] < 1) | (b[br] > vlen[p] - 1)
+    if out_of_range.any():
+        j = int(br[np.flatnonzero(out_of_range)[0]])
+        raise ValueError(
+            f"{_where(first[j], p_id[j], traj)}: it starts at step {b[j]}, a branch must start "
+            f"at a step 1..{vlen[parent[j]] - 1} of its parent's trajectory"
+        )
+    vrows = _virtual_rows(parent, b, vlen, first)
+    p_row = vrows[p, b[br]]
+    for col, what in ((group, "group"), (state, "state")):
+        diff = col[p_row] != col[first[br]]
+        if diff.any():
+            k = int(np.flatnonzero(diff)[0])
+            row = int(first[br[k]])
+            if what == "group":
                 raise ValueError(
-                    f"StepBatch.step[{row}] is {b[j]} at the start of trajectory {traj[row]}, "
-                    "which has no parent: only a branch may start after step 0"
+                    f"{_where(row, p_id[br[k]], traj)}: the parent lies in group "
+                    f"{group[p_row[k]]}, not {group[row]}"
                 )
-        else:
-            p = index_of.get(int(p_id[j]), -1)
-            _check_parent(row, j, p, b, vlen, group, state, vrows, traj, p_id)
-            parent[j] = p
-            vrows[j, : b[j]] = vrows[p, : b[j]]
-        vrows[j, b[j] : vlen[j]] = np.arange(row, row + traj_len[j])
+            raise ValueError(
+                f"{_where(row, p_id[br[k]], traj)}: its first state {state[row]} differs from "
+                f"its parent's state {state[p_row[k]]} at step {b[br[k]]} (a branch restarts "
+                "from the parent's snapshot)"
+            )
     return BranchLayout(parent, b, vrows, vlen)
 
 
-def _check_parent(
-    row: int,
-    j: int,
-    p: int,
-    b: np.ndarray,
-    vlen: np.ndarray,
-    group: np.ndarray,
-    state: np.ndarray,
-    vrows: np.ndarray,
-    traj: np.ndarray,
-    p_id: np.ndarray,
-) -> None:
-    where = f"StepBatch.parent[{row}] is {p_id[j]} (trajectory {traj[row]})"
-    if p < 0 or p >= j:
-        raise ValueError(f"{where}: a parent must be a trajectory listed earlier in the batch")
-    if not 1 <= b[j] <= vlen[p] - 1:
+def _where(row: int, parent_id: int, traj: np.ndarray) -> str:
+    return f"StepBatch.parent[{row}] is {parent_id} (trajectory {traj[row]})"
+
+
+def _dense_parents(p_id: np.ndarray, ids: np.ndarray, traj: np.ndarray) -> np.ndarray:
+    """int64[n_traj] dense index of each parent id (-1 for a root); ValueError when a parent
+    is not a trajectory listed earlier in the batch (so the pointers have no cycle)."""
+    order = np.argsort(ids, kind="stable")
+    pos = np.minimum(np.searchsorted(ids[order], p_id), ids.shape[0] - 1)
+    parent = np.where(ids[order][pos] == p_id, order[pos], ids.shape[0])
+    parent[p_id < 0] = -1
+    bad = (p_id >= 0) & (parent >= np.arange(ids.shape[0]))
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
         raise ValueError(
-            f"{where}: it starts at step {b[j]}, a branch must start at a step 1..{vlen[p] - 1} "
-            "of its parent's trajectory"
+            f"StepBatch.parent is {p_id[j]} on trajectory {ids[j]}: a parent must be a "
+            "trajectory listed earlier in the batch"
         )
-    p_row = int(vrows[p, b[j]])
-    if group[p_row] != group[row]:
-        raise ValueError(f"{where}: the parent lies in group {group[p_row]}, not {group[row]}")
-    if state[p_row] != state[row]:
-        raise ValueError(
-            f"{where}: its first state {state[row]} differs from its parent's state "
-            f"{state[p_row]} at step {b[j]} (a branch restarts from the parent's snapshot)"
-        )
+    return parent
+
+
+def _virtual_rows(
+    parent: np.ndarray, b: np.ndarray, vlen: np.ndarray, first: np.ndarray
+) -> np.ndarray:
+    """int64[n_traj, T_max] row of step t of V(j), -1 past its end.
+
+    The owner of step t of V(j) is j when t >= b_j, else the owner of step t of V(parent_j):
+    the map F(j, t) = (t < b_j ? parent_j : j) iterated to its fixed point, by doubling
+    (F <- F(F, t), t fixed along a chain), so log2(depth of the deepest branch) passes.
+    """
+    n_traj, T = vlen.shape[0], int(vlen.max())
+    t = np.arange(T)[None, :]
+    j = np.arange(n_traj)[:, None]
+    owner = np.where(t < b[:, None], parent[:, None], j)  # a root owns all (b = 0)
+    # flat index owner * T + t: F(F(j, t), t) is one gather on the flattened table
+    flat = (owner * T + t).ravel()
+    while True:
+        nxt = flat[flat]
+        if np.array_equal(nxt, flat):
+            break
+        flat = nxt
+    own = (flat // T).reshape(n_traj, T)
+    rows = first[own] + t - b[own]
+    rows[t >= vlen[:, None]] = -1
+    return rows
 
 
 def lookback_rows(batch: StepBatch, K: int) -> np.ndarray:
