@@ -413,13 +413,27 @@ def _parser() -> argparse.ArgumentParser:
         help="one env (keydoor 4x4), K=2, 2 stages, 12 batches: a smoke run",
     )
     p.add_argument("--no-progress", action="store_true")
+    # [branching] studies/branching_study.py
+    p.add_argument("--scheme", nargs="+", default=None,
+                   help="compare rollout schemes at equal env-step cost instead (independent, "
+                        "branch:uniform, branch:singleton, branch:hard, tree:D1,D2,...)")  # fmt: skip
+    p.add_argument("--budgets", type=float, nargs="+", default=None,
+                   help="with --scheme: env-step budgets as multiples of N independent rollouts' "
+                        "(default 0.5 0.75 1 1.5 2; --quick 0.5 1 2)")  # fmt: skip
+    p.add_argument(
+        "--branch-budget",
+        type=float,
+        default=0.5,
+        help="with --scheme: share of the steps spent on branches, in (0, 1]",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
-    kw = {k: v for k, v in vars(a).items() if k not in ("quick", "no_progress")}
+    branching = ("scheme", "budgets", "branch_budget")  # [branching]
+    kw = {k: v for k, v in vars(a).items() if k not in ("quick", "no_progress", *branching)}
     if a.quick:
         kw.update(envs=["keydoor:size=4"], Ks=[2], stages=["untrained", "0.5"], n_batches=12)
     for k in ("envs", "Ks", "stages", "estimators", "norms"):
@@ -428,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = StudyConfig(**kw)
     except ValueError as exc:
         p.error(str(exc))
+    if a.scheme:  # [branching] the rollout-scheme comparison, studies/branching_study.py
+        return _scheme_main(p, a, cfg)
     t0 = time.perf_counter()
     summary = run_study(cfg, progress=not a.no_progress)
     print(summary["table"])
@@ -435,6 +451,25 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nwrote {cfg.out}/ (results.csv, results.json, levels.csv, report.md, *.png) in {time.perf_counter() - t0:.0f} s"
     )
+    return 0
+
+
+def _scheme_main(p: argparse.ArgumentParser, a: argparse.Namespace, cfg: StudyConfig) -> int:
+    """[branching] ``--scheme``: checks every scheme option, then runs the comparison."""
+    from studies.branching_study import (
+        DEFAULT_BUDGETS,
+        QUICK_BUDGETS,
+        SchemeStudy,
+        run_scheme_study,
+    )
+
+    budgets = a.budgets or (QUICK_BUDGETS if a.quick else DEFAULT_BUDGETS)
+    study = SchemeStudy(tuple(a.scheme), tuple(budgets), a.branch_budget)
+    try:
+        study.check(cfg.envs)
+    except ValueError as exc:
+        p.error(str(exc))
+    print(run_scheme_study(cfg, study))
     return 0
 
 
