@@ -109,6 +109,27 @@ def test_singleton_rule_branches_from_singletons() -> None:
     assert checked > 0
 
 
+def test_hard_rule_branches_from_the_most_varied_group() -> None:
+    """At each branch, the chosen step's level-K group has the largest variance of the
+    return-to-go (true reward, undiscounted) among the group's earlier steps with t >= 1."""
+    _env, rb = _run("household", "branch:hard", steps=80, budget=0.75)
+    b, lay = rb.batch, rb.batch.branches
+    togo = np.empty(b.n_steps)
+    for j in range(b.n_traj):  # own rows only: a branch's future is its own
+        rows = np.arange(b.traj_start[j], b.traj_start[j] + b.traj_len[j])
+        togo[rows] = np.cumsum(rb.true_reward[rows][::-1])[::-1]
+    checked = 0
+    for j in np.flatnonzero(lay.parent >= 0):
+        rows, _ = _level_k_counts_before(b, rb.code, j)
+        var = {c: np.var(togo[rows][rb.code[rows] == c]) for c in np.unique(rb.code[rows])}
+        best = max(var[rb.code[r]] for r in rows if b.step[r] >= 1)
+        if best > 1e-9:
+            p_row = lay.virtual_rows[lay.parent[j], lay.branch_step[j]]
+            assert var[rb.code[p_row]] == pytest.approx(best, abs=1e-9)
+            checked += 1
+    assert checked > 0
+
+
 def test_tree_rule_branches_at_its_depths() -> None:
     _env, rb = _run("household", "tree:2,4", steps=60, budget=0.5)
     lay = rb.batch.branches
