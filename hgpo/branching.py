@@ -29,6 +29,7 @@ branches included; a step's advantage is given to its own rows only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,14 +47,31 @@ class BranchLayout:
     Attributes:
         parent: int64[n_traj] dense index of each trajectory's parent, -1 for a root.
         branch_step: int64[n_traj] the step of its first own row (0 for a root).
-        virtual_rows: int64[n_traj, T_max] row of step t of V(i), -1 past its end.
         virtual_len: int64[n_traj] length of V(i) (the step after its last).
+        first: int64[n_traj] the row of its first own step.
+        virtual_rows: int64[n_traj, T_max] row of step t of V(i), -1 past its end; built on
+            first use (the estimators need it, building the batch does not).
     """
 
     parent: np.ndarray
     branch_step: np.ndarray
-    virtual_rows: np.ndarray
     virtual_len: np.ndarray
+    first: np.ndarray
+
+    @cached_property
+    def virtual_rows(self) -> np.ndarray:
+        return _virtual_rows(self.parent, self.branch_step, self.virtual_len, self.first)
+
+    def row_at(self, j: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """int64 row of step t of V(j) (t < virtual_len[j]), by climbing to the owner of step t:
+        one vector step per level of branching, over the queried pairs only."""
+        own = np.asarray(j, dtype=np.int64).copy()
+        t = np.asarray(t, dtype=np.int64)
+        while True:
+            up = t < self.branch_step[own]
+            if not up.any():
+                return self.first[own] + t - self.branch_step[own]
+            own[up] = self.parent[own[up]]
 
     @property
     def n_branches(self) -> int:
@@ -110,8 +128,8 @@ def branch_layout(
             f"{_where(first[j], p_id[j], traj)}: it starts at step {b[j]}, a branch must start "
             f"at a step 1..{vlen[parent[j]] - 1} of its parent's trajectory"
         )
-    vrows = _virtual_rows(parent, b, vlen, first)
-    p_row = vrows[p, b[br]]
+    layout = BranchLayout(parent, b, vlen, first)
+    p_row = layout.row_at(p, b[br])
     for col, what in ((group, "group"), (state, "state")):
         diff = col[p_row] != col[first[br]]
         if diff.any():
@@ -127,7 +145,7 @@ def branch_layout(
                 f"its parent's state {state[p_row[k]]} at step {b[br[k]]} (a branch restarts "
                 "from the parent's snapshot)"
             )
-    return BranchLayout(parent, b, vrows, vlen)
+    return layout
 
 
 def _where(row: int, parent_id: int, traj: np.ndarray) -> str:
