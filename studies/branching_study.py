@@ -238,13 +238,47 @@ def summarise(rows: list[dict[str, Any]], budgets: tuple[float, ...]) -> tuple[s
     return "\n".join(lines), needed
 
 
+def plot_schemes(rows: list[dict[str, Any]], path: Path) -> None:
+    """One panel per (env, K, stage): HGPO's gradient cosine (top row) and level-K utilisation
+    (bottom row) against env steps per group, a line per scheme; the reference is a star."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = sorted({(r["env"], r["K"], r["stage"]) for r in rows}, key=str)
+    fig, axes = plt.subplots(2, len(cells), figsize=(3.2 * len(cells), 5.6), squeeze=False)
+    for c, (env, K, stage) in enumerate(cells):
+        cell = [r for r in rows if (r["env"], r["K"], r["stage"]) == (env, K, stage)
+                and r["estimator"] == "HGPO"]  # fmt: skip
+        for i, (metric, label) in enumerate((("grad_cos", "HGPO gradient cosine"),
+                                             ("util_K", f"level-{K} utilisation"))):  # fmt: skip
+            ax = axes[i, c]
+            for scheme in dict.fromkeys(r["scheme"] for r in cell):
+                pts = sorted(
+                    (r["steps_per_group"], r[metric]) for r in cell if r["scheme"] == scheme
+                )
+                if scheme.startswith("independent N="):
+                    ax.plot(*zip(*pts, strict=True), "k*", ms=10, label=scheme)
+                else:
+                    ax.plot(*zip(*pts, strict=True), "o-", ms=3, label=scheme)
+            ax.set_xlabel("env steps per group")
+            ax.set_ylabel(label)
+            ax.set_title(f"{env.split(':')[0]} K={K} {stage}", fontsize=9)
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _cell(args: tuple) -> list[dict[str, Any]]:
     return run_scheme_cell(*args)
 
 
 def run_scheme_study(cfg: Any, study: SchemeStudy) -> str:
     """Every (env, K, stage) cell under every scheme and budget; writes ``schemes.csv``,
-    ``schemes.json``, ``budget_needed.csv`` and ``schemes.md`` into ``cfg.out``."""
+    ``schemes.json``, ``budget_needed.csv``, ``schemes.md`` and ``schemes.png`` into
+    ``cfg.out``."""
     from studies.io import atomic_write_json, write_csv
 
     out = Path(cfg.out)
@@ -272,5 +306,6 @@ def run_scheme_study(cfg: Any, study: SchemeStudy) -> str:
                                               "branch_budget": study.branch_budget,
                                               "seed": cfg.seed})  # fmt: skip
     (out / "schemes.md").write_text(table + "\n")
-    return table + f"\n\nwrote {out}/ (schemes.csv, schemes.json, budget_needed.csv, schemes.md) " \
+    plot_schemes(rows, out / "schemes.png")
+    return table + f"\n\nwrote {out}/ (schemes.csv, schemes.json, budget_needed.csv, schemes.md, schemes.png) " \
         f"in {time.perf_counter() - t0:.0f} s"  # fmt: skip

@@ -26,6 +26,7 @@ def test_scheme_study_writes_rows_and_is_reproducible(tmp_path, capsys):
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     assert "branch:singleton" in out and "budget needed" in out
+    assert (tmp_path / "a" / "schemes.png").stat().st_size > 0
     main([*args, "--out", str(tmp_path / "b")])
     a = json.loads((tmp_path / "a" / "schemes.json").read_text())
     b = json.loads((tmp_path / "b" / "schemes.json").read_text())
