@@ -3,6 +3,7 @@ sizes.
 
     python -m benchmarks.bench_toyenvs            # throughput table + keydoor 6x6 K=2 exact
     python -m benchmarks.bench_toyenvs --exact    # also the exact-solver size sweep
+    python -m benchmarks.bench_toyenvs --branching  # only the rollout schemes' cost per step
 
 Throughput counts env step + policy sampling + context keys (k = 0..K) per step, one thread,
 as steps per CPU-second of this process (``time.process_time``, so per core even on a busy
@@ -157,6 +158,44 @@ SWEEP = [
 ]
 
 
+def bench_branching(K: int, min_cpu: float, repeat: int, groups: int = 64, n: int = 8) -> None:
+    """Wall and CPU time per env step of every rollout scheme against today's independent
+    rollouts, end to end (``toyenvs.rollout``, branched StepBatch included), at the step budget
+    per group that N = 8 independent rollouts use on average (keydoor 5x5, uniform policy).
+    The last two columns: time per env step relative to today's independent rollouts, in CPU
+    and in wall time (the CPU figure is the one to read on a shared machine)."""
+    from toyenvs.branching import SCHEMES
+
+    env = toyenvs.make("keydoor", size=5)
+    pol = toyenvs.TabularPolicy(env, K=K)
+    tasks = np.resize(env.tasks, groups)
+    seed = iter(range(10**9))
+    steps = toyenvs.rollout(env, pol, tasks=tasks, n_rollouts=n, seed=0).n_steps // groups
+    schemes = [s.replace("tree:D", "tree:2,4") for s in SCHEMES]
+
+    def runner(scheme: str | None):
+        if scheme is None:
+            return lambda: (
+                toyenvs.rollout(env, pol, tasks=tasks, n_rollouts=n, seed=next(seed)).n_steps
+            )
+        return lambda: toyenvs.rollout(env, pol, tasks=tasks, seed=next(seed), scheme=scheme,
+                                       steps=steps, branch_budget=0.5).n_steps  # fmt: skip
+
+    for scheme in [None, *schemes]:  # warm: compile
+        for _ in range(3):
+            runner(scheme)()
+    print(f"\nrollout schemes, keydoor 5x5 K={K}, {groups} groups, {steps} env steps per group "
+          f"(= N={n} independent), branch_budget 0.5, end to end; {_load()}")  # fmt: skip
+    print(
+        f"{'scheme':<28}{'steps/s/core':>14}{'median':>14}{'wall':>14}{'cpu/step x':>12}{'wall/step x':>12}"
+    )
+    base = _rates(runner(None), min_cpu, repeat)
+    for label, scheme in [("independent N=8 (today)", None), *[(s, s) for s in schemes]]:
+        r = base if scheme is None else _rates(runner(scheme), min_cpu, repeat)
+        print(f"{label:<28}{r['cpu']:>14,.0f}{r['median']:>14,.0f}{r['wall']:>14,.0f}"
+              f"{base['cpu'] / r['cpu']:>12.2f}{base['wall'] / r['wall']:>12.2f}")  # fmt: skip
+
+
 def _load() -> str:
     return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -167,7 +206,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0, help="CPU seconds per measurement")
     ap.add_argument("--repeat", type=int, default=3, help="measurements per figure (best kept)")
     ap.add_argument("--exact", action="store_true", help="also run the exact-solver sweep")
+    ap.add_argument("--branching", action="store_true", help="only the rollout schemes' costs")
     args = ap.parse_args()
+    if args.branching:
+        bench_branching(args.K, args.seconds, args.repeat)
+        return
 
     print(f"before: {_load()} ({os.cpu_count()} cores)")
     ref = bench_reference(args.seconds, args.repeat)

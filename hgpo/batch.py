@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from hgpo.branching import BranchLayout, branch_layout
+
 __all__ = ["StateIndexer", "StepBatch", "state_ids"]
 
 
@@ -86,6 +88,11 @@ class StepBatch:
             :func:`state_ids` turns strings or arrays into keys).
         action: int64[n] or None, key of the action a_t (used when context keys include actions).
         invalid: bool[n] or None, True where a_t was invalid (no tag, unparseable, inadmissible).
+        parent: int64[n] or None, branched batches only (see :mod:`hgpo.branching`): the traj
+            id of the trajectory this one branches from, -1 for a root. A branch's rows start at
+            its branch step b (not 0) and its steps 0..b-1 are its parent's.
+        branches: derived, the :class:`hgpo.branching.BranchLayout` of a batch with at least
+            one branch, else None (then every computation takes the unbranched path).
 
     Raises:
         ValueError naming the field and the offending value when lengths differ, a reward is
@@ -99,10 +106,12 @@ class StepBatch:
     state: np.ndarray
     action: np.ndarray | None = None
     invalid: np.ndarray | None = None
+    parent: np.ndarray | None = None  # [branching] hgpo/branching.py
     # Derived segment layout, filled in __post_init__.
     traj_start: np.ndarray = field(init=False, repr=False)  # int64[n_traj] first row of each traj
     traj_len: np.ndarray = field(init=False, repr=False)  # int64[n_traj]
     traj_index: np.ndarray = field(init=False, repr=False)  # int64[n] dense trajectory index
+    branches: BranchLayout | None = field(init=False, repr=False)  # [branching]
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -119,6 +128,10 @@ class StepBatch:
         set_(self, "reward", reward)
         if self.action is not None:
             set_(self, "action", _as_int_array("action", self.action))
+        # [branching] a batch whose parents are all -1 is an ordinary batch.
+        if self.parent is not None:
+            set_(self, "parent", _as_int_array("parent", self.parent))
+        branched = self.parent is not None and bool((self.parent >= 0).any())
         if self.invalid is not None:
             inv = np.asarray(self.invalid)
             if inv.ndim != 1:
@@ -131,7 +144,7 @@ class StepBatch:
             set_(self, "invalid", np.ascontiguousarray(inv, dtype=np.bool_))
 
         n = self.group.shape[0]
-        for name in ("traj", "step", "reward", "state", "action", "invalid"):
+        for name in ("traj", "step", "reward", "state", "action", "invalid", "parent"):
             arr = getattr(self, name)
             if arr is not None and arr.shape[0] != n:
                 raise ValueError(
@@ -151,9 +164,12 @@ class StepBatch:
         # trajectory with step + 1 and the same traj and group. Checked on shifted slices
         # (contiguous, no gathers): this runs on every batch.
         step, traj, group = self.step, self.traj, self.group
-        if step[0] != 0:
+        if step[0] != 0 and not branched:
             raise ValueError(f"StepBatch.step[0] is {step[0]}; a trajectory must start at step 0")
         is_start = step == 0
+        if branched:  # [branching] a branch starts where the trajectory id changes
+            is_start[1:] |= traj[1:] != traj[:-1]
+            is_start[0] = True
         cont = ~is_start[1:]  # row i + 1 continues row i
         bad = cont & ((step[1:] != step[:-1] + 1) | (traj[1:] != traj[:-1]))
         if bad.any():
@@ -186,6 +202,12 @@ class StepBatch:
         set_(self, "traj_start", starts.astype(np.int64, copy=False))
         set_(self, "traj_len", np.diff(starts, append=n).astype(np.int64, copy=False))
         set_(self, "traj_index", traj_index)
+        layout = None
+        if branched:  # [branching]
+            layout = branch_layout(
+                self.parent, traj, group, self.state, step, self.traj_start, self.traj_len
+            )
+        set_(self, "branches", layout)
 
     @property
     def n_steps(self) -> int:

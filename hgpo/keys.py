@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hgpo.batch import StepBatch
+from hgpo.branching import lookback_rows
 from hgpo.config import check_K
 from hgpo.groups import dense_rank, segment_normalise
 
@@ -161,12 +162,17 @@ def hierarchy(
     info = np.zeros((L, n), dtype=np.bool_) if returns is not None else None
     hist = [np.zeros(2, dtype=np.int64) for _ in range(L)]
     offset = np.zeros(L, dtype=np.int64)
-    perm, bounds = _chunks(batch, CHUNK_ROWS if chunk_rows is None else chunk_rows)
+    back = None
+    if batch.branches is not None:  # [branching] one chunk; contexts read across branch points
+        perm, bounds = None, np.array([0, n], dtype=np.int64)
+        back = lookback_rows(batch, K)
+    else:
+        perm, bounds = _chunks(batch, CHUNK_ROWS if chunk_rows is None else chunk_rows)
     for lo, hi in itertools.pairwise(bounds.tolist()):
         rows = slice(lo, hi) if perm is None else perm[lo:hi]
         _chunk(
             batch, rows, K, returns, include_actions, early, (norm, std, eps, leave_one_out),
-            ids, A, info, hist, offset,
+            ids, A, info, hist, offset, back,
         )  # fmt: skip
     return Hierarchy(ids, offset, hist, A, info)
 
@@ -184,8 +190,13 @@ def _chunk(
     info_out: np.ndarray | None,
     hist_out: list[np.ndarray],
     offset: np.ndarray,
+    back_rows: np.ndarray | None = None,
 ) -> None:
-    """The hierarchy of one chunk of whole rollout groups, written into the outputs."""
+    """The hierarchy of one chunk of whole rollout groups, written into the outputs.
+
+    back_rows: int64[K + 1, n] the row of s_{t-k} of each step (branched batches, one chunk),
+    or None: the row k before (trajectories contiguous).
+    """
     g, g_n = _codes(batch.group[rows])
     s, s_n = _codes(batch.state[rows])
     t = batch.step[rows]
@@ -212,7 +223,7 @@ def _chunk(
                 keep = t[cand] >= k
                 cand, prev = cand[keep], prev[keep]
                 alone = alone[t[alone] >= k]
-            back = cand - k
+            back = cand - k if back_rows is None else back_rows[k, cand]
             shifted = np.where(t[cand] >= k, past[np.maximum(back, 0)] + 1, 0)
             bound = n_prev * (past_n + 1)
             key = prev * (past_n + 1) + shifted

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hgpo.batch import StepBatch
+from hgpo.branching import virtual_episode_returns
 
 __all__ = ["check_finite", "discounted_returns", "episode_returns", "penalised_rewards"]
 
@@ -72,12 +73,15 @@ def _discount_blocks(
 ) -> None:
     """The recursion block by block (blocks of whole trajectories, bounds ``tb``)."""
     starts, lens = batch.traj_start, batch.traj_len
+    step = batch.step
+    if batch.branches is not None:  # [branching] a branch's own rows start at its branch step
+        step = step - batch.branches.branch_step[batch.traj_index]
     for t0, t1 in zip(tb[:-1].tolist(), tb[1:].tolist(), strict=True):
         lo, hi = int(starts[t0]), int(starts[t1 - 1] + lens[t1 - 1])
         block_lens = lens[t0:t1]
         T = int(block_lens.max())
         if (t1 - t0) * T <= 2 * (hi - lo) + 64:
-            _returns_padded(r[lo:hi], out[lo:hi], batch.step[lo:hi], batch.traj_index[lo:hi] - t0,
+            _returns_padded(r[lo:hi], out[lo:hi], step[lo:hi], batch.traj_index[lo:hi] - t0,
                             t1 - t0, T, gamma)  # fmt: skip
         else:
             _returns_by_distance(r[lo:hi], out[lo:hi], block_lens, T, gamma)
@@ -117,5 +121,8 @@ def episode_returns(batch: StepBatch, rewards: np.ndarray | None = None) -> np.n
 
     Summed by the same recursion as the step returns (R_0 at gamma = 1, from the last step
     back), so the rounding, and hence which groups are exactly tied, is fixed by definition.
+    A branch's episode is its virtual full trajectory, its parent's prefix then its own rows.
     """
+    if batch.branches is not None:  # [branching] the parent's prefix counts too
+        return virtual_episode_returns(batch, batch.reward if rewards is None else rewards)
     return discounted_returns(batch, 1.0, rewards)[batch.traj_start]

@@ -454,6 +454,19 @@ def _parser() -> argparse.ArgumentParser:
         "keep their values)",
     )
     p.add_argument("--no-progress", action="store_true")
+    # [branching] studies/branching_study.py
+    p.add_argument("--scheme", nargs="+", default=None,
+                   help="compare rollout schemes at equal env-step cost instead (independent, "
+                        "branch:uniform, branch:singleton, branch:hard, tree:D1,D2,...)")  # fmt: skip
+    p.add_argument("--budgets", type=float, nargs="+", default=None,
+                   help="with --scheme: env-step budgets as multiples of N independent rollouts' "
+                        "(default 0.5 0.75 1 1.5 2; --quick 0.5 1 2)")  # fmt: skip
+    p.add_argument(
+        "--branch-budget",
+        type=float,
+        default=0.5,
+        help="with --scheme: share of the steps spent on branches, in (0, 1]",
+    )
     return p
 
 
@@ -463,7 +476,8 @@ QUICK = dict(envs=["keydoor:size=4"], Ks=[2], stages=["untrained", "0.5"], n_bat
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
-    kw = {k: v for k, v in vars(a).items() if k not in ("quick", "no_progress")}
+    branching = ("scheme", "budgets", "branch_budget")  # [branching]
+    kw = {k: v for k, v in vars(a).items() if k not in ("quick", "no_progress", *branching)}
     if a.quick:
         kw = apply_preset(kw, QUICK, given_dests(p, argv))
     for k in ("envs", "Ks", "stages", "estimators", "norms"):
@@ -474,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         check_backend(cfg.backend, cfg.ray_address)
     except ValueError as exc:
         p.error(str(exc))
+    if a.scheme:  # [branching] the rollout-scheme comparison, studies/branching_study.py
+        return _scheme_main(p, a, cfg)
     t0 = time.perf_counter()
     try:
         summary = run_study(cfg, progress=not a.no_progress)
@@ -485,6 +501,25 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\nwrote {cfg.out}/ (results.csv, results.json, levels.csv, report.md, *.png) in {time.perf_counter() - t0:.0f} s"
     )
+    return 0
+
+
+def _scheme_main(p: argparse.ArgumentParser, a: argparse.Namespace, cfg: StudyConfig) -> int:
+    """[branching] ``--scheme``: checks every scheme option, then runs the comparison."""
+    from studies.branching_study import (
+        DEFAULT_BUDGETS,
+        QUICK_BUDGETS,
+        SchemeStudy,
+        run_scheme_study,
+    )
+
+    budgets = a.budgets or (QUICK_BUDGETS if a.quick else DEFAULT_BUDGETS)
+    study = SchemeStudy(tuple(a.scheme), tuple(budgets), a.branch_budget)
+    try:
+        study.check(cfg.envs)
+    except ValueError as exc:
+        p.error(str(exc))
+    print(run_scheme_study(cfg, study))
     return 0
 
 

@@ -146,6 +146,9 @@ def rollout(
     tasks: np.ndarray | None = None,
     n_rollouts: int = 8,
     seed: int = 0,
+    scheme: str = "independent",
+    steps: int | None = None,
+    branch_budget: float = 0.5,
 ) -> Rollouts:
     """Roll out each task ``n_rollouts`` times under ``pol`` (one numba call).
 
@@ -157,11 +160,18 @@ def rollout(
         seed: non-negative; trajectory g * N + j draws from the stream (seed, g * N + j), so the
             same seed gives the same batch bit for bit.
 
+        scheme, steps, branch_budget: a branching scheme (``toyenvs/branching.py``):
+            "independent", "branch:uniform", "branch:singleton", "branch:hard" or "tree:D1,..."
+            with ``steps`` env steps per group, the share ``branch_budget`` of them on branches.
+            The batch is then branched (``StepBatch.parent``); ``n_rollouts`` is unused.
+
     Returns:
         :class:`Rollouts`.
     """
     tasks = _check_tasks(env, tasks)
     _check_common(env, pol, n_rollouts, seed)
+    if scheme != "independent" or steps is not None:  # [branching] toyenvs/branching.py
+        return _branched(env, pol, tasks, int(n_rollouts), int(seed), scheme, steps, branch_budget)
     r = rollout_arrays(env, pol, tasks, int(n_rollouts), int(seed))
     batch = StepBatch(
         group=r["group"], traj=r["traj"], step=r["step"], reward=r["reward"], state=r["state"],
@@ -171,4 +181,27 @@ def rollout(
         batch=batch, hidden=r["hidden"], context=r["context"], code=r["context_keys"][pol.K],
         context_keys=np.ascontiguousarray(r["context_keys"]), success=r["success"], tasks=tasks,
         n_rollouts=int(n_rollouts), K=pol.K,
+    )  # fmt: skip
+
+
+def _branched(
+    env: POMDP,
+    pol: TabularPolicy,
+    tasks: np.ndarray,
+    n_rollouts: int,
+    seed: int,
+    scheme: str,
+    steps: int | None,
+    branch_budget: float,
+) -> Rollouts:
+    """[branching] :func:`rollout` under a scheme with a step budget."""
+    from toyenvs.branching import branched_rollout, check_budget, parse_scheme
+
+    parsed = parse_scheme(scheme, env.horizon)
+    check_budget(parsed, steps, branch_budget)
+    r, batch = branched_rollout(env, pol, tasks, seed, parsed, int(steps), float(branch_budget))
+    return Rollouts(
+        batch=batch, hidden=r["hidden"], context=r["context"], code=r["context_keys"][pol.K],
+        context_keys=r["context_keys"], success=r["success"], tasks=tasks, n_rollouts=n_rollouts,
+        K=pol.K,
     )  # fmt: skip

@@ -21,6 +21,18 @@ def _trajectories(b: StepBatch) -> list[list[int]]:
     return list(trajs.values())
 
 
+def _virtual(b: StepBatch) -> dict[int, list[int]]:
+    """traj id -> the rows of its virtual full trajectory, step 0 first: a branch (parent p,
+    first own step t0) is p's virtual rows at steps 0..t0-1 followed by its own rows."""
+    virtual: dict[int, list[int]] = {}
+    for rows in _trajectories(b):
+        tid = int(b.traj[rows[0]])
+        parent = -1 if b.parent is None else int(b.parent[rows[0]])
+        prefix = [] if parent < 0 else virtual[parent][: int(b.step[rows[0]])]
+        virtual[tid] = prefix + rows
+    return virtual
+
+
 def _rewards(b: StepBatch, cfg: EstimatorConfig, with_penalty: bool) -> list[float]:
     out = []
     for row in range(b.n_steps):
@@ -129,11 +141,11 @@ def ref_context(b: StepBatch, row: int, k: int, cfg: EstimatorConfig):
     t = int(b.step[row])
     if t < k and cfg.early == "drop":
         return None
-    start = row - min(t, k)
+    history = _virtual(b)[int(b.traj[row])]
     seq: list = []
-    for j in range(start, row + 1):
+    for j in history[t - min(t, k) : t + 1]:
         seq.append(("s", int(b.state[j])))
-        if cfg.include_actions and j < row:
+        if cfg.include_actions and j != row:
             seq.append(("a", int(b.action[j])))
     return (int(b.group[row]), tuple(seq))
 
@@ -159,17 +171,19 @@ def _episode_units(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[list[int]],
     propagate = cfg.penalty_mode == "return"
     r = _rewards(b, cfg, with_penalty=propagate)
     trajs = _trajectories(b)
+    virtual = _virtual(b)
+    totals = [_total([r[j] for j in virtual[int(b.traj[rows[0]])]]) for rows in trajs]
     if cfg.episode_pooling == "steps":
         units = [[i] for rows in trajs for i in rows]  # every step row is a unit
         scores = []
-        for rows in trajs:
+        for rows, total in zip(trajs, totals, strict=True):
             for i in rows:
-                s = _total([r[j] for j in rows])
+                s = total
                 if not propagate and b.invalid is not None and b.invalid[i]:
                     s -= cfg.invalid_penalty
                 scores.append(s)
         return units, scores
-    return trajs, [_total([r[j] for j in rows]) for rows in trajs]
+    return trajs, totals
 
 
 def ref_episode(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[float], list[bool]]:

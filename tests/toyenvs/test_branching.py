@@ -1,0 +1,165 @@
+"""Branching rollout schemes (toyenvs/branching.py): env dynamics from every snapshot, budgets,
+the rules' choices, determinism, and named errors for bad schemes and budgets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import make_small
+
+import toyenvs
+from hgpo import context_keys
+from hgpo.options import OptionError
+
+SCHEMES = ["branch:uniform", "branch:singleton", "branch:hard", "tree:2,4", "independent"]
+
+
+def _run(key: str, scheme: str, steps: int = 40, budget: float = 0.5, seed: int = 3, K: int = 2):
+    env = make_small(key)
+    pol = toyenvs.TabularPolicy(env, K=K, init="random", seed=1)
+    return env, toyenvs.rollout(env, pol, seed=seed, scheme=scheme, steps=steps,
+                                branch_budget=budget)  # fmt: skip
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("key", ["keydoor_slip", "household", "random"])
+def test_every_step_follows_the_env_from_its_snapshot(key: str, scheme: str) -> None:
+    env, rb = _run(key, scheme)
+    b = rb.batch
+    n = b.n_steps
+    np.testing.assert_array_equal(b.state, env.obs_of_state[rb.hidden])
+    np.testing.assert_array_equal(b.invalid, env.invalid[rb.hidden, b.action])
+    # the successor of each step but a trajectory's last is its next own row
+    last = np.zeros(n, dtype=bool)
+    last[b.traj_start + b.traj_len - 1] = True
+    for r in np.flatnonzero(~last):
+        s, a, s2 = rb.hidden[r], b.action[r], rb.hidden[r + 1]
+        if env.invalid[s, a]:
+            assert s2 == s
+        else:
+            assert env.next_prob[s, a][env.next_state[s, a] == s2].sum() > 0
+        assert b.reward[r] == env.reward_enter[s2]
+        assert not env.terminal[s2]
+    lay = b.branches
+    if lay is None:
+        assert scheme == "independent"
+        return
+    # a branch restarts from its parent's hidden state and full context at its branch step
+    for j in np.flatnonzero(lay.parent >= 0):
+        first, p_row = b.traj_start[j], lay.virtual_rows[lay.parent[j], lay.branch_step[j]]
+        assert rb.hidden[first] == rb.hidden[p_row]
+        assert rb.code[first] == rb.code[p_row]
+    # the toy's context codes and hgpo's keys on the virtual trajectories are the same partition
+    keys = context_keys(b, rb.K, include_actions=True)
+    for k in range(rb.K + 1):
+        for g in np.unique(b.group):
+            m = b.group == g
+            pairs = np.unique(np.stack([rb.context_keys[k, m], keys[k, m]]), axis=1)
+            assert np.unique(pairs[0]).size == np.unique(pairs[1]).size == pairs.shape[1]
+
+
+def test_roots_are_todays_trajectories() -> None:
+    """With one task, root j draws from stream (seed, j) like today's trajectory j."""
+    env = make_small("keydoor_slip")
+    pol = toyenvs.TabularPolicy(env, K=2, init="random", seed=1)
+    rb = toyenvs.rollout(env, pol, tasks=env.tasks[:1], seed=5, scheme="independent", steps=30)
+    old = toyenvs.rollout(env, pol, tasks=env.tasks[:1], n_rollouts=rb.batch.n_traj, seed=5)
+    for name in ("step", "reward", "state", "action", "invalid"):
+        np.testing.assert_array_equal(getattr(rb.batch, name), getattr(old.batch, name))
+    np.testing.assert_array_equal(rb.hidden, old.hidden)
+
+
+@pytest.mark.parametrize("budget", [0.25, 0.5, 1.0])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_budgets_are_respected(scheme: str, budget: float) -> None:
+    _env, rb = _run("household", scheme, steps=50, budget=budget)
+    b = rb.batch
+    root_steps = 50 if scheme == "independent" else int(np.ceil((1 - budget) * 50))
+    for g in np.unique(b.group):
+        trajs = np.flatnonzero(b.group[b.traj_start] == g)
+        lens = b.traj_len[trajs]
+        assert lens.sum() - lens[-1] < 50 <= lens.sum()  # stop once the budget is used
+        roots = b.branches is None or (b.branches.parent[trajs] < 0)
+        roots = np.broadcast_to(roots, lens.shape)
+        n_roots = int(np.flatnonzero(roots).max()) + 1
+        assert roots[:n_roots].all()  # roots first, then branches
+        root_rows = lens[:n_roots].sum()
+        assert n_roots == 1 or root_rows - lens[n_roots - 1] < root_steps
+        assert root_rows >= min(root_steps, lens.sum())
+
+
+def _level_k_counts_before(b, keys_K, traj_j):
+    """Level-K group sizes among the rows of the trajectories listed before ``traj_j``."""
+    g = b.group[b.traj_start[traj_j]]
+    rows = np.flatnonzero((b.traj_index < traj_j) & (b.group == g))
+    vals, counts = np.unique(keys_K[rows], return_counts=True)
+    return rows, dict(zip(vals.tolist(), counts.tolist(), strict=True))
+
+
+def test_singleton_rule_branches_from_singletons() -> None:
+    _env, rb = _run("household", "branch:singleton", steps=80, budget=0.75)
+    b, lay = rb.batch, rb.batch.branches
+    checked = 0
+    for j in np.flatnonzero(lay.parent >= 0):
+        rows, count = _level_k_counts_before(b, rb.code, j)
+        p_row = lay.virtual_rows[lay.parent[j], lay.branch_step[j]]
+        if any(count[rb.code[r]] == 1 for r in rows if b.step[r] >= 1):
+            assert count[rb.code[p_row]] == 1
+            checked += 1
+    assert checked > 0
+
+
+def test_hard_rule_branches_from_the_most_varied_group() -> None:
+    """At each branch, the chosen step's level-K group has the largest variance of the
+    return-to-go (true reward, undiscounted) among the group's earlier steps with t >= 1."""
+    _env, rb = _run("household", "branch:hard", steps=80, budget=0.75)
+    b, lay = rb.batch, rb.batch.branches
+    togo = np.empty(b.n_steps)
+    for j in range(b.n_traj):  # own rows only: a branch's future is its own
+        rows = np.arange(b.traj_start[j], b.traj_start[j] + b.traj_len[j])
+        togo[rows] = np.cumsum(rb.true_reward[rows][::-1])[::-1]
+    checked = 0
+    for j in np.flatnonzero(lay.parent >= 0):
+        rows, _ = _level_k_counts_before(b, rb.code, j)
+        var = {c: np.var(togo[rows][rb.code[rows] == c]) for c in np.unique(rb.code[rows])}
+        best = max(var[rb.code[r]] for r in rows if b.step[r] >= 1)
+        if best > 1e-9:
+            p_row = lay.virtual_rows[lay.parent[j], lay.branch_step[j]]
+            assert var[rb.code[p_row]] == pytest.approx(best, abs=1e-9)
+            checked += 1
+    assert checked > 0
+
+
+def test_tree_rule_branches_at_its_depths() -> None:
+    _env, rb = _run("household", "tree:2,4", steps=60, budget=0.5)
+    lay = rb.batch.branches
+    assert set(lay.branch_step[lay.parent >= 0].tolist()) <= {2, 4}
+
+
+def test_same_seed_same_branched_batch() -> None:
+    a = _run("keydoor_slip", "branch:hard", seed=9)[1]
+    b = _run("keydoor_slip", "branch:hard", seed=9)[1]
+    for name in ("traj", "parent", "step", "action", "reward"):
+        np.testing.assert_array_equal(getattr(a.batch, name), getattr(b.batch, name))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(scheme="branch:deep", steps=10), "scheme: must be one of"),
+        (dict(scheme="tree:0", steps=10), "depth: must be an integer in 1.."),
+        (dict(scheme="tree:2,x", steps=10), "tree:D with D"),
+        (dict(scheme="tree:99", steps=10), "depth: must be an integer in 1.."),
+        (dict(scheme="branch:uniform", steps=10, branch_budget=0.0), "branch_budget: must be"),
+        (dict(scheme="branch:uniform", steps=10, branch_budget=1.5), "branch_budget: must be"),
+        (dict(scheme="branch:uniform", steps=10, branch_budget=float("nan")), "branch_budget"),
+        (dict(scheme="branch:uniform"), r"steps \(scheme 'branch:uniform'\): must be"),
+        (dict(scheme="branch:uniform", steps=0), "steps: must be an integer >= 1"),
+    ],
+)
+def test_bad_scheme_or_budget_is_named(kwargs: dict, message: str) -> None:
+    env = make_small("household")
+    pol = toyenvs.TabularPolicy(env, K=2)
+    with pytest.raises(OptionError, match=message):
+        toyenvs.rollout(env, pol, **kwargs)
+    assert pol.n_contexts == 0  # no work done
