@@ -484,12 +484,12 @@ def main(argv: list[str] | None = None) -> int:
         kw[k] = tuple(kw[k])
     try:
         cfg = StudyConfig(**kw)
+        if a.scheme:  # [branching] the rollout-scheme comparison, studies/branching_study.py
+            return _scheme_main(p, a, cfg)
         check_out_dir(cfg.out)
         check_backend(cfg.backend, cfg.ray_address)
     except ValueError as exc:
         p.error(str(exc))
-    if a.scheme:  # [branching] the rollout-scheme comparison, studies/branching_study.py
-        return _scheme_main(p, a, cfg)
     t0 = time.perf_counter()
     try:
         summary = run_study(cfg, progress=not a.no_progress)
@@ -517,6 +517,7 @@ def _scheme_main(p: argparse.ArgumentParser, a: argparse.Namespace, cfg: StudyCo
     study = SchemeStudy(tuple(a.scheme), tuple(budgets), a.branch_budget)
     try:
         study.check(cfg.envs)
+        check_out_dir(cfg.out)  # after the scheme options, before any work
     except ValueError as exc:
         p.error(str(exc))
     print(run_scheme_study(cfg, study))
