@@ -57,7 +57,7 @@ def test_train_toy_sweep_on_both_nodes(ray_cluster, tmp_path, caplog):
 
 
 def test_env_backend_is_validated_and_needs_ray(monkeypatch):
-    with pytest.raises(ValueError, match="env_backend must be one of"):
+    with pytest.raises(ValueError, match="env_backend: must be one of"):
         TrainConfig(env_backend="threads")
     monkeypatch.setitem(__import__("sys").modules, "ray", None)
     with pytest.raises(ValueError, match=r"env_backend='ray'.*pip install 'hgpo\[ray\]'"):
