@@ -63,10 +63,20 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
 
 
+def _build(factory: Callable[[], TextEnv], slot: int) -> TextEnv:
+    """One slot's environment; one with randomness of its own (a toy POMDP with slip) learns
+    its slot number through ``seed_slot`` so that the members of a group draw differently."""
+    env = factory()
+    seed_slot = getattr(env, "seed_slot", None)
+    if seed_slot is not None:
+        seed_slot(slot)
+    return env
+
+
 def _worker(conn: Connection, factory: Callable[[], TextEnv], slots: list[int]) -> None:
     _die_with_parent()
     try:
-        envs: dict[int, TextEnv] = {s: factory() for s in slots}
+        envs: dict[int, TextEnv] = {s: _build(factory, s) for s in slots}
         build_error = ""
     except Exception as e:  # e.g. a missing optional dependency: report it on every command
         envs, build_error = {}, f"building the environment failed: {e!r}"
@@ -93,7 +103,7 @@ def _worker(conn: Connection, factory: Callable[[], TextEnv], slots: list[int]) 
                 log.warning("env slot %d crashed: %r", slot, e)
                 out.append((slot, "", 0.0, True, _crash_info(repr(e))))
                 try:
-                    envs[slot] = factory()
+                    envs[slot] = _build(factory, slot)
                 except Exception as e2:
                     log.error("rebuilding slot %d failed: %r", slot, e2)
         conn.send(out)
