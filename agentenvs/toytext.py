@@ -42,6 +42,7 @@ __all__ = [
     "ToyTextEnv",
     "parse_toy_spec",
     "render",
+    "toy_corpus",
     "toy_factory",
     "toy_prompt",
 ]
@@ -359,6 +360,13 @@ def toy_factory(spec: ToySpec, split: str = "train", seed: int = 0) -> Callable[
     """Factory of :class:`ToyTextEnv` slots for :class:`agentenvs.batched.BatchedEnv`."""
     split_tasks(spec.build(), split)  # validates the split
     return functools.partial(_make_env, spec, split, int(seed))
+
+
+def toy_corpus(spec: str) -> list[str]:
+    """Text a tiny tokenizer for ``spec`` is trained on: templates, observations, tasks, actions."""
+    tt = render(parse_toy_spec(spec).build())
+    return [TOY_TEMPLATE, TOY_TEMPLATE_NO_HIS, *sorted(set(tt.obs_text)),
+            *sorted(set(tt.task_of_obs)), " ".join(f"'{a}'" for a in tt.actions)]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

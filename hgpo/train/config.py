@@ -40,7 +40,8 @@ class TrainConfig:
 
     # --- task and model ---------------------------------------------------------------------
     env: str = "alfworld"
-    """Benchmark: "alfworld" or "webshop"."""
+    """Benchmark: "alfworld", "webshop", or a toy POMDP "toy:FAMILY:param=value,..." (e.g.
+    "toy:keydoor:size=4,horizon=20"; agentenvs.toytext)."""
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
     """Hugging Face id or local folder of the policy; "tiny" builds a tiny random Qwen2 and a
     byte-level BPE tokenizer trained on the spot (CPU tests)."""
@@ -167,6 +168,13 @@ class TrainConfig:
     """Layers of the tiny model."""
     tiny_vocab: int = 1024
     """Vocabulary of the tiny tokenizer."""
+    # --- exact truth on toy environments (hgpo.train.truth) -- issue 14 hook ---------------------
+    truth_every: int = 0
+    """Every n iterations compute the exact V, Q, A* of the current LLM policy (toy env, action
+    mode "score") and log every estimator's bias^2, variance, MSE, sign agreement and gradient
+    cosine against it as truth/<estimator>/<metric> (0 = never)."""
+    truth_max_nodes: int = 200_000
+    """Largest reachable (t, hidden state, K-step context) chain the exact truth may enumerate."""
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -181,8 +189,9 @@ class TrainConfig:
                 ok = True
             if not ok:
                 raise bad(f.name, f"of type {kind.__name__}")
+        if not is_toy(self.env) and self.env not in ENVS:  # a toy spec is parsed below
+            raise bad("env", f"one of {ENVS} or 'toy:FAMILY:param=value,...'")
         choices = {
-            "env": ENVS,
             "rollout_engine": ("hf", "vllm"),
             "action_mode": ("generate", "score"),
             "precision": ("auto", "bf16", "fp32"),
@@ -217,6 +226,7 @@ class TrainConfig:
             "tiny_hidden",
             "tiny_layers",
             "tiny_vocab",
+            "truth_max_nodes",
         ]
         for name in positive:
             if getattr(self, name) < 1:
@@ -227,7 +237,7 @@ class TrainConfig:
         for name in ("weight_decay", "kl_coef", "entropy_coef", "grad_clip", "value_clip"):
             if not getattr(self, name) >= 0:
                 raise bad(name, ">= 0")
-        for name in ("history_length", "val_every", "save_every", "train_tasks"):
+        for name in ("history_length", "val_every", "save_every", "train_tasks", "truth_every"):
             if getattr(self, name) < 0:
                 raise bad(name, ">= 0")
         if not 0 < self.clip_ratio < 1:
@@ -251,6 +261,27 @@ class TrainConfig:
         if not self.model:
             raise bad("model", "a Hugging Face id, a local folder or 'tiny'")
         self.estimator_config()  # validates estimator_options
+        self._check_toy()
+
+    def _check_toy(self) -> None:
+        """A toy env spec parses (unknown family / parameter named); --truth-every needs it and
+        score mode (issue 14 hook)."""
+        if is_toy(self.env):
+            from agentenvs.toytext import parse_toy_spec
+
+            parse_toy_spec(self.env, where="TrainConfig.env")
+        if self.truth_every:
+            if self.action_mode != "score":
+                raise ValueError(
+                    f"TrainConfig.truth_every={self.truth_every} needs action_mode='score' (the "
+                    f"exact truth needs pi(a | prompt) over the listed actions; free text has no "
+                    f"finite action set), got action_mode={self.action_mode!r}"
+                )
+            if not is_toy(self.env):
+                raise ValueError(
+                    f"TrainConfig.truth_every={self.truth_every} needs a toy env "
+                    f"('toy:FAMILY:...', whose hidden states are known), got env={self.env!r}"
+                )
 
     # -- derived ----------------------------------------------------------------------------------
     def estimator_config(self) -> EstimatorConfig:
@@ -289,6 +320,11 @@ class TrainConfig:
         return with_overrides(cls(), data, source=str(path))
 
 
+def is_toy(env: str) -> bool:
+    """True for a toy POMDP spec "toy:FAMILY:param=value,..." (agentenvs.toytext)."""
+    return isinstance(env, str) and env.startswith("toy:")
+
+
 def parse_options(text: str, where: str = "--estimator-options") -> dict[str, Any]:
     """ "a=1,b=mean" -> {"a": 1, "b": "mean"}: the project's one parser (hgpo.options)."""
     return parse_name_values(text, where=where)
@@ -319,6 +355,12 @@ ENV_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_prompt_tokens": 4096,
         "mini_batch_size": 64,
         "val_tasks": 256,
+    },
+    "toy": {  # the toy env's own horizon ends its episodes; max_steps only caps it
+        "max_steps": 100,
+        "max_prompt_tokens": 2048,
+        "mini_batch_size": 64,
+        "val_tasks": 128,
     },
 }
 """The paper's per-benchmark settings, applied before a preset."""
@@ -397,9 +439,11 @@ def resolve(
         raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
     layer = dict(PRESETS[preset]) if preset else {}
     env = env or overrides.get("env") or layer.get("env") or "alfworld"
-    if env not in ENVS:
-        raise ValueError(f"TrainConfig.env must be one of {ENVS}, got {env!r}")
-    values: dict[str, Any] = {"env": env, **ENV_DEFAULTS[env]}
+    if env not in ENVS and not is_toy(env):
+        raise ValueError(
+            f"TrainConfig.env must be one of {ENVS} or 'toy:FAMILY:param=value,...', got {env!r}"
+        )
+    values: dict[str, Any] = {"env": env, **ENV_DEFAULTS["toy" if is_toy(env) else env]}
     values.update({k: v for k, v in layer.items() if k != "env"})
     values.update(overrides)
     values["env"] = env
@@ -420,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI: ``--preset``, ``--config`` and one ``--field-name`` per TrainConfig field."""
     p = argparse.ArgumentParser(
         prog="python -m hgpo.train",
-        description="Train an LLM agent with HGPO (or any estimator) on ALFWorld or WebShop.",
+        description="Train an LLM agent with HGPO (or any estimator) on ALFWorld, WebShop or a "
+        "toy POMDP (--env toy:FAMILY:param=value,...).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--preset", choices=list(PRESETS), default=None, help="named settings")

@@ -24,7 +24,7 @@ import torch
 from hgpo import compute_advantages
 from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
-from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
+from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError, is_toy
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
 from hgpo.train.metrics import MetricsLogger
 from hgpo.train.model import (
@@ -66,6 +66,10 @@ def validate_config(cfg: TrainConfig) -> None:
                 raise ValueError(
                     f"TrainConfig.alfworld_games_dir: {cfg.alfworld_games_dir!r} has no {split}/ folder"
                 )
+    if cfg.truth_every:  # issue 14 hook: the chain fits --truth-max-nodes, before any model
+        from hgpo.train.truth import truth_chain
+
+        truth_chain(cfg)
 
 
 def begin_forward(engine: Any) -> None:
@@ -90,11 +94,18 @@ def set_lr(optimizer: Any, lr: float, weight_decay: float) -> None:
         group["lr"], group["weight_decay"] = lr, weight_decay
 
 
-def tiny_corpus() -> list[str]:
-    """Text the tiny tokenizer is trained on: the paper's templates and typical env strings."""
+def tiny_corpus(env: str = "") -> list[str]:
+    """Text the tiny tokenizer is trained on: the paper's templates and typical env strings
+    (a toy env adds its template, observations, tasks and actions)."""
     from agentenvs import prompts
 
+    toy: list[str] = []
+    if is_toy(env):  # issue 14 hook
+        from agentenvs.toytext import toy_corpus
+
+        toy = toy_corpus(env)
     return [
+        *toy,
         prompts.ALFWORLD_TEMPLATE,
         prompts.ALFWORLD_TEMPLATE_NO_HIS,
         prompts.WEBSHOP_TEMPLATE,
@@ -168,6 +179,14 @@ class Trainer:
         self.groups_per_rank = cfg.groups_per_iter // self.world
         self.train_envs = EnvSet(cfg, TRAIN_SPLIT, self.groups_per_rank * cfg.group_size)
         self.val_envs: dict[str, EnvSet] = {}
+        self.truth = None  # issue 14 hook: exact truth of the LLM policy on a toy env
+        if cfg.truth_every:
+            if self.world > 1:
+                raise TrainConfigError("TrainConfig.truth_every needs one rank (it scores the "
+                                       f"whole chain on rank 0), got {self.world} ranks")  # fmt: skip
+            from hgpo.train.truth import TruthMonitor
+
+            self.truth = TruthMonitor(cfg, self.tok)
         self.start = 1
         self._grad_norm = 0.0
         if cfg.resume:
@@ -184,7 +203,12 @@ class Trainer:
         path = self.out / "tiny_model"
         if self.rank == 0:
             build_tiny(
-                path, tiny_corpus(), cfg.tiny_vocab, cfg.tiny_hidden, cfg.tiny_layers, cfg.seed
+                path,
+                tiny_corpus(cfg.env),
+                cfg.tiny_vocab,
+                cfg.tiny_hidden,
+                cfg.tiny_layers,
+                cfg.seed,
             )
         dist.barrier()
         return str(path)
@@ -444,6 +468,10 @@ class Trainer:
         res = compute_advantages(cfg.estimator, roll.step_batch(), est_cfg, values=values)
         adv = res.advantages
         t2 = time.perf_counter()
+        truth = {}  # issue 14 hook: before the update, so the truth is of the rollout's weights
+        if self.truth is not None and it % cfg.truth_every == 0:
+            truth = self.truth.measure(roll, self.engine)
+        t_truth = time.perf_counter()
         upd = self._update(roll, adv, scored, res.returns if cfg.use_critic else None, it)
         self.engine_sync()
         t3 = time.perf_counter()
@@ -473,12 +501,12 @@ class Trainer:
                 for d in res.diagnostics.get("levels", [])
             ],
             "upd": upd,
-            "times": (t1 - t0, t2 - t_score, t3 - t2, t_score - t1),
+            "times": (t1 - t0, t2 - t_score, t3 - t_truth, t_score - t1),
         }
         parts = dist.gather(local)
         if self.rank != 0:
             return {}
-        return merge_metrics(parts)
+        return {**merge_metrics(parts), **truth}
 
     # -- validation ----------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
