@@ -363,10 +363,14 @@ def toy_factory(spec: ToySpec, split: str = "train", seed: int = 0) -> Callable[
 
 
 def toy_corpus(spec: str) -> list[str]:
-    """Text a tiny tokenizer for ``spec`` is trained on: templates, observations, tasks, actions."""
+    """Text a tiny tokenizer for ``spec`` is trained on: templates, observations, tasks, and
+    each action in its tags many times over, so that BPE gives every action name about as many
+    tokens: a summed-log-prob score (action_mode "score") of a random model then starts near
+    uniform instead of favouring the shortest name by several nats per extra token."""
     tt = render(parse_toy_spec(spec).build())
+    tagged = " ".join(f"<action>{a}</action>" for a in tt.actions)
     return [TOY_TEMPLATE, TOY_TEMPLATE_NO_HIS, *sorted(set(tt.obs_text)),
-            *sorted(set(tt.task_of_obs)), " ".join(f"'{a}'" for a in tt.actions)]  # fmt: skip
+            *sorted(set(tt.task_of_obs)), *[tagged] * 50]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,126 @@
+"""The exact truth of the LLM policy on a toy env (score mode), and --truth-every end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import toyenvs
+from hgpo import ESTIMATORS
+from hgpo.train.config import TrainConfig, TrainConfigError
+from hgpo.train.metrics import read_metrics
+from hgpo.train.truth import TruthMonitor, truth_chain
+from tests.train.conftest import run_cli
+
+TMAZE = "toy:tmaze:length=0"  # cue cell, junction; horizon 6: a chain of a few hundred nodes
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(env=TMAZE, action_mode="score", history_length=2, max_steps=20, env_workers=1,
+                max_prompt_tokens=1024, truth_every=1)  # fmt: skip
+    return TrainConfig(**{**base, **kw})
+
+
+def test_solve_equals_toyenvs_exact_truth_for_a_tabular_policy():
+    """Fed a tabular policy's probabilities (the same at every t), the LLM truth's V, J and
+    gradient (summed over t) are toyenvs.exact_ground_truth's."""
+    cfg = _cfg(env="toy:keydoor:size=4,horizon=8", history_length=1)
+    mon = TruthMonitor(cfg, tok=None)
+    env = mon.env
+    pol = toyenvs.TabularPolicy(env, K=1, init="random", seed=3)
+    gt = toyenvs.exact_ground_truth(env, pol, gamma=cfg.gamma, tasks=env.train_tasks)
+    rows = pol.index_of(mon.row_code)
+    truth = mon.solve(pol.probs(rows))
+    assert pytest.approx(gt.J, abs=1e-12) == truth.J
+    np.testing.assert_allclose(truth.V, gt.V, atol=1e-12)
+    g = np.zeros_like(gt.policy_gradient)
+    np.add.at(g, rows, truth.grad)
+    np.testing.assert_allclose(g, gt.policy_gradient, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from agentenvs.toytext import toy_corpus
+    from hgpo.train.model import HFEngine, load_tokenizer
+    from hgpo.train.tiny import build_tiny
+
+    path = build_tiny(tmp_path_factory.mktemp("m") / "tiny", toy_corpus(TMAZE), 400, seed=1)
+    tok = load_tokenizer(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    return tok, HFEngine(model, tok, 64, torch.device("cpu"))
+
+
+def test_exact_truth_agrees_with_monte_carlo_returns_and_rollout_prompts(tiny_llm):
+    """J of the LLM policy (exact, from the scored chain) against the mean discounted return of
+    160 rollouts of the same weights: a z-test; and every rollout step's prompt is the prompt
+    the chain rendered for its (t, context)."""
+    from hgpo.train.envs import EnvSet
+    from hgpo.train.model import encode_prompt
+    from hgpo.train.rollout import run_episodes
+
+    tok, engine = tiny_llm
+    cfg = _cfg()
+    mon = TruthMonitor(cfg, tok)
+    truth = mon.policy_truth(engine)
+    envs = EnvSet(cfg, "train", 160)
+    try:
+        torch.manual_seed(0)
+        roll = run_episodes(envs, engine, tok, [0, 1], 80, cfg.temperature, 1.0, 16,
+                            cfg.max_prompt_tokens, cfg.max_steps, action_mode="score")  # fmt: skip
+    finally:
+        envs.close()
+    step = np.asarray(roll.step)
+    r = np.asarray(roll.reward) - 0.1 * np.asarray(roll.invalid)
+    ret = np.bincount(np.asarray(roll.traj), weights=r * cfg.gamma**step)
+    z = (ret.mean() - truth.J) / (ret.std(ddof=1) / np.sqrt(ret.size))
+    assert abs(z) < 4, (ret.mean(), truth.J, z)
+    nodes = mon.step_nodes(roll)
+    for i in range(len(roll)):
+        text = mon.prompt(int(step[i]), int(mon.row_code[nodes.row[i]]))
+        assert roll.prompt_ids[i] == encode_prompt(tok, text, cfg.max_prompt_tokens)
+    # the figures of every estimator come out for this batch
+    m = mon.estimator_metrics(truth, roll, nodes)
+    assert {f"truth/{e}/grad_cos" for e in ESTIMATORS} <= set(m)
+    assert m["truth/oracle/coverage"] > 0.5 and np.isfinite(m["truth/hgpo/bias2"])
+
+
+def test_truth_every_needs_score_mode_and_a_toy_env():
+    with pytest.raises(ValueError, match="truth_every=1 needs action_mode='score'"):
+        _cfg(action_mode="generate")
+    with pytest.raises(ValueError, match="needs a toy env"):
+        _cfg(env="alfworld")
+    r = run_cli(["--env", TMAZE, "--truth-every", "2", "--print-config"])
+    assert r.returncode == 2 and "needs action_mode='score'" in r.stderr
+
+
+def test_chain_size_is_guarded_before_any_model():
+    with pytest.raises(TrainConfigError, match="truth_max_nodes=100: the reachable"):
+        truth_chain(_cfg(env="toy:keydoor:size=4", truth_max_nodes=100))
+    with pytest.raises(TrainConfigError, match="max_steps=3 is below the toy env's horizon 6"):
+        truth_chain(_cfg(max_steps=3))
+
+
+def test_unknown_toy_family_or_parameter_names_the_known_ones():
+    with pytest.raises(ValueError, match="known families: keydoor, tmaze"):
+        TrainConfig(env="toy:maze")
+    r = run_cli(["--env", "toy:keydoor:sz=4", "--print-config"])
+    assert r.returncode == 2 and "parameters: ['size', 'slip', 'horizon'" in r.stderr
+
+
+def test_truth_every_1_end_to_end(tmp_path):
+    out = tmp_path / "toy"
+    args = ["--preset", "tiny", "--env", TMAZE, "--action-mode", "score", "--max-steps", "6"]
+    args += ["--truth-every", "1", "--val-every", "2", "--save-every", "0", "--out-dir", str(out)]
+    r = run_cli(args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = read_metrics(out)
+    assert [row["iteration"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["truth/nodes"] > 0 and row["truth/time"] > 0
+        for est in ESTIMATORS:
+            for metric in ("bias2", "variance", "mse", "sign", "grad_cos"):
+                assert f"truth/{est}/{metric}" in row
+    assert rows[-1]["val/heldout/tasks"] == 0  # the T-maze has no held-out tasks
