@@ -23,8 +23,9 @@ LLM policy z_t = (t, hidden state s_t, c_t) is a finite Markov chain, the same c
 
 4. on the iteration's own rollout batch runs every estimator of ``hgpo.ESTIMATORS`` (norm
    "mean", so advantages are in reward units; gae gets the exact V as its critic, lambda = 1)
-   and logs against A*: bias^2, variance and MSE (occupancy-weighted over the (z, a) met at
-   least twice in the batch, ``studies.metrics.bias_variance``; ``coverage`` is their share),
+   and logs against A*: bias^2, variance and MSE per (task, z, a) from pairs of independent
+   rollout groups (:func:`cross_group_bias_variance`; visit-weighted, ``coverage`` is the share
+   of steps whose (task, z, a) two groups met: it needs at least two groups of a task per batch),
    the plain per-step MSE, sign agreement, and the cosine between the batch gradient
    (1 / n_traj) sum_t A_t (e_{a_t} - pi(. | x_t)) and the exact one, as
    ``truth/<estimator>/<metric>``.
@@ -51,7 +52,14 @@ from toyenvs import _kernels as kn
 from toyenvs.policy import decode_context, encode_context
 from toyenvs.truth import Chain, ChainTooLarge, enumerate_chain, solve_chain
 
-__all__ = ["LLMTruth", "StepNodes", "TruthMonitor", "truth_chain"]
+__all__ = [
+    "BiasVariance",
+    "LLMTruth",
+    "StepNodes",
+    "TruthMonitor",
+    "cross_group_bias_variance",
+    "truth_chain",
+]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +91,59 @@ def truth_chain(cfg: TrainConfig) -> Chain:
             f"state, context) chain of {cfg.env!r} with history_length={cfg.history_length} is "
             f"larger; raise --truth-max-nodes, or shrink the env (size, horizon) or K"
         ) from None
+
+
+@dataclass(frozen=True)
+class BiasVariance:
+    """Visit-weighted squared bias, variance and MSE of one batch's estimates against A*.
+
+    coverage: share of the batch's steps whose key was met in at least two rollout groups
+    (the only steps that enter bias2 and variance; mse is over the same steps).
+    """
+
+    bias2: float
+    variance: float
+    mse: float
+    coverage: float
+
+
+def cross_group_bias_variance(key: np.ndarray, group: np.ndarray, err: np.ndarray) -> BiasVariance:
+    """Bias/variance decomposition of errors e = A_hat - A* within one batch, per key.
+
+    Estimates of one key in one rollout group are not independent (a group's mean-centred
+    advantages sum to zero, so same-key samples of one group are negatively correlated and the
+    usual mean-minus-sample-variance decomposition comes out below zero); rollout groups are
+    independent. So for key k with n_k samples, per-group error sums S_kg and counts n_kg,
+
+        bias2_k = (S_k^2 - sum_g S_kg^2) / (n_k^2 - sum_g n_kg^2)
+
+    is the mean of e_i e_j over ordered pairs from different groups, unbiased for
+    E[e | k]^2; mse_k = mean_i e_i^2, variance_k = mse_k - bias2_k. Figures average keys met in
+    at least two groups, weighted by their samples. A single key's bias2_k can be negative.
+
+    Args:
+        key: int64[n] dense id of each step's (task, z, a); group: int64[n] rollout group;
+        err: float64[n] estimate minus A*.
+    """
+    kg = np.stack([key, group], axis=1)
+    pairs, inv = np.unique(kg, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    n_kg = np.bincount(inv).astype(np.float64)
+    s_kg = np.bincount(inv, weights=err)
+    k_of = pairs[:, 0]
+    m = int(key.max()) + 1 if key.size else 0
+    n_k = np.bincount(k_of, weights=n_kg, minlength=m)
+    s_k = np.bincount(k_of, weights=s_kg, minlength=m)
+    den = n_k**2 - np.bincount(k_of, weights=n_kg**2, minlength=m)
+    num = s_k**2 - np.bincount(k_of, weights=s_kg**2, minlength=m)
+    e2 = np.bincount(key, weights=err**2, minlength=m)
+    ok = den > 0
+    N = n_k[ok].sum()
+    if N == 0:
+        return BiasVariance(float("nan"), float("nan"), float("nan"), 0.0)
+    bias2 = float((n_k[ok] * num[ok] / den[ok]).sum() / N)
+    mse = float(e2[ok].sum() / N)
+    return BiasVariance(bias2, mse - bias2, mse, float(N / max(key.size, 1)))
 
 
 @dataclass(frozen=True)
@@ -245,9 +306,15 @@ class TruthMonitor:
 
         batch = roll.step_batch()
         A_true = truth.Q[nodes.node, nodes.action] - truth.V[nodes.node]
-        _, key = np.unique(nodes.node * self.env.n_actions + nodes.action, return_inverse=True)
-        key = key.reshape(-1)
         group = np.asarray(roll.group, dtype=np.int64)
+        # the key is (task, z, a): an estimator's mean at (z, a) may depend on the group's task
+        traj = np.asarray(roll.traj, dtype=np.int64)
+        first = np.asarray(roll.step) == 0
+        task = np.zeros(int(traj.max()) + 1, dtype=np.int64)
+        task[traj[first]] = np.asarray(roll.hidden, dtype=np.int64)[first]
+        triple = np.stack([task[traj], nodes.node, nodes.action], axis=1)
+        _, key = np.unique(triple, axis=0, return_inverse=True)
+        key = key.reshape(-1)
         n_traj = len(set(roll.traj))
         base = self.cfg.estimator_config().replace(norm="mean")
         out: dict[str, float] = {}
@@ -255,7 +322,7 @@ class TruthMonitor:
             ecfg = base.replace(gae_lambda=1.0) if name == "gae" else base
             values = truth.V[nodes.node] if name == "gae" else None
             adv = compute_advantages(name, batch, ecfg, values=values).advantages
-            bv = M.bias_variance(key, adv, A_true, group, n_blocks=max(2, min(10, group.max() + 1)))
+            bv = cross_group_bias_variance(key, group, adv - A_true)
             cos, _ = M.gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
                                         truth.grad)  # fmt: skip
             cos_u, _ = M.gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
