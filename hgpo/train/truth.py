@@ -24,8 +24,9 @@ LLM policy z_t = (t, hidden state s_t, c_t) is a finite Markov chain, the same c
 4. on the iteration's own rollout batch runs every estimator of ``hgpo.ESTIMATORS`` (norm
    "mean", so advantages are in reward units; gae gets the exact V as its critic, lambda = 1)
    and logs against A*: bias^2, variance and MSE per (task, z, a) from pairs of independent
-   rollout groups (:func:`cross_group_bias_variance`; visit-weighted, ``coverage`` is the share
-   of steps whose (task, z, a) two groups met: it needs at least two groups of a task per batch),
+   rollout groups (:func:`cross_group_bias_variance`; keys weighted by their exact visit
+   probability d(z) pi(a | z); ``coverage`` is the share of steps whose (task, z, a) two groups
+   met: it needs at least two groups of a task per batch),
    the plain per-step MSE, sign agreement, and the cosine between the batch gradient
    (1 / n_traj) sum_t A_t (e_{a_t} - pi(. | x_t)) and the exact one, as
    ``truth/<estimator>/<metric>``.
@@ -98,7 +99,7 @@ class BiasVariance:
     """Visit-weighted squared bias, variance and MSE of one batch's estimates against A*.
 
     coverage: share of the batch's steps whose key was met in at least two rollout groups
-    (the only steps that enter bias2 and variance; mse is over the same steps).
+    (the only keys that enter bias2 and variance; mse is over the same keys).
     """
 
     bias2: float
@@ -107,43 +108,49 @@ class BiasVariance:
     coverage: float
 
 
-def cross_group_bias_variance(key: np.ndarray, group: np.ndarray, err: np.ndarray) -> BiasVariance:
+def cross_group_bias_variance(
+    key: np.ndarray, group: np.ndarray, err: np.ndarray, weight: np.ndarray | None = None
+) -> BiasVariance:
     """Bias/variance decomposition of errors e = A_hat - A* within one batch, per key.
 
     Estimates of one key in one rollout group are not independent (a group's mean-centred
-    advantages sum to zero, so same-key samples of one group are negatively correlated and the
-    usual mean-minus-sample-variance decomposition comes out below zero); rollout groups are
-    independent. So for key k with n_k samples, per-group error sums S_kg and counts n_kg,
+    advantages sum to zero), and how many of a group's rollouts meet a key changes their mean
+    (a group where most rollouts pass a good state has a high baseline); rollout groups are
+    independent and identically distributed. So the unit is the group: m_kg is the mean error
+    of key k's samples in group g, and over the G_k groups that met key k
 
-        bias2_k = (S_k^2 - sum_g S_kg^2) / (n_k^2 - sum_g n_kg^2)
+        bias2_k = ((sum_g m_kg)^2 - sum_g m_kg^2) / (G_k (G_k - 1)),
 
-    is the mean of e_i e_j over ordered pairs from different groups, unbiased for
-    E[e | k]^2; mse_k = mean_i e_i^2, variance_k = mse_k - bias2_k. Figures average keys met in
-    at least two groups, weighted by their samples. A single key's bias2_k can be negative.
+    the mean of m_kg m_kh over ordered pairs of different groups, is unbiased for the squared
+    mean error of a group's estimate at key k (a single bias2_k can be negative).
+    mse_k = mean of e^2 over key k's samples, variance_k = mse_k - bias2_k. The figures average
+    keys met in at least two groups with weights ``weight`` (fixed in advance, e.g. the exact
+    visit probability; default equal), never with the batch's own counts, which would
+    correlate with the errors.
 
     Args:
         key: int64[n] dense id of each step's (task, z, a); group: int64[n] rollout group;
-        err: float64[n] estimate minus A*.
+        err: float64[n] estimate minus A*; weight: float64[n_keys] or None.
     """
     kg = np.stack([key, group], axis=1)
     pairs, inv = np.unique(kg, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
-    n_kg = np.bincount(inv).astype(np.float64)
-    s_kg = np.bincount(inv, weights=err)
+    m_kg = np.bincount(inv, weights=err) / np.bincount(inv)
     k_of = pairs[:, 0]
     m = int(key.max()) + 1 if key.size else 0
-    n_k = np.bincount(k_of, weights=n_kg, minlength=m)
-    s_k = np.bincount(k_of, weights=s_kg, minlength=m)
-    den = n_k**2 - np.bincount(k_of, weights=n_kg**2, minlength=m)
-    num = s_k**2 - np.bincount(k_of, weights=s_kg**2, minlength=m)
-    e2 = np.bincount(key, weights=err**2, minlength=m)
-    ok = den > 0
-    N = n_k[ok].sum()
-    if N == 0:
+    G = np.bincount(k_of, minlength=m).astype(np.float64)
+    s1 = np.bincount(k_of, weights=m_kg, minlength=m)
+    s2 = np.bincount(k_of, weights=m_kg**2, minlength=m)
+    n_k = np.bincount(key, minlength=m)
+    mse_k = np.bincount(key, weights=err**2, minlength=m) / np.maximum(n_k, 1)
+    ok = G >= 2
+    if not ok.any():
         return BiasVariance(float("nan"), float("nan"), float("nan"), 0.0)
-    bias2 = float((n_k[ok] * num[ok] / den[ok]).sum() / N)
-    mse = float(e2[ok].sum() / N)
-    return BiasVariance(bias2, mse - bias2, mse, float(N / max(key.size, 1)))
+    b2_k = (s1[ok] ** 2 - s2[ok]) / (G[ok] * (G[ok] - 1))
+    w = np.ones(m) if weight is None else np.asarray(weight, dtype=np.float64)
+    w = w[ok] / w[ok].sum()
+    bias2, mse = float(w @ b2_k), float(w @ mse_k[ok])
+    return BiasVariance(bias2, mse - bias2, mse, float(n_k[ok].sum() / key.size))
 
 
 @dataclass(frozen=True)
@@ -313,8 +320,11 @@ class TruthMonitor:
         task = np.zeros(int(traj.max()) + 1, dtype=np.int64)
         task[traj[first]] = np.asarray(roll.hidden, dtype=np.int64)[first]
         triple = np.stack([task[traj], nodes.node, nodes.action], axis=1)
-        _, key = np.unique(triple, axis=0, return_inverse=True)
+        _, first_of, key = np.unique(triple, axis=0, return_index=True, return_inverse=True)
         key = key.reshape(-1)
+        # each key weighs its exact visit probability d(z) pi(a | z) (summed over tasks)
+        weight = truth.d[nodes.node[first_of]] * truth.probs[nodes.row[first_of],
+                                                             nodes.action[first_of]]  # fmt: skip
         n_traj = len(set(roll.traj))
         base = self.cfg.estimator_config().replace(norm="mean")
         out: dict[str, float] = {}
@@ -322,7 +332,7 @@ class TruthMonitor:
             ecfg = base.replace(gae_lambda=1.0) if name == "gae" else base
             values = truth.V[nodes.node] if name == "gae" else None
             adv = compute_advantages(name, batch, ecfg, values=values).advantages
-            bv = cross_group_bias_variance(key, group, adv - A_true)
+            bv = cross_group_bias_variance(key, group, adv - A_true, weight)
             cos, _ = M.gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
                                         truth.grad)  # fmt: skip
             cos_u, _ = M.gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,

@@ -70,6 +70,20 @@ def test_cross_group_bias2_is_unbiased_where_groups_centre_their_samples():
     assert abs(np.mean(got) - np.mean(b**2)) < 0.03
 
 
+def test_cross_group_bias2_is_unbiased_when_visit_counts_move_the_errors():
+    """A group whose rollouts meet key 0 n times has mean error 1.5 - 0.5 n (a good state met
+    often raises the group's baseline), n uniform in 1..3: a group's expected error is 0.5,
+    squared 0.25. The group-level pairs give 0.25; weighting by visits would not."""
+    rng = np.random.default_rng(1)
+    got = []
+    for _ in range(2000):
+        n = rng.integers(1, 4, size=4)
+        err = np.concatenate([1.5 - 0.5 * k + rng.normal(0, 1, k) for k in n])
+        group = np.repeat(np.arange(4), n)
+        got.append(cross_group_bias_variance(np.zeros(err.size, int), group, err).bias2)
+    assert abs(np.mean(got) - 0.25) < 0.03
+
+
 @pytest.fixture(scope="module")
 def tiny_llm(tmp_path_factory):
     from transformers import AutoModelForCausalLM
