@@ -66,6 +66,16 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
 
 
+def _build(factory: Callable[[], TextEnv], slot: int) -> TextEnv:
+    """One slot's environment; one with randomness of its own (a toy POMDP with slip) learns
+    its slot number through ``seed_slot`` so that the members of a group draw differently."""
+    env = factory()
+    seed_slot = getattr(env, "seed_slot", None)
+    if seed_slot is not None:
+        seed_slot(slot)
+    return env
+
+
 class EnvHost:
     """The environments of one worker's slots, run one command at a time (in a worker process
     or a Ray actor). An exception in one environment is that slot's crash, never the host's."""
@@ -73,7 +83,7 @@ class EnvHost:
     def __init__(self, factory: Callable[[], TextEnv], slots: list[int]) -> None:
         self.factory = factory
         try:
-            self.envs: dict[int, TextEnv] = {s: factory() for s in slots}
+            self.envs: dict[int, TextEnv] = {s: _build(factory, s) for s in slots}
             self.build_error = ""
         except Exception as e:  # e.g. a missing optional dependency: report it on every command
             self.envs, self.build_error = {}, f"building the environment failed: {e!r}"
@@ -96,7 +106,7 @@ class EnvHost:
                 log.warning("env slot %d crashed: %r", slot, e)
                 out.append((slot, "", 0.0, True, _crash_info(repr(e))))
                 try:
-                    self.envs[slot] = self.factory()
+                    self.envs[slot] = _build(self.factory, slot)
                 except Exception as e2:
                     log.error("rebuilding slot %d failed: %r", slot, e2)
         return out

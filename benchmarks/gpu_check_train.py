@@ -16,6 +16,11 @@ with the trainer's after the sync. Prints rollout tokens/s, score and update sec
 seconds, the log-prob gap and the peak GPU memory. Exit status 1 when the gap exceeds 0.1
 (bf16 on a GPU; 1e-3 in fp32 on a CPU).
 
+Then (``--toy SPEC``, default ``toy:tmaze:length=1``; ``--toy ""`` skips it) the whole trainer
+runs 2 iterations on that toy POMDP with the tiny model on the same device, in score mode with
+the exact truth of the LLM policy every iteration (``--truth-every 1``), and prints ``TOY`` with
+the chain size, the seconds of scoring every (t, context) prompt, J and every estimator's bias^2.
+
 ``--arch small`` keeps the 1.5B model's vocabulary, tied embeddings and head size but has 4
 layers of width 256, so that ``--device cpu`` checks the script itself on a CPU (fp32; peak
 memory is then the process's maximum resident set).
@@ -38,6 +43,31 @@ def _peak_mem_gib(cuda: bool) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def toy_run(spec: str, out: str, device: str) -> dict:
+    """Two iterations of the trainer on toy env ``spec`` (tiny model, score mode, exact truth
+    every iteration); returns the figures of the last one."""
+    from hgpo import ESTIMATORS
+    from hgpo.train.config import resolve
+    from hgpo.train.trainer import train
+
+    cfg = resolve(
+        env=spec,
+        preset="tiny",
+        overrides={
+            "out_dir": out, "action_mode": "score", "truth_every": 1, "history_length": 2,
+            "groups_per_iter": 4, "group_size": 8, "max_steps": 20, "max_prompt_tokens": 1024,
+            "mini_batch_size": 32, "micro_batch_size": 8, "rollout_batch_size": 64,
+            "device": device, "val_every": 0, "save_every": 0,
+        },
+    )  # fmt: skip
+    t = time.perf_counter()
+    last = train(cfg)[-1]
+    keys = ["truth/nodes", "truth/prompts", "truth/time_score", "truth/time", "truth/J",
+            "success_rate", "time/rollout", "time/update"]  # fmt: skip
+    keys += [f"truth/{e}/bias2" for e in ESTIMATORS]
+    return {"env": spec, "seconds": time.perf_counter() - t, **{k: last.get(k) for k in keys}}
 
 
 def main() -> int:
@@ -66,6 +96,11 @@ def main() -> int:
         choices=("vllm", "hf"),
         default="vllm",
         help="rollout engine; hf (transformers generate) where vllm cannot be installed",
+    )
+    ap.add_argument(
+        "--toy",
+        default="toy:tmaze:length=1",
+        help='toy env of the trainer run with the exact truth ("" skips it)',
     )
     args = ap.parse_args()
     if args.lora_rank and args.zero_stage == 3:
@@ -293,6 +328,8 @@ def main() -> int:
         free, total = torch.cuda.mem_get_info()
         summary["gpu_mem_used_gib"] = (total - free) / 2**30
     print("SUMMARY " + json.dumps(summary), flush=True)
+    if args.toy:
+        print("TOY " + json.dumps(toy_run(args.toy, os.path.join(args.out, "toy"), args.device)))
     if args.engine != "vllm":
         return 0
     return 0 if summary["max_logprob_gap"] < (0.1 if cuda else 1e-3) else 1

@@ -33,11 +33,15 @@ from toyenvs.policy import TabularPolicy
 from toyenvs.rollout import Rollouts, _check_common, _check_tasks, env_args, rollout_arrays
 
 __all__ = [
+    "Chain",
+    "ChainSolution",
     "ChainTooLarge",
     "ExactGroundTruth",
     "MCGroundTruth",
+    "enumerate_chain",
     "exact_ground_truth",
     "mc_ground_truth",
+    "solve_chain",
 ]
 
 log = logging.getLogger(__name__)
@@ -140,6 +144,116 @@ class ExactGroundTruth:
         return self.occupancy[self.node_index(rb)]
 
 
+@dataclass(frozen=True, eq=False)
+class Chain:
+    """The reachable (t, hidden state, K-step context) chain from a task distribution.
+
+    It does not depend on the policy: every action's successors are enumerated, so one chain
+    serves every policy with the same K (the LLM trainer enumerates it once per run).
+
+    Per layer t (n_t nodes): layer_s int64[n_t] hidden states, layer_P int64[n_t] codes of the
+    K past (observation, action) pairs, codes int64[n_t] full context codes
+    (P * n_obs + o_t), succ int64[n_t, A, B] index of each outcome's node in layer t + 1
+    (-1 where the episode ends). d0: float64[n_0] the task distribution over layer 0.
+    """
+
+    env: POMDP
+    K: int
+    tasks: np.ndarray
+    d0: np.ndarray
+    layer_s: list[np.ndarray]
+    layer_P: list[np.ndarray]
+    codes: list[np.ndarray]
+    succ: list[np.ndarray]
+
+    @property
+    def n_nodes(self) -> int:
+        return int(sum(s.size for s in self.layer_s))
+
+    @property
+    def node_t(self) -> np.ndarray:
+        """int64[n_nodes] the time of each node, layers concatenated."""
+        return np.repeat(
+            np.arange(len(self.layer_s), dtype=np.int64), [s.size for s in self.layer_s]
+        )
+
+
+def enumerate_chain(
+    env: POMDP, K: int, tasks: np.ndarray | None = None, max_nodes: int = DEFAULT_MAX_NODES
+) -> Chain:
+    """Enumerate the chain reachable from ``tasks`` (uniform, duplicates weigh more) layer by
+    layer in t, for a context policy of history length ``K``.
+
+    Raises:
+        ChainTooLarge (a ValueError) when it holds more than ``max_nodes`` nodes.
+    """
+    from toyenvs.policy import context_radix
+
+    tasks = _check_tasks(env, tasks)
+    M, _ = context_radix(env.n_obs, env.n_actions, K)
+    powM = np.array([M**k for k in range(K + 1)], dtype=np.int64)
+    n_obs = env.n_obs
+    uniq, counts = np.unique(tasks, return_counts=True)
+    layer_s = [uniq.astype(np.int64)]
+    layer_P = [np.full(uniq.size, powM[K] - 1, dtype=np.int64)]
+    succ = []
+    total = uniq.size
+    T = env.horizon
+    for t in range(T):
+        sc, ns, nP = kn.expand_layer(
+            layer_s[t], layer_P[t], t == T - 1, K, n_obs, powM, env.obs_of_state,
+            env.next_state, env.next_prob, env.terminal,
+        )  # fmt: skip
+        succ.append(sc)
+        total += ns.size
+        if total > max_nodes:
+            raise ChainTooLarge(
+                f"the reachable chain of {env.name} with K={K} exceeds max_nodes={max_nodes} "
+                f"(at t={t + 1} of {T}); use toyenvs.mc_ground_truth"
+            )
+        if t < T - 1:
+            layer_s.append(ns)
+            layer_P.append(nP)
+    codes = [P * n_obs + env.obs_of_state[s] for s, P in zip(layer_s, layer_P, strict=True)]
+    return Chain(env, K, tasks, counts / tasks.size, layer_s, layer_P, codes, succ[: len(layer_s)])
+
+
+@dataclass(frozen=True, eq=False)
+class ChainSolution:
+    """V, Q and occupancy d of every node of a :class:`Chain` under one policy (per layer)."""
+
+    V: list[np.ndarray]
+    Q: list[np.ndarray]
+    d: list[np.ndarray]
+
+
+def solve_chain(chain: Chain, pis: list[np.ndarray], gamma: float = 0.95) -> ChainSolution:
+    """Backward induction for V, Q and forward propagation of d, with ``pis[t]``:
+    float64[n_t, A] the policy's action probabilities at each node of layer t (any function of
+    the node: of its context, or of (t, context) as an LLM prompt that shows the step count)."""
+    env = chain.env
+    gamma = _check_gamma(gamma)
+    n_layers = len(chain.layer_s)
+    if len(pis) != n_layers or any(
+        p.shape != (s.size, env.n_actions) for p, s in zip(pis, chain.layer_s, strict=True)
+    ):
+        raise ValueError("pis must hold one float64[n_t, A] array per layer of the chain")
+    Vs: list[np.ndarray] = [np.empty(0)] * n_layers
+    Qs: list[np.ndarray] = [np.empty(0)] * n_layers
+    V_next = np.zeros(0)
+    for t in range(n_layers - 1, -1, -1):
+        Qs[t], Vs[t] = kn.backward_layer(
+            chain.layer_s[t], chain.succ[t], pis[t], V_next, gamma, env.next_state,
+            env.next_prob, env.invalid, env.reward_enter,
+        )  # fmt: skip
+        V_next = Vs[t]
+    ds = [chain.d0]
+    for t in range(n_layers - 1):
+        ds.append(kn.forward_layer(chain.layer_s[t], ds[t], pis[t], chain.succ[t],
+                                   env.next_prob, chain.layer_s[t + 1].size))  # fmt: skip
+    return ChainSolution(Vs, Qs, ds)
+
+
 def exact_ground_truth(
     env: POMDP,
     pol: TabularPolicy,
@@ -163,49 +277,13 @@ def exact_ground_truth(
 
     start = time.perf_counter()
     gamma = _check_gamma(gamma)
-    tasks = _check_tasks(env, tasks)
     _check_common(env, pol, 1, 0)
-    K, n_obs, powM = pol.K, pol.n_obs, pol.powM
-    uniq, counts = np.unique(tasks, return_counts=True)
-    layer_s = [uniq.astype(np.int64)]
-    layer_P = [np.full(uniq.size, powM[K] - 1, dtype=np.int64)]
-    succ = []
-    total = uniq.size
-    T = env.horizon
-    for t in range(T):
-        sc, ns, nP = kn.expand_layer(
-            layer_s[t], layer_P[t], t == T - 1, K, n_obs, powM, env.obs_of_state,
-            env.next_state, env.next_prob, env.terminal,
-        )  # fmt: skip
-        succ.append(sc)
-        total += ns.size
-        if total > max_nodes:
-            raise ChainTooLarge(
-                f"the reachable chain of {env.name} with K={K} exceeds max_nodes={max_nodes} "
-                f"(at t={t + 1} of {T}); use toyenvs.mc_ground_truth"
-            )
-        if t < T - 1:
-            layer_s.append(ns)
-            layer_P.append(nP)
-    n_layers = len(layer_s)
-    codes = [layer_P[t] * n_obs + env.obs_of_state[layer_s[t]] for t in range(n_layers)]
-    rows = [pol.index_of(c) for c in codes]
+    chain = enumerate_chain(env, pol.K, tasks, max_nodes)
+    rows = [pol.index_of(c) for c in chain.codes]
     pis = [pol.probs(r) for r in rows]
-    Vs: list[np.ndarray] = [np.empty(0)] * n_layers
-    Qs: list[np.ndarray] = [np.empty(0)] * n_layers
-    V_next = np.zeros(0)
-    for t in range(n_layers - 1, -1, -1):
-        Qs[t], Vs[t] = kn.backward_layer(
-            layer_s[t], succ[t], pis[t], V_next, gamma, env.next_state, env.next_prob,
-            env.invalid, env.reward_enter,
-        )  # fmt: skip
-        V_next = Vs[t]
-    ds = [counts / tasks.size]
-    for t in range(n_layers - 1):
-        ds.append(kn.forward_layer(layer_s[t], ds[t], pis[t], succ[t], env.next_prob,
-                                   layer_s[t + 1].size))  # fmt: skip
-    node_t = np.repeat(np.arange(n_layers, dtype=np.int64), [s.size for s in layer_s])
-    V, Q, d = np.concatenate(Vs), np.concatenate(Qs), np.concatenate(ds)
+    sol = solve_chain(chain, pis, gamma)
+    node_t = chain.node_t
+    V, Q, d = np.concatenate(sol.V), np.concatenate(sol.Q), np.concatenate(sol.d)
     ctx = np.concatenate(rows)
     pi = np.concatenate(pis)
     A = Q - V[:, None]
@@ -217,14 +295,14 @@ def exact_ground_truth(
     for b in range(n_act):
         grad_u[:, b] = np.bincount(ctx, weights=term[:, b], minlength=n_ctx)
         grad_d[:, b] = np.bincount(ctx, weights=disc * term[:, b], minlength=n_ctx)
-    J = float(ds[0] @ Vs[0])
+    J = float(sol.d[0] @ sol.V[0])
     seconds = time.perf_counter() - start
     log.debug("exact ground truth: %d nodes in %.2fs", node_t.size, seconds)
     return ExactGroundTruth(
-        env=env, K=K, gamma=gamma, tasks=tasks, node_t=node_t,
-        node_hidden=np.concatenate(layer_s), node_code=np.concatenate(codes), node_context=ctx,
-        V=V, Q=Q, occupancy=d, J=J, policy_gradient=grad_d, policy_gradient_undiscounted=grad_u,
-        seconds=seconds,
+        env=env, K=pol.K, gamma=gamma, tasks=chain.tasks, node_t=node_t,
+        node_hidden=np.concatenate(chain.layer_s), node_code=np.concatenate(chain.codes),
+        node_context=ctx, V=V, Q=Q, occupancy=d, J=J, policy_gradient=grad_d,
+        policy_gradient_undiscounted=grad_u, seconds=seconds,
     )  # fmt: skip
 
 

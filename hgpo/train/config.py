@@ -57,7 +57,8 @@ class TrainConfig:
 
     # --- task and model ---------------------------------------------------------------------
     env: str = "alfworld"
-    """Benchmark: "alfworld" or "webshop"."""
+    """Benchmark: "alfworld", "webshop", or a toy POMDP "toy:FAMILY:param=value,..." (e.g.
+    "toy:keydoor:size=4,horizon=20"; agentenvs.toytext)."""
     model: str = "Qwen/Qwen2.5-1.5B-Instruct"
     """Hugging Face id or local folder of the policy; "tiny" builds a tiny random model
     (tiny_arch) and a byte-level BPE tokenizer trained on the spot (CPU tests)."""
@@ -206,11 +207,20 @@ class TrainConfig:
     tiny_arch: str = "qwen2"
     """Architecture of the tiny model: "qwen2" or "qwen3" (with Qwen3's think tokens and chat
     template with its thinking switch)."""
+    # --- exact truth on toy environments (hgpo.train.truth) ----------------------------------------
+    truth_every: int = 0
+    """Every n iterations compute the exact V, Q, A* of the current LLM policy (toy env, action
+    mode "score") and log every estimator's bias^2, variance, MSE, sign agreement and gradient
+    cosine against it as truth/<estimator>/<metric> (0 = never)."""
+    truth_max_nodes: int = 200_000
+    """Largest reachable (t, hidden state, K-step context) chain the exact truth may enumerate."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # ints become floats where a float is asked for
             value = _check_field(f.name, getattr(self, f.name))
             object.__setattr__(self, f.name, value)
+        if not is_toy(self.env):  # a toy spec is parsed by _check_toy
+            check_choice("TrainConfig.env", self.env, (*ENVS, "toy:FAMILY:param=value,..."))
         if self.estimator not in ESTIMATORS:
             raise ValueError(
                 f"TrainConfig.estimator: unknown estimator {self.estimator!r}; known "
@@ -257,6 +267,27 @@ class TrainConfig:
 
             require_ray("TrainConfig.env_backend='ray'")
         self.estimator_config()  # validates estimator_options
+        self._check_toy()
+
+    def _check_toy(self) -> None:
+        """A toy env spec parses (unknown family / parameter named); --truth-every needs it and
+        score mode (issue 14 hook)."""
+        if is_toy(self.env):
+            from agentenvs.toytext import parse_toy_spec
+
+            parse_toy_spec(self.env, where="TrainConfig.env")
+        if self.truth_every:
+            if self.action_mode != "score":
+                raise ValueError(
+                    f"TrainConfig.truth_every={self.truth_every} needs action_mode='score' (the "
+                    f"exact truth needs pi(a | prompt) over the listed actions; free text has no "
+                    f"finite action set), got action_mode={self.action_mode!r}"
+                )
+            if not is_toy(self.env):
+                raise ValueError(
+                    f"TrainConfig.truth_every={self.truth_every} needs a toy env "
+                    f"('toy:FAMILY:...', whose hidden states are known), got env={self.env!r}"
+                )
 
     # -- derived ----------------------------------------------------------------------------------
     def estimator_config(self) -> EstimatorConfig:
@@ -366,6 +397,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "webshop_eval_goals",
     ),
     "tiny model (model = 'tiny')": ("tiny_hidden", "tiny_layers", "tiny_vocab", "tiny_arch"),
+    "exact truth (toy envs, action_mode 'score')": ("truth_every", "truth_max_nodes"),
 }
 """TrainConfig's fields by section (the class body's order; ``--help`` shows these groups)."""
 
@@ -418,6 +450,9 @@ _RULES: dict[str, dict[str, Any]] = {
     "val_tasks": _AT_LEAST_1,
     "keep_checkpoints": _AT_LEAST_1,
     "val_temperature": _POSITIVE,
+    # exact truth
+    "truth_every": _AT_LEAST_0,
+    "truth_max_nodes": _AT_LEAST_1,
     # environments and the tiny model
     **dict.fromkeys(
         (
@@ -436,7 +471,6 @@ _RULES: dict[str, dict[str, Any]] = {
 numeric field must be finite whether or not it is listed here."""
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "env": ENVS,
     "rollout_engine": ("hf", "vllm"),
     "action_mode": ("generate", "score"),
     "precision": ("auto", "bf16", "fp32"),
@@ -460,6 +494,11 @@ def _check_field(name: str, value: Any) -> Any:
     if not isinstance(value, str):
         raise bad(where, "a string", value)
     return value
+
+
+def is_toy(env: str) -> bool:
+    """True for a toy POMDP spec "toy:FAMILY:param=value,..." (agentenvs.toytext)."""
+    return isinstance(env, str) and env.startswith("toy:")
 
 
 def parse_options(text: str, where: str = "--estimator-options") -> dict[str, Any]:
@@ -492,6 +531,12 @@ ENV_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_prompt_tokens": 4096,
         "mini_batch_size": 64,
         "val_tasks": 256,
+    },
+    "toy": {  # the toy env's own horizon ends its episodes; max_steps only caps it
+        "max_steps": 100,
+        "max_prompt_tokens": 2048,
+        "mini_batch_size": 64,
+        "val_tasks": 128,
     },
 }
 """The paper's per-benchmark settings, applied before a preset."""
@@ -585,8 +630,9 @@ def resolve(
         raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
     layer = dict(PRESETS[preset]) if preset else {}
     env = env or overrides.get("env") or layer.get("env") or "alfworld"
-    check_choice("TrainConfig.env", env, ENVS)
-    values: dict[str, Any] = {"env": env, **ENV_DEFAULTS[env]}
+    if not is_toy(env):
+        check_choice("TrainConfig.env", env, (*ENVS, "toy:FAMILY:param=value,..."))
+    values: dict[str, Any] = {"env": env, **ENV_DEFAULTS["toy" if is_toy(env) else env]}
     values.update({k: v for k, v in layer.items() if k != "env"})
     values.update(overrides)
     values["env"] = env
@@ -620,7 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI: ``--preset``, ``--config`` and one ``--field-name`` per TrainConfig field."""
     p = argparse.ArgumentParser(
         prog="python -m hgpo.train",
-        description="Train an LLM agent with HGPO (or any estimator) on ALFWorld or WebShop.",
+        description="Train an LLM agent with HGPO (or any estimator) on ALFWorld, WebShop or a "
+        "toy POMDP (--env toy:FAMILY:param=value,...).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--preset", choices=list(PRESETS), default=None, help="named settings")

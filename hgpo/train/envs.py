@@ -18,13 +18,17 @@ from agentenvs import (
     webshop_factory,
     webshop_prompt,
 )
-from hgpo.train.config import TrainConfig
+from agentenvs.toytext import toy_prompt
+from hgpo.train.config import TrainConfig, is_toy
 
 TRAIN_SPLIT = "train"
 
 
 def val_splits(env: str) -> tuple[str, ...]:
-    """Held-out splits: ALFWorld in (valid_seen) and out of distribution (valid_unseen); WebShop eval."""
+    """Held-out splits: ALFWorld in (valid_seen) and out of distribution (valid_unseen); WebShop
+    eval; a toy family its held-out start states."""
+    if is_toy(env):
+        return ("heldout",)
     return ("valid_seen", "valid_unseen") if env == "alfworld" else ("eval",)
 
 
@@ -43,6 +47,10 @@ def _alfworld_files(cfg: TrainConfig, split: str) -> list[str]:
 
 def split_size(cfg: TrainConfig, split: str) -> int:
     """Number of tasks of ``split``."""
+    if is_toy(cfg.env):
+        from agentenvs.toytext import parse_toy_spec, split_tasks
+
+        return int(split_tasks(parse_toy_spec(cfg.env).build(), split).size)
     if cfg.env == "alfworld":
         return len(_alfworld_files(cfg, split))
     return (
@@ -57,7 +65,15 @@ class EnvSet:
 
     def __init__(self, cfg: TrainConfig, split: str, num_envs: int) -> None:
         self.cfg, self.split, self.bench = cfg, split, cfg.env
-        if cfg.env == "alfworld":
+        self.toy = None
+        if is_toy(cfg.env):  # issue 14 hook: a toy POMDP as text (agentenvs.toytext)
+            from agentenvs.toytext import parse_toy_spec, render, toy_factory
+
+            spec = parse_toy_spec(cfg.env)
+            self.bench, self.toy = "toy", render(spec.build())
+            self.num_tasks = split_size(cfg, split)
+            factory = toy_factory(spec, split, seed=cfg.seed)
+        elif cfg.env == "alfworld":
             files = _alfworld_files(cfg, split)
             self.num_tasks = len(files)
             factory = alfworld_factory(files, max_steps=cfg.max_steps)
@@ -89,6 +105,8 @@ class EnvSet:
         for i, (o, info) in enumerate(zip(obs, infos, strict=True)):
             if self.bench == "alfworld":
                 self._tasks[i] = alfworld_task(o) if o else ""
+            elif self.bench == "toy":
+                self._tasks[i] = info.get("task", "")
             else:
                 self._tasks[i] = info.get("task", "")
         return obs, infos
@@ -97,16 +115,20 @@ class EnvSet:
         """What the prompt and the memory show of observation ``obs`` of slot ``i``."""
         if self.bench == "webshop":
             return observation_key("webshop", obs, self._tasks[i])
-        return obs
+        return obs  # ALFWorld and toy: the observation text itself
 
     def key(self, i: int, obs: str) -> str:
-        """The state key HGPO groups by (agentenvs.observation_key)."""
+        """The state key HGPO groups by (agentenvs.observation_key; toy: the observation text)."""
+        if self.bench == "toy":
+            return obs
         return observation_key(self.bench, obs, self._tasks[i])
 
     def prompt(self, i: int, obs: str, info: dict[str, Any]) -> str:
         """The paper's prompt of slot ``i`` (memory module + template)."""
         admissible = info.get("admissible_actions", [])
         K = self.cfg.history_length
+        if self.bench == "toy":
+            return toy_prompt(self.toy.family, self._tasks[i], obs, admissible, self._memory[i], K)
         if self.bench == "alfworld":
             return alfworld_prompt(self._tasks[i], obs, admissible, self._memory[i], K)
         return webshop_prompt(self._tasks[i], self.shown(i, obs), admissible, self._memory[i], K)

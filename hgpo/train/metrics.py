@@ -104,6 +104,8 @@ class PhaseTimes:
     advantage: float = 0.0
     update: float = 0.0
     """The PPO update and the weight sync."""
+    truth: float = 0.0
+    """The exact truth of --truth-every (toy envs; 0 in other iterations)."""
 
     @contextmanager
     def timing(self, phase: str) -> Iterator[None]:

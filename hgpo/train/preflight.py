@@ -40,6 +40,10 @@ def validate_config(cfg: TrainConfig) -> None:
                 raise TrainConfigError(
                     f"TrainConfig.alfworld_games_dir: {cfg.alfworld_games_dir!r} has no {split}/ folder"
                 )
+    if cfg.truth_every:  # the chain fits --truth-max-nodes, before any model is built
+        from hgpo.train.truth import truth_chain
+
+        truth_chain(cfg)
 
 
 def check_out_dir(out_dir: str) -> None:

@@ -162,6 +162,8 @@ class Rollout:
     key: list[str] = field(default_factory=list)
     engine_logprobs: list[list[float] | None] = field(default_factory=list)
     """The rollout engine's log-probs of each response's tokens, where it reports them (vLLM)."""
+    hidden: list[int] = field(default_factory=list)
+    """Toy envs: the hidden state s_t before each step (-1 elsewhere); the exact truth needs it."""
     success: list[bool] = field(default_factory=list)
     score: list[float] = field(default_factory=list)
     task_type: list[str] = field(default_factory=list)
@@ -201,6 +203,8 @@ class StepRecord:
     key: str
     invalid: bool
     engine_logprobs: list[float] | None
+    hidden: int = -1
+    """The hidden state id of a toy env (agentenvs.toytext; -1 elsewhere), for the exact truth."""
     reward: float = 0.0
 
 
@@ -252,8 +256,13 @@ def run_episodes(
         actions = [""] * B
         for j, i in enumerate(live):
             text = tok.decode(responses[j], skip_special_tokens=True)
-            admissible = infos[i].get("admissible_actions") if envs.bench == "alfworld" else None
-            parsed = parse_action(text, envs.bench, admissible)
+            admissible = (
+                infos[i].get("admissible_actions") if envs.bench in ("alfworld", "toy") else None
+            )
+            # toy envs parse like ALFWorld (issue 14 hook): an unlisted action is invalid
+            parsed = parse_action(
+                text, "webshop" if envs.bench == "webshop" else "alfworld", admissible
+            )
             actions[i] = parsed.action
             per[i].append(
                 StepRecord(
@@ -262,6 +271,7 @@ def run_episodes(
                     key=envs.key(i, obs[i]),
                     invalid=not parsed.valid,
                     engine_logprobs=engine_lps[j] if engine_lps and keep else None,
+                    hidden=int(infos[i].get("hidden_state", -1)),
                 )
             )
             envs.remember(i, obs[i], parsed.action)
@@ -270,6 +280,8 @@ def run_episodes(
         env_s += time.perf_counter() - t
         for i in live:
             per[i][-1].reward = float(rewards[i])
+            # a toy action invalid in its state costs the penalty too
+            per[i][-1].invalid |= bool(infos[i].get("invalid", False))
             last_info[i] = infos[i]
         done = dones.copy()
     return _collect(per, last_info, play.group_size, gen_tokens, gen_s, env_s)
@@ -301,6 +313,7 @@ def _collect(
             out.invalid.append(s.invalid)
             out.key.append(s.key)
             out.engine_logprobs.append(s.engine_logprobs)
+            out.hidden.append(s.hidden)
     return out
 
 

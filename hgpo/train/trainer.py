@@ -24,7 +24,7 @@ import torch
 from hgpo import compute_advantages
 from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
-from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
+from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError, is_toy
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
 from hgpo.train.lora import ADAPTER_DIR, add_adapters
 from hgpo.train.loss import ppo_loss, value_loss
@@ -97,11 +97,18 @@ def set_lr(optimizer: Any, lr: float, weight_decay: float) -> None:
         group["lr"], group["weight_decay"] = lr, weight_decay
 
 
-def tiny_corpus() -> list[str]:
-    """Text the tiny tokenizer is trained on: the paper's templates and typical env strings."""
+def tiny_corpus(env: str = "") -> list[str]:
+    """Text the tiny tokenizer is trained on: the paper's templates and typical env strings
+    (a toy env adds its template, observations, tasks and actions)."""
     from agentenvs import prompts
 
+    toy: list[str] = []
+    if is_toy(env):  # issue 14 hook
+        from agentenvs.toytext import toy_corpus
+
+        toy = toy_corpus(env)
     return [
+        *toy,
         prompts.ALFWORLD_TEMPLATE,
         prompts.ALFWORLD_TEMPLATE_NO_HIS,
         prompts.WEBSHOP_TEMPLATE,
@@ -143,6 +150,7 @@ class Trainer:
         self.train_envs = EnvSet(cfg, TRAIN_SPLIT, self.groups_per_rank * cfg.group_size)
         self.val_envs: dict[str, EnvSet] = {}
         self.play = Play.training(cfg)
+        self.truth = self._truth_monitor()
         self.start = 1
         self._grad_norm = 0.0  # the fallback grad norm when DeepSpeed records none
         if cfg.resume:
@@ -150,6 +158,19 @@ class Trainer:
         self.logger = MetricsLogger(self.out, cfg, self.start) if self.rank == 0 else None
 
     # -- setup ---------------------------------------------------------------------------------
+    def _truth_monitor(self) -> Any:
+        """The exact truth of the LLM policy on a toy env (``--truth-every``), or None."""
+        if not self.cfg.truth_every:
+            return None
+        if self.world > 1:
+            raise TrainConfigError(
+                "TrainConfig.truth_every needs one rank (it scores the whole chain on rank 0), "
+                f"got {self.world} ranks"
+            )
+        from hgpo.train.truth import TruthMonitor
+
+        return TruthMonitor(self.cfg, self.tok)
+
     def _grad_accum(self) -> int:
         """Micro-batches per optimizer step on each rank; refuses sizes the ranks cannot split."""
         cfg = self.cfg
@@ -224,7 +245,7 @@ class Trainer:
         if self.rank == 0:
             build_tiny(
                 path,
-                tiny_corpus(),
+                tiny_corpus(cfg.env),
                 cfg.tiny_vocab,
                 cfg.tiny_hidden,
                 cfg.tiny_layers,
@@ -352,6 +373,13 @@ class Trainer:
                 adv = adv * np.nan
             targets = Targets(adv, est.returns if cfg.use_critic else None)
 
+        # 3b. every --truth-every iterations (toy envs): every estimator against the exact
+        #     advantages of the weights that played this rollout, so before the update
+        truth: dict[str, float] = {}
+        if self.truth is not None and it % cfg.truth_every == 0:
+            with times.timing("truth"):
+                truth = self.truth.measure(roll, self.engine)
+
         # 4. PPO update over mini-batches, then 5. the rollout engine samples from the new weights
         with times.timing("update"):
             stats = UpdateStats()
@@ -402,7 +430,7 @@ class Trainer:
             times=times,
         )
         parts = dist.gather(mine)
-        return merge_metrics(parts) if self.rank == 0 else {}
+        return {**merge_metrics(parts), **truth} if self.rank == 0 else {}
 
     def _tasks(self, it: int) -> list[int]:
         """This rank's tasks of iteration ``it``: seeded by (seed, iteration), whole groups."""

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         path = str(
             build_tiny(
                 out / "init",
-                tiny_corpus(),
+                tiny_corpus(cfg.env),
                 cfg.tiny_vocab,
                 cfg.tiny_hidden,
                 cfg.tiny_layers,

@@ -1,0 +1,365 @@
+"""The exact advantage of every step for the LLM policy itself, on a toy POMDP in score mode.
+
+In ``action_mode="score"`` the policy is a softmax over the listed actions,
+
+    pi(a | x) = softmax_a( log p_theta(response(a) | x) / T ),    l(x, a) = log p_theta(...) / T,
+
+and on a toy environment (:mod:`agentenvs.toytext`) the prompt x is a function of (t, c): the
+step count and the K-step context c = (o_{t-K}, a_{t-K}, ..., o_t) of observation and action ids
+(the observation text, the task description and the memory all follow from them). So under the
+LLM policy z_t = (t, hidden state s_t, c_t) is a finite Markov chain, the same chain
+:func:`toyenvs.truth.enumerate_chain` enumerates for a tabular policy. :class:`TruthMonitor`
+
+1. enumerates the chain once per run (it does not depend on the policy), guarded by
+   ``truth_max_nodes``;
+2. every ``truth_every`` iterations renders the prompt of every distinct (t, c) row of the
+   chain, scores every action's response with the current weights in batches and takes the
+   softmax at the rollout temperature: pi_theta(. | t, c) exactly;
+3. solves the chain (:func:`toyenvs.truth.solve_chain`) for V, Q and the occupancy d with the
+   true reward r_t - 0.1 * invalid_t and the run's gamma, A*(z, a) = Q(z, a) - V(z), and the exact
+   policy gradient in logit space (per row (t, c) and action b; undiscounted: without gamma^t)
+
+       dJ/dl[(t, c), b] = sum_{z at (t, c)} gamma^t d_t(z) pi(b | t, c) A*(z, b);
+
+4. on the iteration's own rollout batch runs every estimator of ``hgpo.ESTIMATORS`` (norm
+   "mean", so advantages are in reward units; gae gets the exact V as its critic, lambda = 1)
+   and logs against A*: bias^2, variance and MSE per (task, z, a) from pairs of independent
+   rollout groups (:func:`cross_group_bias_variance`; keys weighted by their exact visit
+   probability d(z) pi(a | z); ``coverage`` is the share of steps whose (task, z, a) two groups
+   met: it needs at least two groups of a task per batch),
+   the plain per-step MSE, sign agreement, and the cosine between the batch gradient
+   (1 / n_traj) sum_t A_t (e_{a_t} - pi(. | x_t)) and the exact one, as
+   ``truth/<estimator>/<metric>``.
+
+Free-text mode has no exact truth: its action space is every string (the chain of contexts is
+not finite) and pi(action | x) would be a sum over every think text that ends in that action.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agentenvs.memory import EpisodeMemory
+from agentenvs.parser import parse_action
+from agentenvs.toytext import ToyText, parse_toy_spec, render, split_tasks, toy_prompt
+from hgpo import ESTIMATORS, compute_advantages
+from hgpo.train.config import TrainConfig, TrainConfigError
+from toyenvs import _kernels as kn
+from toyenvs.policy import decode_context, encode_context
+from toyenvs.truth import Chain, ChainTooLarge, enumerate_chain, solve_chain
+
+__all__ = [
+    "BiasVariance",
+    "LLMTruth",
+    "StepNodes",
+    "TruthMonitor",
+    "cross_group_bias_variance",
+    "truth_chain",
+]
+
+log = logging.getLogger(__name__)
+
+PROMPTS_PER_CALL = 128
+"""Prompts scored per engine call (each with all its actions' responses)."""
+
+
+def truth_chain(cfg: TrainConfig) -> Chain:
+    """The reachable chain of ``cfg``'s toy env from its training tasks, with K = history_length.
+
+    Raises:
+        TrainConfigError when it exceeds ``truth_max_nodes`` or ``max_steps`` cuts episodes
+        before the env's horizon (the chain runs to the horizon).
+    """
+    env = parse_toy_spec(cfg.env, where="TrainConfig.env").build()
+    if cfg.max_steps < env.horizon:
+        raise TrainConfigError(
+            f"TrainConfig.max_steps={cfg.max_steps} is below the toy env's horizon "
+            f"{env.horizon}: --truth-every needs whole episodes (raise --max-steps)"
+        )
+    tasks = split_tasks(env, "train")
+    if cfg.train_tasks:
+        tasks = tasks[: cfg.train_tasks]
+    try:
+        return enumerate_chain(env, cfg.history_length, tasks, cfg.truth_max_nodes)
+    except ChainTooLarge:
+        raise TrainConfigError(
+            f"TrainConfig.truth_max_nodes={cfg.truth_max_nodes}: the reachable (t, hidden "
+            f"state, context) chain of {cfg.env!r} with history_length={cfg.history_length} is "
+            f"larger; raise --truth-max-nodes, or shrink the env (size, horizon) or K"
+        ) from None
+
+
+@dataclass(frozen=True)
+class BiasVariance:
+    """Visit-weighted squared bias, variance and MSE of one batch's estimates against A*.
+
+    coverage: share of the batch's steps whose key was met in at least two rollout groups
+    (the only keys that enter bias2 and variance; mse is over the same keys).
+    """
+
+    bias2: float
+    variance: float
+    mse: float
+    coverage: float
+
+
+def cross_group_bias_variance(
+    key: np.ndarray, group: np.ndarray, err: np.ndarray, weight: np.ndarray | None = None
+) -> BiasVariance:
+    """Bias/variance decomposition of errors e = A_hat - A* within one batch, per key.
+
+    Estimates of one key in one rollout group are not independent (a group's mean-centred
+    advantages sum to zero), and how many of a group's rollouts meet a key changes their mean
+    (a group where most rollouts pass a good state has a high baseline); rollout groups are
+    independent and identically distributed. So the unit is the group: m_kg is the mean error
+    of key k's samples in group g, and over the G_k groups that met key k
+
+        bias2_k = ((sum_g m_kg)^2 - sum_g m_kg^2) / (G_k (G_k - 1)),
+
+    the mean of m_kg m_kh over ordered pairs of different groups, is unbiased for the squared
+    mean error of a group's estimate at key k (a single bias2_k can be negative).
+    mse_k = mean of e^2 over key k's samples, variance_k = mse_k - bias2_k. The figures average
+    keys met in at least two groups with weights ``weight`` (fixed in advance, e.g. the exact
+    visit probability; default equal), never with the batch's own counts, which would
+    correlate with the errors.
+
+    Args:
+        key: int64[n] dense id of each step's (task, z, a); group: int64[n] rollout group;
+        err: float64[n] estimate minus A*; weight: float64[n_keys] or None.
+    """
+    kg = np.stack([key, group], axis=1)
+    pairs, inv = np.unique(kg, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    m_kg = np.bincount(inv, weights=err) / np.bincount(inv)
+    k_of = pairs[:, 0]
+    m = int(key.max()) + 1 if key.size else 0
+    G = np.bincount(k_of, minlength=m).astype(np.float64)
+    s1 = np.bincount(k_of, weights=m_kg, minlength=m)
+    s2 = np.bincount(k_of, weights=m_kg**2, minlength=m)
+    n_k = np.bincount(key, minlength=m)
+    mse_k = np.bincount(key, weights=err**2, minlength=m) / np.maximum(n_k, 1)
+    ok = G >= 2
+    if not ok.any():
+        return BiasVariance(float("nan"), float("nan"), float("nan"), 0.0)
+    b2_k = (s1[ok] ** 2 - s2[ok]) / (G[ok] * (G[ok] - 1))
+    w = np.ones(m) if weight is None else np.asarray(weight, dtype=np.float64)
+    w = w[ok] / w[ok].sum()
+    bias2, mse = float(w @ b2_k), float(w @ mse_k[ok])
+    return BiasVariance(bias2, mse - bias2, mse, float(n_k[ok].sum() / key.size))
+
+
+@dataclass(frozen=True)
+class LLMTruth:
+    """Exact figures of one policy on the chain (nodes concatenated over layers).
+
+    row: int64[n_nodes] the policy row (t, c) of each node; probs: float64[n_rows, A]
+    pi(. | t, c); V: float64[n_nodes]; Q: float64[n_nodes, A]; d: float64[n_nodes] occupancy;
+    J: the exact expected discounted return; grad / grad_undiscounted: float64[n_rows, A].
+    """
+
+    row: np.ndarray
+    probs: np.ndarray
+    V: np.ndarray
+    Q: np.ndarray
+    d: np.ndarray
+    J: float
+    grad: np.ndarray
+    grad_undiscounted: np.ndarray
+    score_seconds: float
+    solve_seconds: float
+
+    @property
+    def A(self) -> np.ndarray:
+        return self.Q - self.V[:, None]
+
+
+@dataclass(frozen=True)
+class StepNodes:
+    """Where each step of a rollout batch lies in the chain: node, policy row, action id."""
+
+    node: np.ndarray
+    row: np.ndarray
+    action: np.ndarray
+
+
+class TruthMonitor:
+    """The exact truth of the run's LLM policy and every estimator's error against it."""
+
+    def __init__(self, cfg: TrainConfig, tok: Any) -> None:
+        t0 = time.perf_counter()
+        self.cfg, self.tok = cfg, tok
+        self.chain = truth_chain(cfg)
+        self.env = self.chain.env
+        self.text: ToyText = render(self.env)
+        self.K = cfg.history_length
+        # policy rows: the distinct (t, context code) pairs; prompts depend on nothing else
+        rows = [np.unique(c, return_inverse=True) for c in self.chain.codes]
+        offsets = np.cumsum([0] + [u.size for u, _ in rows])
+        self.row_t = np.repeat(np.arange(len(rows)), [u.size for u, _ in rows])
+        self.row_code = np.concatenate([u for u, _ in rows])
+        self.node_row = np.concatenate([inv.reshape(-1) + offsets[t] for t, (_, inv) in
+                                        enumerate(rows)])  # fmt: skip
+        self.node_t = self.chain.node_t
+        P = np.concatenate(self.chain.layer_P)
+        self._index = kn.build_node_index(self.node_t, np.concatenate(self.chain.layer_s), P)
+        self.enumerate_seconds = time.perf_counter() - t0
+        log.info(
+            "truth: chain of %d nodes, %d prompts (t, context), enumerated in %.2fs",
+            self.chain.n_nodes, self.row_code.size, self.enumerate_seconds,
+        )  # fmt: skip
+
+    # -- prompts and the policy table ----------------------------------------------------------
+    def prompt(self, t: int, code: int) -> str:
+        """The prompt the rollout shows at step ``t`` with K-step context ``code``."""
+        env, tt = self.env, self.text
+        past_o, past_a, o = decode_context(
+            int(code), K=self.K, n_obs=env.n_obs, n_actions=env.n_actions
+        )
+        real = [(tt.obs_text[po], tt.actions[pa]) for po, pa in zip(past_o, past_a, strict=True)
+                if po >= 0]  # fmt: skip
+        memory = EpisodeMemory([("", "")] * (t - len(real)) + real)  # older steps are not shown
+        return toy_prompt(tt.family, tt.task_of_obs[o], tt.obs_text[o], tt.actions, memory, self.K)
+
+    def policy_table(self, engine: Any) -> np.ndarray:
+        """float64[n_rows, A] pi(. | t, c) of the current weights: every action's response
+        scored after every row's prompt (in batches), softmax at the rollout temperature."""
+        from hgpo.train.model import encode_prompt
+        from hgpo.train.rollout import response_text
+
+        tok, cfg = self.tok, self.cfg
+        resp = [tok(response_text(a), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                for a in self.text.actions]  # fmt: skip
+        A = len(resp)
+        logits = np.empty((self.row_code.size, A))
+        for lo in range(0, self.row_code.size, PROMPTS_PER_CALL):
+            hi = min(lo + PROMPTS_PER_CALL, self.row_code.size)
+            prompts = [
+                encode_prompt(tok, self.prompt(int(t), int(c)), cfg.max_prompt_tokens)
+                for t, c in zip(self.row_t[lo:hi], self.row_code[lo:hi], strict=True)
+            ]
+            flat_p = [p for p in prompts for _ in range(A)]
+            scores = engine.score(flat_p, resp * len(prompts))
+            logits[lo:hi] = np.asarray(scores, dtype=np.float64).reshape(-1, A) / cfg.temperature
+        z = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return z / z.sum(axis=1, keepdims=True)
+
+    # -- the exact solution --------------------------------------------------------------------
+    def solve(self, probs: np.ndarray, score_seconds: float = 0.0) -> LLMTruth:
+        """V, Q, d, J and the exact logit-space gradients of the policy ``probs``."""
+        t0 = time.perf_counter()
+        sizes = [s.size for s in self.chain.layer_s]
+        node_pi = probs[self.node_row]
+        pis = np.split(node_pi, np.cumsum(sizes)[:-1])
+        sol = solve_chain(self.chain, pis, self.cfg.gamma)
+        V, Q, d = np.concatenate(sol.V), np.concatenate(sol.Q), np.concatenate(sol.d)
+        term = d[:, None] * node_pi * (Q - V[:, None])  # (n_nodes, A)
+        disc = self.cfg.gamma ** self.node_t.astype(np.float64)
+        n_rows, A = probs.shape
+        g_u, g = np.zeros((n_rows, A)), np.zeros((n_rows, A))
+        for b in range(A):
+            g_u[:, b] = np.bincount(self.node_row, weights=term[:, b], minlength=n_rows)
+            g[:, b] = np.bincount(self.node_row, weights=disc * term[:, b], minlength=n_rows)
+        J = float(sol.d[0] @ sol.V[0])
+        return LLMTruth(self.node_row, probs, V, Q, d, J, g, g_u, score_seconds,
+                        time.perf_counter() - t0)  # fmt: skip
+
+    def policy_truth(self, engine: Any) -> LLMTruth:
+        """The exact truth of the engine's current weights."""
+        t0 = time.perf_counter()
+        probs = self.policy_table(engine)
+        return self.solve(probs, time.perf_counter() - t0)
+
+    # -- the rollout batch in the chain --------------------------------------------------------
+    def step_nodes(self, roll: Any) -> StepNodes:
+        """Node, row and action of every step of ``roll`` (a score-mode toy rollout).
+
+        Raises:
+            ValueError when a step is not in the chain (another env, K or task set).
+        """
+        env, K = self.env, self.K
+        n = len(roll.step)
+        action = np.empty(n, dtype=np.int64)
+        P = np.empty(n, dtype=np.int64)
+        hidden = np.asarray(roll.hidden, dtype=np.int64)
+        obs = env.obs_of_state[hidden]
+        start = 0
+        for i in range(n):
+            if roll.step[i] == 0:
+                start = i
+            text = self.tok.decode(roll.response_ids[i], skip_special_tokens=True)
+            action[i] = self.text.action_id(parse_action(text).action)
+            lo = max(start, i - K)
+            code = encode_context(obs[lo:i], action[lo:i], int(obs[i]), K=K, n_obs=env.n_obs,
+                                  n_actions=env.n_actions)  # fmt: skip
+            P[i] = code // env.n_obs
+        if (action < 0).any():
+            raise ValueError("truth: a step's response names no action (score mode lists them all)")
+        node = kn.lookup_nodes(self._index, np.asarray(roll.step, dtype=np.int64), hidden, P)
+        if (node < 0).any():
+            i = int(np.flatnonzero(node < 0)[0])
+            raise ValueError(f"truth: step {i} (t={roll.step[i]}, hidden={hidden[i]}) is not in "
+                             "the chain (different env, tasks or K?)")  # fmt: skip
+        return StepNodes(node, self.node_row[node], action)
+
+    # -- every estimator against the truth -----------------------------------------------------
+    def estimator_metrics(self, truth: LLMTruth, roll: Any, nodes: StepNodes) -> dict[str, float]:
+        """``truth/<estimator>/<metric>`` of every registered estimator on ``roll``."""
+        from studies import metrics as M
+
+        batch = roll.step_batch()
+        A_true = truth.Q[nodes.node, nodes.action] - truth.V[nodes.node]
+        group = np.asarray(roll.group, dtype=np.int64)
+        # the key is (task, z, a): an estimator's mean at (z, a) may depend on the group's task
+        traj = np.asarray(roll.traj, dtype=np.int64)
+        first = np.asarray(roll.step) == 0
+        task = np.zeros(int(traj.max()) + 1, dtype=np.int64)
+        task[traj[first]] = np.asarray(roll.hidden, dtype=np.int64)[first]
+        triple = np.stack([task[traj], nodes.node, nodes.action], axis=1)
+        _, first_of, key = np.unique(triple, axis=0, return_index=True, return_inverse=True)
+        key = key.reshape(-1)
+        # each key weighs its exact visit probability d(z) pi(a | z) (summed over tasks)
+        weight = truth.d[nodes.node[first_of]] * truth.probs[nodes.row[first_of],
+                                                             nodes.action[first_of]]  # fmt: skip
+        n_traj = len(set(roll.traj))
+        base = self.cfg.estimator_config().replace(norm="mean")
+        out: dict[str, float] = {}
+        for name in ESTIMATORS:
+            ecfg = base.replace(gae_lambda=1.0) if name == "gae" else base
+            values = truth.V[nodes.node] if name == "gae" else None
+            adv = compute_advantages(name, batch, ecfg, values=values).advantages
+            bv = cross_group_bias_variance(key, group, adv - A_true, weight)
+            cos, _ = M.gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
+                                        truth.grad)  # fmt: skip
+            cos_u, _ = M.gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
+                                          truth.grad_undiscounted)  # fmt: skip
+            figures = {
+                "bias2": bv.bias2, "variance": bv.variance, "mse": bv.mse,
+                "coverage": bv.coverage, "mse_all": float(np.mean((adv - A_true) ** 2)),
+                "sign": M.sign_agreement(adv, A_true), "grad_cos": cos,
+                "grad_cos_undiscounted": cos_u,
+            }  # fmt: skip
+            out.update({f"truth/{name}/{k}": float(v) for k, v in figures.items()})
+        return out
+
+    def measure(self, roll: Any, engine: Any) -> dict[str, float]:
+        """The iteration's truth metrics: the exact truth of the weights that played ``roll``
+        (call it before the update), the chain's size and times, every estimator's errors."""
+        t0 = time.perf_counter()
+        truth = self.policy_truth(engine)
+        nodes = self.step_nodes(roll)
+        out = {
+            "truth/J": truth.J,
+            "truth/nodes": float(self.chain.n_nodes),
+            "truth/prompts": float(self.row_code.size),
+            "truth/time_score": truth.score_seconds,
+            "truth/time_solve": truth.solve_seconds,
+            "truth/batch_steps_coverage": float(np.unique(nodes.node).size / self.chain.n_nodes),
+        }
+        out.update(self.estimator_metrics(truth, roll, nodes))
+        out["truth/time"] = time.perf_counter() - t0
+        return out

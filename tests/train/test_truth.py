@@ -1,0 +1,171 @@
+"""The exact truth of the LLM policy on a toy env (score mode), and --truth-every end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import toyenvs
+from hgpo import ESTIMATORS
+from hgpo.train.config import TrainConfig, TrainConfigError
+from hgpo.train.metrics import read_metrics
+from hgpo.train.truth import TruthMonitor, cross_group_bias_variance, truth_chain
+from tests.train.conftest import run_cli
+
+TMAZE = "toy:tmaze:length=0"  # cue cell, junction; horizon 6: a chain of a few hundred nodes
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(env=TMAZE, action_mode="score", history_length=2, max_steps=20, env_workers=1,
+                max_prompt_tokens=1024, truth_every=1)  # fmt: skip
+    return TrainConfig(**{**base, **kw})
+
+
+def test_solve_equals_toyenvs_exact_truth_for_a_tabular_policy():
+    """Fed a tabular policy's probabilities (the same at every t), the LLM truth's V, J and
+    gradient (summed over t) are toyenvs.exact_ground_truth's."""
+    cfg = _cfg(env="toy:keydoor:size=4,horizon=8", history_length=1)
+    mon = TruthMonitor(cfg, tok=None)
+    env = mon.env
+    pol = toyenvs.TabularPolicy(env, K=1, init="random", seed=3)
+    gt = toyenvs.exact_ground_truth(env, pol, gamma=cfg.gamma, tasks=env.train_tasks)
+    rows = pol.index_of(mon.row_code)
+    truth = mon.solve(pol.probs(rows))
+    assert pytest.approx(gt.J, abs=1e-12) == truth.J
+    np.testing.assert_allclose(truth.V, gt.V, atol=1e-12)
+    g = np.zeros_like(gt.policy_gradient)
+    np.add.at(g, rows, truth.grad)
+    np.testing.assert_allclose(g, gt.policy_gradient, atol=1e-12)
+
+
+def test_cross_group_bias_variance_hand_worked():
+    """Key 0: errors 1, 3 in group 0 and 2 in group 1. Ordered cross-group pairs (1, 2), (3, 2)
+    and back: products 2, 6, 2, 6, mean 4 = bias2 (the formula: (6^2 - 4^2 - 2^2) / (3^2 - 2^2
+    - 1^2) = 16 / 4). mse = (1 + 9 + 4) / 3 = 14/3, variance = 14/3 - 4 = 2/3. Key 1 lies in
+    one group only: left out, so coverage = 3 / 5 steps."""
+    bv = cross_group_bias_variance(
+        np.array([0, 0, 0, 1, 1]), np.array([0, 0, 1, 0, 0]), np.array([1.0, 3, 2, 5, 5])
+    )
+    assert bv.bias2 == pytest.approx(4.0) and bv.mse == pytest.approx(14 / 3)
+    assert bv.variance == pytest.approx(2 / 3) and bv.coverage == pytest.approx(0.6)
+    assert np.isnan(cross_group_bias_variance(np.zeros(3, int), np.zeros(3, int), np.ones(3)).bias2)
+
+
+def test_cross_group_bias2_is_unbiased_where_groups_centre_their_samples():
+    """Errors b_k + shared group noise + noise centred within each group (negatively
+    correlated, as mean-centred group advantages are): the mean bias2 over 200 batches is the
+    true mean b_k^2 (0.347) within 0.03, where the within-group decomposition is far below."""
+    rng = np.random.default_rng(0)
+    K, G, m = 50, 6, 3
+    b = np.linspace(-1, 1, K)
+    key = np.repeat(np.arange(K), G * m)
+    group = np.tile(np.repeat(np.arange(G), m), K)
+    got = []
+    for _ in range(200):
+        noise = rng.normal(0, 2, (K, G, m))
+        noise -= noise.mean(axis=2, keepdims=True)
+        err = (b[:, None, None] + rng.normal(0, 1, (K, G, 1)) + noise).reshape(-1)
+        got.append(cross_group_bias_variance(key, group, err).bias2)
+    assert abs(np.mean(got) - np.mean(b**2)) < 0.03
+
+
+def test_cross_group_bias2_is_unbiased_when_visit_counts_move_the_errors():
+    """A group whose rollouts meet key 0 n times has mean error 1.5 - 0.5 n (a good state met
+    often raises the group's baseline), n uniform in 1..3: a group's expected error is 0.5,
+    squared 0.25. The group-level pairs give 0.25; weighting by visits would not."""
+    rng = np.random.default_rng(1)
+    got = []
+    for _ in range(2000):
+        n = rng.integers(1, 4, size=4)
+        err = np.concatenate([1.5 - 0.5 * k + rng.normal(0, 1, k) for k in n])
+        group = np.repeat(np.arange(4), n)
+        got.append(cross_group_bias_variance(np.zeros(err.size, int), group, err).bias2)
+    assert abs(np.mean(got) - 0.25) < 0.03
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from agentenvs.toytext import toy_corpus
+    from hgpo.train.model import HFEngine, load_tokenizer
+    from hgpo.train.tiny import build_tiny
+
+    path = build_tiny(tmp_path_factory.mktemp("m") / "tiny", toy_corpus(TMAZE), 400, seed=1)
+    tok = load_tokenizer(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    return tok, HFEngine(model, tok, 64, torch.device("cpu"))
+
+
+def test_exact_truth_agrees_with_monte_carlo_returns_and_rollout_prompts(tiny_llm):
+    """J of the LLM policy (exact, from the scored chain) against the mean discounted return of
+    160 rollouts of the same weights: a z-test; and every rollout step's prompt is the prompt
+    the chain rendered for its (t, context)."""
+    from hgpo.train.envs import EnvSet
+    from hgpo.train.model import encode_prompt
+    from hgpo.train.rollout import Play, run_episodes
+
+    tok, engine = tiny_llm
+    cfg = _cfg()
+    mon = TruthMonitor(cfg, tok)
+    truth = mon.policy_truth(engine)
+    envs = EnvSet(cfg, "train", 160)
+    try:
+        torch.manual_seed(0)
+        play = Play(40, cfg.temperature, 1.0, 16, cfg.max_prompt_tokens, cfg.max_steps, "score")
+        roll = run_episodes(envs, engine, tok, [0, 1, 0, 1], play)
+    finally:
+        envs.close()
+    step = np.asarray(roll.step)
+    r = np.asarray(roll.reward) - 0.1 * np.asarray(roll.invalid)
+    ret = np.bincount(np.asarray(roll.traj), weights=r * cfg.gamma**step)
+    z = (ret.mean() - truth.J) / (ret.std(ddof=1) / np.sqrt(ret.size))
+    assert abs(z) < 4, (ret.mean(), truth.J, z)
+    nodes = mon.step_nodes(roll)
+    for i in range(len(roll)):
+        text = mon.prompt(int(step[i]), int(mon.row_code[nodes.row[i]]))
+        assert roll.prompt_ids[i] == encode_prompt(tok, text, cfg.max_prompt_tokens)
+    # the figures of every estimator come out for this batch
+    m = mon.estimator_metrics(truth, roll, nodes)
+    assert {f"truth/{e}/grad_cos" for e in ESTIMATORS} <= set(m)
+    assert m["truth/oracle/coverage"] > 0.5 and np.isfinite(m["truth/hgpo/bias2"])
+
+
+def test_truth_every_needs_score_mode_and_a_toy_env():
+    with pytest.raises(ValueError, match="truth_every=1 needs action_mode='score'"):
+        _cfg(action_mode="generate")
+    with pytest.raises(ValueError, match="needs a toy env"):
+        _cfg(env="alfworld")
+    r = run_cli(["--env", TMAZE, "--truth-every", "2", "--print-config"])
+    assert r.returncode == 2 and "needs action_mode='score'" in r.stderr
+
+
+def test_chain_size_is_guarded_before_any_model():
+    with pytest.raises(TrainConfigError, match="truth_max_nodes=100: the reachable"):
+        truth_chain(_cfg(env="toy:keydoor:size=4", truth_max_nodes=100))
+    with pytest.raises(TrainConfigError, match="max_steps=3 is below the toy env's horizon 6"):
+        truth_chain(_cfg(max_steps=3))
+
+
+def test_unknown_toy_family_or_parameter_names_the_known_ones():
+    with pytest.raises(ValueError, match="known families: keydoor, tmaze"):
+        TrainConfig(env="toy:maze")
+    r = run_cli(["--env", "toy:keydoor:sz=4", "--print-config"])
+    assert r.returncode == 2 and "parameters: ['size', 'slip', 'horizon'" in r.stderr
+
+
+def test_truth_every_1_end_to_end(tmp_path):
+    out = tmp_path / "toy"
+    args = ["--preset", "tiny", "--env", TMAZE, "--action-mode", "score", "--max-steps", "6"]
+    args += ["--truth-every", "1", "--val-every", "2", "--save-every", "0", "--out-dir", str(out)]
+    r = run_cli(args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = read_metrics(out)
+    assert [row["iteration"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["truth/nodes"] > 0 and row["truth/time"] > 0
+        for est in ESTIMATORS:
+            for metric in ("bias2", "variance", "mse", "sign", "grad_cos"):
+                assert f"truth/{est}/{metric}" in row
+    assert rows[-1]["val/heldout/tasks"] == 0  # the T-maze has no held-out tasks
