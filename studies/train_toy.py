@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from studies.io import atomic_write_json
+from studies.train_toy_settings import DEFAULT_SETTINGS, FULL_SETTINGS
 
 __all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
 
@@ -47,33 +48,6 @@ FULL_ENVS = (
     "household:n_rooms=1,receptacles_per_room=5,n_tasks=8,horizon=12,start=0.005",
     "random:n_states=30,aliasing=0.7,n_tasks=8",
 )
-MAIN_SETTINGS = ("grpo", "rloo", "gigpo", "hgpo", "hgpo:base_group=true")
-ABLATIONS = ("oracle", "hgpo-nohog2", "hgpo-uniform", "hgpo:alpha=2")
-# The same three estimators with mean-only (Dr.GRPO) normalisation: std-normalising a tiny
-# group blows any return difference up to unit size, and HGPO's deep levels are tiny groups.
-MEAN_NORM = ("grpo:norm=mean", "gigpo:norm=mean", "hgpo:norm=mean")
-DEFAULT_SETTINGS = (*MAIN_SETTINGS, "hgpo:K=4", *ABLATIONS, "gae", *MEAN_NORM)
-# Without the invalid-action penalty in the advantage (the env still charges it): isolates what
-# std-normalising the penalty's small return differences does to each estimator.
-NO_PENALTY = ("grpo:invalid_penalty=0", "gigpo:invalid_penalty=0", "hgpo:invalid_penalty=0")
-FULL_SETTINGS = (*MAIN_SETTINGS, *ABLATIONS, "gae", *MEAN_NORM, *NO_PENALTY, "stepwise")
-# What each ablation removes, for the report (hgpo-uniform is alpha = 0 exactly).
-SETTING_NOTES = {
-    "oracle": "w/o HoG-1 (G_K only)",
-    "hgpo-nohog2": "w/o HoG-2 (G_K, else G_0)",
-    "hgpo-uniform": "w/o adaptive weights (alpha = 0)",
-    "hgpo:alpha=2": "alpha = 2",
-    "hgpo": "alpha = 1",
-    "hgpo:base_group=true": "+ episode level, as the public code",
-    "hgpo:K=4": "memory K = 4",
-    "grpo:norm=mean": "mean-only normalisation",
-    "gigpo:norm=mean": "mean-only normalisation",
-    "hgpo:norm=mean": "mean-only normalisation",
-    "grpo:invalid_penalty=0": "penalty left out of the advantage",
-    "gigpo:invalid_penalty=0": "penalty left out of the advantage",
-    "hgpo:invalid_penalty=0": "penalty left out of the advantage",
-    "gae": "PPO + value table",
-}
 
 
 @dataclass(frozen=True)

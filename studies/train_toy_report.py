@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from studies.io import write_csv
+from studies.train_toy_settings import ABLATIONS, SETTING_NOTES
 
 __all__ = ["compare", "summarise", "write_results"]
 
@@ -117,8 +118,6 @@ def _cell(rows: list[dict[str, Any]], env: str, label: str, metric: str) -> str:
 def _md_table(
     rows: list[dict[str, Any]], labels: list[str], envs: list[str], metrics: tuple[str, ...]
 ) -> str:
-    from studies.train_toy import SETTING_NOTES
-
     heads = [f"{_short(e)} {m.replace('_', ' ')}" for e in envs for m in metrics]
     lines = ["| setting | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for lab in labels:
@@ -279,8 +278,6 @@ def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out
 
 def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     """Write curves.csv, evals.csv, final.csv, tests.csv, results.json, report.md and plots."""
-    from studies.train_toy import ABLATIONS, SETTING_NOTES
-
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     default_K = cfg.Ks[0] if len(cfg.Ks) == 1 else None
