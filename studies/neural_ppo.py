@@ -46,8 +46,9 @@ def ppo_loss(
     kl = torch.exp(d) - d - 1.0
     H = -(logp.exp() * logp).sum(dim=1)
     loss = pg.mean() + s.kl_coef * kl.mean() - s.entropy_coef * H.mean()
-    figs = {"pg_loss": float(pg.mean()), "kl": float(kl.mean()),
-            "clip_frac": float((~active).double().mean()), "entropy": float(H.mean())}  # fmt: skip
+    figs = {"pg_loss": float(pg.detach().mean()), "kl": float(kl.detach().mean()),
+            "clip_frac": float((~active).double().mean()),
+            "entropy": float(H.detach().mean())}  # fmt: skip
     return loss, figs
 
 
@@ -83,9 +84,11 @@ class NeuralPPO:
         stats = []
         for _ in range(s.epochs):
             for mb in np.array_split(rng.permutation(n), max(1, min(s.minibatches, n))):
-                rows = context[mb]
+                # one forward per distinct context of the mini-batch, gathered per step
+                rows, inv = np.unique(context[mb], return_inverse=True)
+                inv = torch.from_numpy(inv.reshape(-1))
                 loss, f = ppo_loss(
-                    pol.forward_rows(rows) / T, self._ref_logits(rows) / T,
+                    pol.forward_rows(rows)[inv] / T, self._ref_logits(rows)[inv] / T,
                     torch.from_numpy(action[mb]), torch.from_numpy(advantages[mb]),
                     torch.from_numpy(old_lp[mb]), s,
                 )  # fmt: skip
