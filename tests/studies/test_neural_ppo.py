@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -54,3 +56,81 @@ def test_update_moves_probability_toward_positive_advantage() -> None:
     st = ppo.update(row, act, np.ones(64), old, np.random.default_rng(0))
     assert pol.probs(row[:1])[0, 0] > before
     assert np.isfinite(st.grad_norm) and st.kl == pytest.approx(0.0, abs=1e-12)
+
+
+def test_neural_run_is_reproducible_and_logs_the_truth(tmp_path) -> None:
+    from studies import train_toy as tt
+
+    cfg = tt.TrainToyConfig(
+        envs=("tmaze:length=2",), settings=("hgpo",), seeds=1, iterations=4, eval_every=2,
+        eval_rollouts=4, workers=1, policy="mlp", width=8, layers=1, truth_every=2,
+        out=str(tmp_path / "o"),
+    )  # fmt: skip
+    run = {"env": "tmaze:length=2", "setting": "hgpo", "K": 2, "seed": 0}
+    a, b = tt.run_one(cfg, run), tt.run_one(cfg, run)
+    assert json.dumps(a["curve"]) == json.dumps(b["curve"])
+    logged = [c for c in a["curve"] if np.isfinite(c["truth_grad_cos"])]
+    assert [c["iteration"] for c in logged] == [1, 2, 4]
+    for c in logged:
+        assert -1 <= c["truth_grad_cos"] <= 1 and c["truth_adv_mse"] >= 0
+    # the first figure is taken before any update: the uniform start's exact J
+    env = toyenvs.make("tmaze", length=2)
+    uniform = toyenvs.TabularPolicy(env, K=2)
+    J0 = toyenvs.exact_ground_truth(env, uniform, gamma=0.95, tasks=env.train_tasks).J
+    assert logged[0]["truth_J"] == pytest.approx(J0, rel=1e-9)
+
+
+def test_tabular_run_keys_do_not_change_with_the_neural_options(tmp_path) -> None:
+    from studies import train_toy as tt
+
+    run = {"env": "tmaze:length=2", "setting": "hgpo", "K": 2, "seed": 0}
+    plain = tt.TrainToyConfig(out=str(tmp_path))
+    assert "policy" not in plain.run_fields() and "truth_every" not in plain.run_fields()
+    wide = tt.TrainToyConfig(out=str(tmp_path), width=8)
+    assert tt._run_key(plain, run) == tt._run_key(wide, run)
+    assert tt._run_key(plain, run) != tt._run_key(tt.TrainToyConfig(policy="mlp"), run)
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--policy", "rnn"], "--policy: must be one of 'tabular', 'mlp', 'transformer'"),
+        (["--width", "0"], "--width: must be an integer >= 1, got 0"),
+        (["--layers", "-2"], "--layers: must be an integer >= 1, got -2"),
+        (["--truth-every", "-1"], "--truth-every: must be an integer >= 0, got -1"),
+    ],
+)
+def test_cli_rejects_bad_neural_options_before_any_work(tmp_path, capsys, argv, match) -> None:
+    from studies import train_toy as tt
+
+    with pytest.raises(SystemExit) as e:
+        tt.main([*argv, "--out", str(tmp_path / "x")])
+    assert e.value.code == 2 and match in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_bias_variance_reports_parameter_gradient_cosines(tmp_path) -> None:
+    from studies.bias_variance import main
+
+    args = ["--policy", "mlp", "--width", "8", "--layers", "1", "--envs", "tmaze:length=2",
+            "--K", "1", "--stages", "untrained", "0.5", "--batches", "10", "--groups", "4",
+            "--estimators", "grpo", "hgpo", "--workers", "1", "--no-progress",
+            "--out", str(tmp_path / "bv")]  # fmt: skip
+    assert main(args) == 0
+    rows = json.loads((tmp_path / "bv" / "results.json").read_text())["rows"]
+    assert {r["policy"] for r in rows} == {"mlp"}
+    cos = [r["grad_J_cos"] for r in rows if "grad_J_cos" in r]
+    assert cos and all(-1 <= c <= 1 for c in cos)
+    assert max(cos) > 0.3  # the estimates point along the true parameter gradient
+
+
+def test_neural_imitation_reaches_its_target() -> None:
+    from studies.tabular import neural_expert_stages
+
+    env = toyenvs.make("tmaze", length=2)
+    (stage,) = neural_expert_stages(
+        env, lambda: toyenvs.NeuralPolicy(env, K=2, width=8, layers=1), (0.5,), rounds=3,
+        fit_steps=50,
+    )  # fmt: skip
+    assert isinstance(stage.policy, toyenvs.NeuralPolicy)
+    assert abs(stage.success - 0.5) < 0.1
