@@ -9,9 +9,9 @@ from scipy import stats
 import toyenvs
 from hgpo.options import OptionError
 from toyenvs import _kernels as kn
-from toyenvs.neural import _tokens
 
 torch = pytest.importorskip("torch")
+from toyenvs.neural import _tokens  # noqa: E402
 
 
 @pytest.fixture(scope="module")
