@@ -4,6 +4,7 @@ sizes.
     python -m benchmarks.bench_toyenvs            # throughput table + keydoor 6x6 K=2 exact
     python -m benchmarks.bench_toyenvs --exact    # also the exact-solver size sweep
     python -m benchmarks.bench_toyenvs --branching  # only the rollout schemes' cost per step
+    python -m benchmarks.bench_toyenvs --neural   # only the NeuralPolicy figures (targets)
 
 Throughput counts env step + policy sampling + context keys (k = 0..K) per step, one thread,
 as steps per CPU-second of this process (``time.process_time``, so per core even on a busy
@@ -14,6 +15,13 @@ Each figure is the best of ``--repeat`` measurements (the median is printed besi
 the load average is printed before and after: on a shared machine other processes slow a core
 down even in CPU time (caches, frequency). A plain numba grid loop with a random draw per step
 is timed as a reference for what the core gives at the moment.
+
+NeuralPolicy (keydoor 5x5, K = 2, MLP width 64, next to the tabular policy on the same env and
+calls): "kernel" is the same numba call reading the network's table; "+ forward per call"
+also re-evaluates the network on every reachable context before each call of 256 x 8
+rollouts, the cost a training iteration pays once. The training figure is one
+``studies.train_toy`` run (keydoor 4x4, 100 iterations of 16 x 8 rollouts, hgpo, MLP width 64,
+one torch thread) in CPU seconds (target <= 60).
 """
 
 from __future__ import annotations
@@ -102,6 +110,65 @@ def bench_family(name: str, K: int, min_cpu: float, repeat: int, groups: int = 2
 
         full = _rates(e2e, min_cpu, repeat)
     return kernel, full
+
+
+def bench_neural(min_cpu: float, repeat: int, groups: int = 256, n: int = 8) -> dict[str, dict]:
+    """Rollout rates on keydoor 5x5, K=2: tabular, MLP 64 (warm table), MLP + forward per call."""
+    import torch
+
+    torch.set_num_threads(1)
+    env = toyenvs.make("keydoor", size=5)
+    tasks = np.resize(env.tasks, groups)
+    buf = alloc_buffers(groups * n * env.horizon, groups * n, 2)
+    seed = iter(range(10**9))
+    pols = {"tabular": toyenvs.TabularPolicy(env, K=2),
+            "mlp": toyenvs.NeuralPolicy(env, K=2, arch="mlp", width=64)}  # fmt: skip
+    out = {}
+    for name, pol in pols.items():
+        for _ in range(5):
+            rollout_arrays(env, pol, tasks, n, next(seed), buf)
+
+        def one(pol=pol) -> int:
+            return rollout_arrays(env, pol, tasks, n, next(seed), buf)["step"].size
+
+        out[name] = _rates(one, min_cpu, repeat)
+    mlp = pols["mlp"]
+
+    def with_forward() -> int:
+        mlp.refresh()
+        return rollout_arrays(env, mlp, tasks, n, next(seed), buf)["step"].size
+
+    out["mlp + forward per call"] = _rates(with_forward, min_cpu, repeat)
+    return out
+
+
+def bench_neural_training() -> tuple[float, float, float]:
+    """(CPU s, wall s, final train success) of one MLP train_toy run (see module doc)."""
+    from studies.train_toy import TrainToyConfig, run_one
+
+    cfg = TrainToyConfig(policy="mlp", width=64, iterations=100, groups=16, rollouts=8)
+    run = {"env": "keydoor:size=4,horizon=40", "setting": "hgpo", "K": 2, "seed": 0}
+    small = TrainToyConfig(policy="mlp", width=64, iterations=2, eval_rollouts=1)
+    run_one(small, run)  # compile the kernels first
+    c0, w0 = time.process_time(), time.perf_counter()
+    r = run_one(cfg, run)
+    return time.process_time() - c0, time.perf_counter() - w0, r["evals"][-1]["train_success"]
+
+
+def report_neural(seconds: float, repeat: int) -> None:
+    print(f"before: {_load()} ({os.cpu_count()} cores)")
+    rates = bench_neural(seconds, repeat)
+    print("NeuralPolicy rollouts, keydoor 5x5, K=2, calls of 256 x 8 rollouts, env-steps/s "
+          "(target for mlp: >= 2,000,000 per core)")  # fmt: skip
+    print(f"{'policy':<36}{'steps/s/core':>14}{'median':>14}{'wall':>14}")
+    for name, r in rates.items():
+        print(f"{name:<36}{r['cpu']:>14,.0f}{r['median']:>14,.0f}{r['wall']:>14,.0f}")
+    cpu, wall, succ = bench_neural_training()
+    print(
+        f"one MLP-64 training run, keydoor 4x4, 100 iterations of 16 x 8 rollouts (hgpo): "
+        f"{cpu:.1f} CPU s, {wall:.1f} wall s (target <= 60 s one core); final success {succ:.2f}"
+    )
+    print(f"after: {_load()}")
 
 
 def bench_frozenlake(min_cpu: float, repeat: int) -> dict[str, float]:
@@ -207,9 +274,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="measurements per figure (best kept)")
     ap.add_argument("--exact", action="store_true", help="also run the exact-solver sweep")
     ap.add_argument("--branching", action="store_true", help="only the rollout schemes' costs")
+    ap.add_argument("--neural", action="store_true", help="only the NeuralPolicy figures")
     args = ap.parse_args()
     if args.branching:
         bench_branching(args.K, args.seconds, args.repeat)
+        return
+    if args.neural:
+        report_neural(args.seconds, args.repeat)
         return
 
     print(f"before: {_load()} ({os.cpu_count()} cores)")

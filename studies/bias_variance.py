@@ -86,6 +86,11 @@ class StudyConfig:
     estimator_options: str = ""
     """Options of every estimator's EstimatorConfig, "name=value,..." (e.g. leave_one_out=true);
     K, alpha, gamma, norm and gae_lambda are the study's own."""
+    policy: str = "tabular"
+    """"tabular", or a toyenvs.NeuralPolicy "mlp" / "transformer" (stages by the same
+    imitation, studies.tabular.neural_expert_stages; gradients then w.r.t. its parameters)."""
+    width: int = 64
+    layers: int = 2
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -101,13 +106,15 @@ class StudyConfig:
             _check_stage(s)
         for flag, name, lo in (("--batches", "n_batches", 10), ("--groups", "groups", 1),
                                ("--rollouts", "rollouts", 2), ("--workers", "workers", 1),
-                               ("--seed", "seed", 0), ("StudyConfig.max_nodes", "max_nodes", 1)):  # fmt: skip
+                               ("--seed", "seed", 0), ("StudyConfig.max_nodes", "max_nodes", 1),
+                               ("--width", "width", 1), ("--layers", "layers", 1)):  # fmt: skip
             check_int(flag, getattr(self, name), lo=lo)
         check_number("--gamma", self.gamma, lo=0.0, hi=1.0)
         check_number("--alpha", self.alpha, lo=0.0)
         if not (self.envs and self.Ks and self.stages and self.estimators and self.norms):
             raise ValueError("--envs, --K, --stages, --estimators and --norms each need a value")
         check_choice("--backend", self.backend, BACKENDS)
+        check_choice("--policy", self.policy, ("tabular", "mlp", "transformer"))
         for spec in self.envs:
             parse_env(spec)
         for alpha in (self.alpha, *ALPHAS):  # every config a cell makes, at its deepest K
@@ -172,22 +179,42 @@ def parse_env(spec: str) -> tuple[str, dict[str, Any]]:
 # ---------------------------------------------------------------------------- one cell
 
 
-def _stage_policies(env: Any, K: int, stages: tuple[str, ...], seed: int) -> list[tuple[str, Any]]:
+def _load_snapshot(path: str) -> Any:
+    """A TabularPolicy or NeuralPolicy snapshot (a neural one stores its parameters)."""
     import toyenvs
-    from studies.tabular import expert_stages
+
+    with np.load(path, allow_pickle=False) as data:
+        neural = any(k.startswith("param.") for k in data.files)
+    return (toyenvs.NeuralPolicy if neural else toyenvs.TabularPolicy).load(path)
+
+
+def _stage_policies(
+    env: Any, K: int, stages: tuple[str, ...], seed: int, cfg: StudyConfig | None = None
+) -> list[tuple[str, Any]]:
+    import toyenvs
+    from studies.tabular import expert_stages, neural_expert_stages
+
+    cfg = cfg or StudyConfig()
+
+    def fresh() -> Any:
+        if cfg.policy == "tabular":
+            return toyenvs.TabularPolicy(env, K=K)
+        return toyenvs.NeuralPolicy(env, K, cfg.policy, cfg.width, cfg.layers, seed=cfg.seed)
 
     targets = tuple(float(s) for s in stages if s != "untrained" and not Path(s).is_file())
-    trained = (
-        {st.target: st.policy for st in expert_stages(env, K, targets, seed=seed)}
-        if targets
-        else {}
-    )
+    if not targets:
+        got = []
+    elif cfg.policy == "tabular":
+        got = expert_stages(env, K, targets, seed=seed)
+    else:
+        got = neural_expert_stages(env, fresh, targets, seed=seed)
+    trained = {st.target: st.policy for st in got}
     out = []
     for s in stages:
         if s == "untrained":
-            out.append((s, toyenvs.TabularPolicy(env, K=K)))
+            out.append((s, fresh()))
         elif Path(s).is_file():
-            pol = toyenvs.TabularPolicy.load(s)
+            pol = _load_snapshot(s)
             if pol.K != K:
                 raise ValueError(f"--stages: snapshot {s} has K={pol.K}, the cell K={K}")
             out.append((Path(s).stem, pol))
@@ -205,7 +232,11 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
 
     name, params = parse_env(env_spec)
     env = toyenvs.make(name, **params)
-    pol = dict(_stage_policies(env, K, (stage,), cell_seed))[
+    if cfg.policy != "tabular":
+        import torch
+
+        torch.set_num_threads(1)  # one core per cell: the study runs `workers` cells at once
+    pol = dict(_stage_policies(env, K, (stage,), cell_seed, cfg))[
         stage if not Path(stage).is_file() else Path(stage).stem
     ]
     success = evaluate_success(env, pol)
@@ -213,8 +244,6 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
     gt = toyenvs.exact_ground_truth(env, pol, gamma=cfg.gamma, max_nodes=cfg.max_nodes)
     gt_seconds = time.perf_counter() - t0
     probs = pol.probs(np.arange(pol.n_contexts))
-    g_true = gt.policy_gradient_undiscounted
-    g_exact = gt.policy_gradient
     base = cfg.estimator_config(K)
 
     variants: list[tuple[str, str, EstimatorConfig]] = []  # (label, estimator, config)
@@ -258,10 +287,7 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
             samples.setdefault((label, norm), []).append(adv)
             if is_variant:
                 fig = per_batch.setdefault((label, norm), {})
-                for gname, g in (("grad", g_true), ("grad_J", g_exact)):
-                    cos, rel = M.gradient_compare(
-                        rb.context, rb.batch.action, adv, probs, rb.batch.n_traj, g
-                    )
+                for gname, (cos, rel) in _gradient_figures(pol, rb, adv, probs, gt).items():
                     fig.setdefault(f"{gname}_cos", []).append(cos)
                     fig.setdefault(f"{gname}_relerr", []).append(rel)
                 fig.setdefault("sign", []).append(M.sign_agreement(adv, A_true))
@@ -284,6 +310,7 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
     truth = np.concatenate(truths)
     bid = np.concatenate(batch_ids)
     common = dict(env=env_spec, family=name, K=K, stage=stage, success=success,
+                  policy=cfg.policy,
                   gt_nodes=gt.n_nodes, gt_seconds=gt_seconds, seed=cell_seed,
                   n_batches=cfg.n_batches, groups=cfg.groups, rollouts=cfg.rollouts,
                   steps=int(key.size))  # fmt: skip
@@ -342,6 +369,42 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
         prop.update(env=env_spec, K=K, stage=stage,
                     dvar=[[r["dvar"], r["dvar_lo"], r["dvar_hi"]] for r in level_rows[1:]])  # fmt: skip
     return {"rows": rows, "levels": level_rows, "prop41": prop}
+
+
+def _cos_rel(g: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    nh2, nt2 = float(g @ g), float(t @ t)
+    if nh2 == 0 or nt2 == 0:
+        return float("nan"), float("nan")
+    return float(g @ t / np.sqrt(nh2 * nt2)), float(np.linalg.norm(g - t) / np.sqrt(nt2))
+
+
+def _gradient_figures(
+    pol: Any, rb: Any, adv: np.ndarray, probs: np.ndarray, gt: Any
+) -> dict[str, tuple[float, float]]:
+    """(cosine, relative error) of the batch gradient against the exact ones, "grad" (no
+    gamma^t, what stepwise estimators target) and "grad_J" (dJ/dtheta).
+
+    Tabular: on the logits (the parameters), visited rows only. Neural: the logit estimate
+    (studies.metrics.gradient_estimate / temperature) pushed to the parameters by
+    ``pol.pullback``, against ``gt.parameter_gradient(_undiscounted)``.
+    """
+    import toyenvs
+    from studies import metrics as M
+
+    b = rb.batch
+    if isinstance(pol, toyenvs.TabularPolicy):
+        return {
+            name: M.gradient_compare(rb.context, b.action, adv, probs, b.n_traj, g)
+            for name, g in (("grad", gt.policy_gradient_undiscounted),
+                            ("grad_J", gt.policy_gradient))
+        }  # fmt: skip
+    g_hat = pol.pullback(
+        M.gradient_estimate(rb.context, b.action, adv, probs, b.n_traj) / pol.temperature
+    )
+    return {
+        "grad": _cos_rel(g_hat, gt.parameter_gradient_undiscounted),
+        "grad_J": _cos_rel(g_hat, gt.parameter_gradient),
+    }
 
 
 def proposition_41(
@@ -436,6 +499,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rollouts", type=int, default=d.rollouts, help="rollouts per group (default: %(default)s)"
+    )
+    p.add_argument(
+        "--policy", default=d.policy, help="tabular, mlp or transformer (default: %(default)s)"
+    )
+    p.add_argument(
+        "--width", type=int, default=d.width, help="network width (default: %(default)s)"
+    )
+    p.add_argument(
+        "--layers", type=int, default=d.layers, help="network layers (default: %(default)s)"
     )
     p.add_argument("--seed", type=int, default=d.seed, help="(>= 0, default: %(default)s)")
     p.add_argument(

@@ -7,13 +7,15 @@ and sets the policy's softness by bisection to hit each success target.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 import toyenvs
 
-__all__ = ["Stage", "evaluate_success", "expert_q", "expert_stages"]
+__all__ = ["Stage", "evaluate_success", "expert_q", "expert_stages", "neural_expert_stages"]
 
 
 @dataclass(frozen=True)
@@ -23,11 +25,12 @@ class Stage:
     target: float
     success: float
     iterations: int
-    policy: toyenvs.TabularPolicy
+    policy: Any
+    """A toyenvs.TabularPolicy (expert_stages) or NeuralPolicy (neural_expert_stages)."""
 
 
 def evaluate_success(
-    env: toyenvs.POMDP, pol: toyenvs.TabularPolicy, n_rollouts: int = 64, seed: int = 10**6
+    env: toyenvs.POMDP, pol: Any, n_rollouts: int = 64, seed: int = 10**6
 ) -> float:
     """Share of successful episodes over every task x ``n_rollouts`` (a fixed seed)."""
     return float(toyenvs.rollout(env, pol, env.tasks, n_rollouts, seed).success.mean())
@@ -89,6 +92,97 @@ def expert_stages(
             counts = np.vstack(
                 [counts, np.zeros((pol.n_contexts - counts.shape[0], env.n_actions))]
             )
+        np.add.at(counts, (rb.context, best), 1.0)
+
+    def success_at(beta: float) -> float:
+        set_beta(beta)
+        return evaluate_success(env, pol)
+
+    stages = []
+    hi_beta, hi_succ = 64.0, success_at(64.0)
+    for target in sorted(targets):
+        if hi_succ < target:
+            set_beta(hi_beta)
+            stages.append(Stage(target, hi_succ, rounds, pol.copy()))
+            continue
+        lo, hi = 0.0, hi_beta
+        for _ in range(14):
+            mid = 0.5 * (lo + hi)
+            if success_at(mid) >= target:
+                hi = mid
+            else:
+                lo = mid
+        stages.append(Stage(target, success_at(hi), rounds, pol.copy()))
+    return stages
+
+
+def _fit_frequencies(pol: Any, counts: np.ndarray, steps: int, lr: float) -> None:
+    """Fit the network's logits to the expert-action frequencies F[c] / sum_a F[c, a].
+
+    Weighted least squares on the row-centred frequencies (the softmax ignores a per-row
+    shift), each context weighted by its visits: logits ~= the tabular policy's logits at
+    beta = 1, on the labelled contexts; the network fills the unlabelled ones as it generalises.
+    """
+    import torch
+
+    tot = counts.sum(axis=1)
+    rows = np.flatnonzero(tot > 0)
+    y = counts[rows] / tot[rows, None]
+    y = torch.from_numpy(y - y.mean(axis=1, keepdims=True))
+    w = torch.from_numpy(tot[rows] / tot[rows].sum())
+    opt = torch.optim.Adam(pol.parameters(), lr=lr)
+    for _ in range(steps):
+        z = pol.forward_rows(rows)
+        loss = (w[:, None] * (z - z.mean(dim=1, keepdim=True) - y) ** 2).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+
+def neural_expert_stages(
+    env: toyenvs.POMDP,
+    make_policy: Callable[[], Any],
+    targets: tuple[float, ...] = (0.3, 0.7),
+    rounds: int = 6,
+    n_rollouts: int = 32,
+    seed: int = 0,
+    gamma: float = 0.95,
+    fit_steps: int = 150,
+    fit_lr: float = 0.02,
+) -> list[Stage]:
+    """:func:`expert_stages` with a ``toyenvs.NeuralPolicy`` in place of the table.
+
+    The same procedure: the rounds roll out the current policy and count the hidden-state
+    expert's actions F[c, a] per context; where the table sets logits = beta * F[c] / sum F[c],
+    the network is fitted to F[c] / sum F[c] (:func:`_fit_frequencies`) and beta scales its
+    output layer (beta * logits exactly); beta grows over the rounds (0, 2, 4, ...), then
+    bisection on beta meets each success target. The policy is a fresh ``make_policy()``.
+    """
+    import torch
+
+    Qs = expert_q(env, gamma)
+    pol = make_policy()
+    pol.cover(env, env.tasks)
+    counts = np.zeros((pol.n_contexts, env.n_actions))
+    head = pol.net.head
+    fitted = (head.weight.detach().clone(), head.bias.detach().clone())
+
+    def set_beta(beta: float) -> None:
+        with torch.no_grad():
+            head.weight.copy_(beta * fitted[0])
+            head.bias.copy_(beta * fitted[1])
+
+    rng = np.random.default_rng(seed)
+    for r in range(rounds + 1):
+        if r > 0:
+            set_beta(1.0)
+            _fit_frequencies(pol, counts, fit_steps, fit_lr)
+            fitted = (head.weight.detach().clone(), head.bias.detach().clone())
+        if r == rounds:
+            break
+        set_beta(2.0 * r)
+        rb = toyenvs.rollout(env, pol, env.tasks, n_rollouts, int(rng.integers(2**31)))
+        best = Qs[rb.batch.step, rb.hidden].argmax(axis=1)
         np.add.at(counts, (rb.context, best), 1.0)
 
     def success_at(beta: float) -> float:

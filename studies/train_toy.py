@@ -35,6 +35,7 @@ from hgpo.options import bad, check_choice, check_int, check_number, parse_name_
 from studies.backend import BACKENDS, SweepError, Task, check_backend, run_tasks
 from studies.cli import apply_preset, check_out_dir, given_dests
 from studies.io import atomic_write_json
+from studies.train_toy_settings import DEFAULT_SETTINGS, FULL_SETTINGS
 
 __all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
 
@@ -49,33 +50,9 @@ FULL_ENVS = (
     "household:n_rooms=1,receptacles_per_room=5,n_tasks=8,horizon=12,start=0.005",
     "random:n_states=30,aliasing=0.7,n_tasks=8",
 )
-MAIN_SETTINGS = ("grpo", "rloo", "gigpo", "hgpo", "hgpo:base_group=true")
-ABLATIONS = ("oracle", "hgpo-nohog2", "hgpo-uniform", "hgpo:alpha=2")
-# The same three estimators with mean-only (Dr.GRPO) normalisation: std-normalising a tiny
-# group blows any return difference up to unit size, and HGPO's deep levels are tiny groups.
-MEAN_NORM = ("grpo:norm=mean", "gigpo:norm=mean", "hgpo:norm=mean")
-DEFAULT_SETTINGS = (*MAIN_SETTINGS, "hgpo:K=4", *ABLATIONS, "gae", *MEAN_NORM)
-# Without the invalid-action penalty in the advantage (the env still charges it): isolates what
-# std-normalising the penalty's small return differences does to each estimator.
-NO_PENALTY = ("grpo:invalid_penalty=0", "gigpo:invalid_penalty=0", "hgpo:invalid_penalty=0")
-FULL_SETTINGS = (*MAIN_SETTINGS, *ABLATIONS, "gae", *MEAN_NORM, *NO_PENALTY, "stepwise")
-# What each ablation removes, for the report (hgpo-uniform is alpha = 0 exactly).
-SETTING_NOTES = {
-    "oracle": "w/o HoG-1 (G_K only)",
-    "hgpo-nohog2": "w/o HoG-2 (G_K, else G_0)",
-    "hgpo-uniform": "w/o adaptive weights (alpha = 0)",
-    "hgpo:alpha=2": "alpha = 2",
-    "hgpo": "alpha = 1",
-    "hgpo:base_group=true": "+ episode level, as the public code",
-    "hgpo:K=4": "memory K = 4",
-    "grpo:norm=mean": "mean-only normalisation",
-    "gigpo:norm=mean": "mean-only normalisation",
-    "hgpo:norm=mean": "mean-only normalisation",
-    "grpo:invalid_penalty=0": "penalty left out of the advantage",
-    "gigpo:invalid_penalty=0": "penalty left out of the advantage",
-    "hgpo:invalid_penalty=0": "penalty left out of the advantage",
-    "gae": "PPO + value table",
-}
+
+
+POLICIES = ("tabular", "mlp", "transformer")
 
 
 @dataclass(frozen=True)
@@ -127,6 +104,18 @@ class TrainToyConfig:
     """Ray cluster to join with --backend ray (host:port, ray://host:port, auto); empty:
     $RAY_ADDRESS, else Ray started on this machine."""
     out: str = "results/train_toy"
+    policy: str = "tabular"
+    """The policy trained: "tabular" (one logits row per context), or a network over the
+    context tokens that shares parameters across contexts, "mlp" or "transformer"
+    (toyenvs.NeuralPolicy; one core per run)."""
+    width: int = 64
+    """Width of the mlp / transformer."""
+    layers: int = 2
+    """Hidden layers of the mlp / blocks of the transformer."""
+    truth_every: int = 0
+    """Every N iterations, log against the exact truth of the current policy: the advantage
+    MSE of the estimator being trained and the cosine of its parameter gradient to dJ/dtheta
+    (0: never)."""
 
     def __post_init__(self) -> None:
         ints = {
@@ -147,6 +136,10 @@ class TrainToyConfig:
             check_int("--K", K, lo=0, hi=TABULAR_MAX_K)
         _check_start("--start", self.start)
         check_choice("--backend", self.backend, BACKENDS)
+        check_choice("--policy", self.policy, POLICIES)
+        check_int("--width", self.width, lo=1)
+        check_int("--layers", self.layers, lo=1)
+        check_int("--truth-every", self.truth_every, lo=0)
         if not self.envs or not self.settings or not self.Ks:
             raise ValueError("--envs, --settings and --K each need at least one value")
         for spec in self.envs:
@@ -162,6 +155,12 @@ class TrainToyConfig:
     def run_fields(self) -> dict[str, Any]:
         """The fields that change a run's result (not envs/settings lists, workers or out)."""
         skip = {"envs", "settings", "Ks", "seeds", "workers", "backend", "ray_address", "out"}
+        # The tabular policy ignores width / layers, and truth logging off changes nothing:
+        # leaving them out keeps the keys (and resumable runs) of earlier tabular studies.
+        if self.policy == "tabular":
+            skip |= {"policy", "width", "layers"}
+        if self.truth_every == 0:
+            skip.add("truth_every")
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
@@ -258,16 +257,33 @@ def _run_key(cfg: TrainToyConfig, run: dict[str, Any]) -> str:
 _START_CACHE: dict[tuple[str, int, str, int], Any] = {}
 
 
-def _start_policy(env_spec: str, start: str, env: Any, K: int, seed: int) -> Any:
-    """The starting policy; warm starts are cached per process (every seed starts the same)."""
+def _new_policy(cfg: TrainToyConfig, env: Any, K: int, seed: int) -> Any:
+    """A fresh policy of cfg.policy: uniform table, or a network at the uniform policy."""
     import toyenvs
-    from studies.tabular import expert_stages
 
-    if start == "uniform":
+    if cfg.policy == "tabular":
         return toyenvs.TabularPolicy(env, K=K)
-    key = (env_spec, K, start, seed)
+    return toyenvs.NeuralPolicy(
+        env, K=K, arch=cfg.policy, width=cfg.width, layers=cfg.layers, seed=seed
+    )
+
+
+def _start_policy(
+    env_spec: str, start: str, env: Any, K: int, seed: int, cfg: TrainToyConfig | None = None
+) -> Any:
+    """The starting policy; warm starts are cached per process (every seed starts the same)."""
+    from studies.tabular import expert_stages, neural_expert_stages
+
+    cfg = cfg or TrainToyConfig()
+    if start == "uniform":
+        return _new_policy(cfg, env, K, seed)
+    key = (env_spec, K, start, seed, cfg.policy, cfg.width, cfg.layers)
     if key not in _START_CACHE:
-        (stage,) = expert_stages(env, K, (float(start),), seed=seed)
+        if cfg.policy == "tabular":
+            (stage,) = expert_stages(env, K, (float(start),), seed=seed)
+        else:
+            make = lambda: _new_policy(cfg, env, K, seed)  # noqa: E731
+            (stage,) = neural_expert_stages(env, make, (float(start),), seed=seed)
         _START_CACHE[key] = stage.policy
     return _START_CACHE[key].copy()
 
@@ -285,6 +301,43 @@ def _evaluate(env: Any, pol: Any, tasks: np.ndarray, cfg: TrainToyConfig, seed: 
         pol.temperature = t0
 
 
+TRUTH_KEYS = ("truth_J", "truth_adv_mse", "truth_grad_cos")
+TRUTH_MAX_NODES = 1_000_000  # beyond it --truth-every logs nan (hgpo:K=4 on shop: 3M nodes)
+
+
+def _truth_figures(
+    env: Any, pol: Any, rb: Any, adv: np.ndarray, tasks: np.ndarray, cfg: TrainToyConfig
+) -> dict[str, float]:
+    """The exact figures of one batch under the policy that collected it (before the update).
+
+    truth_J: exact J over the training tasks; truth_adv_mse: mean over the steps of
+    (A_hat - A*)^2, A_hat the advantages PPO receives; truth_grad_cos: cosine between the
+    batch's policy-gradient estimate pushed to the parameters, pullback(sum_t A_hat_t
+    grad_logits log pi(a_t | c_t)) / n_traj, and the exact dJ/dtheta (discounted).
+    """
+    import toyenvs
+    from studies.metrics import gradient_estimate
+
+    try:
+        gt = toyenvs.exact_ground_truth(
+            env, pol, gamma=cfg.gamma, tasks=tasks, max_nodes=TRUTH_MAX_NODES
+        )
+    except toyenvs.ChainTooLarge:
+        return {}
+    A_true = gt.advantage(rb)
+    b = rb.batch
+    probs = pol.probs(np.arange(pol.n_contexts))
+    g_logits = gradient_estimate(rb.context, b.action, adv, probs, b.n_traj) / pol.temperature
+    g_hat = pol.pullback(g_logits)
+    g = gt.parameter_gradient
+    den = float(np.linalg.norm(g_hat) * np.linalg.norm(g))
+    return {
+        "truth_J": gt.J,
+        "truth_adv_mse": float(np.mean((adv - A_true) ** 2)),
+        "truth_grad_cos": float(g_hat @ g / den) if den > 0 else float("nan"),
+    }
+
+
 def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
     """Train one (env, setting, K, seed); returns its per-iteration curve and evaluations."""
     import toyenvs
@@ -297,8 +350,15 @@ def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
     est, _, ec = parse_setting(run["setting"], cfg)
     K = int(run["K"])
     ec = ec.replace(K=K)
-    pol = _start_policy(run["env"], start or cfg.start, env, K, cfg.seed)
-    ppo = TabularPPO(
+    pol = _start_policy(run["env"], start or cfg.start, env, K, cfg.seed, cfg)
+    if cfg.policy != "tabular":
+        import torch
+
+        from studies.neural_ppo import NeuralPPO
+
+        torch.set_num_threads(1)  # one core per run: the study runs `workers` runs at once
+    trainer = TabularPPO if cfg.policy == "tabular" else NeuralPPO
+    ppo = trainer(
         pol,
         PPOSettings(
             lr=cfg.lr, epochs=cfg.epochs, minibatches=cfg.minibatches, clip=cfg.clip,
@@ -339,6 +399,11 @@ def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
             critic_ev = float(1.0 - np.var(targets - values) / max(np.var(targets), 1e-12))
             critic_loss = critic.update(rb.context, targets, cfg.minibatches, cfg.epochs, upd_rng)
             A = (A - A.mean()) / (A.std() + 1e-8)  # verl whitens GAE advantages per batch
+        truth = (
+            _truth_figures(env, pol, rb, A, train_tasks, cfg)
+            if cfg.truth_every and (it == 1 or it % cfg.truth_every == 0)
+            else {}
+        )
         old_lp = ppo.old_log_probs(rb.context, b.action)
         st = ppo.update(rb.context, b.action, A, old_lp, upd_rng)
         ep_reward = np.bincount(b.traj, weights=rb.true_reward, minlength=b.n_traj)
@@ -362,6 +427,8 @@ def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
                 "critic_ev": critic_ev,
                 "util_top": float(util[-1]) if util else float("nan"),
                 "n_contexts": pol.n_contexts,
+                **(dict.fromkeys(TRUTH_KEYS, float("nan")) if cfg.truth_every else {}),
+                **truth,
             }
         )
         if it % cfg.eval_every == 0 or it == cfg.iterations:

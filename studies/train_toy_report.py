@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from studies.io import write_csv
+from studies.train_toy_settings import ABLATIONS, SETTING_NOTES
 
 __all__ = ["compare", "summarise", "write_results"]
 
@@ -117,8 +118,6 @@ def _cell(rows: list[dict[str, Any]], env: str, label: str, metric: str) -> str:
 def _md_table(
     rows: list[dict[str, Any]], labels: list[str], envs: list[str], metrics: tuple[str, ...]
 ) -> str:
-    from studies.train_toy import SETTING_NOTES
-
     heads = [f"{_short(e)} {m.replace('_', ' ')}" for e in envs for m in metrics]
     lines = ["| setting | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for lab in labels:
@@ -277,10 +276,49 @@ def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out
     plt.close(fig)
 
 
+TRUTH_PLOT_METRICS = (
+    ("truth_J", "exact J (train tasks)"),
+    ("truth_adv_mse", "advantage MSE vs A*"),
+    ("truth_grad_cos", "cos(batch gradient, dJ/dtheta)"),
+)
+
+
+def _plot_truth(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
+                labels: list[str], envs: list[str]) -> bool:  # fmt: skip
+    """truth_curves.png (--truth-every): per env, the exact figures over training, mean over
+    seeds at the logged iterations. False when no run logged them."""
+    if not any("truth_J" in r["curve"][0] for r in results):
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    where = {(r["env_spec"], r["setting"], r["K"], r["seed"]): (r["env"], r["label"]) for r in rows}
+    fig, axes = plt.subplots(len(envs), 3, figsize=(12, 3.2 * len(envs)), squeeze=False)
+    for row_axes, env in zip(axes, envs, strict=True):
+        for ax, (metric, title) in zip(row_axes, TRUTH_PLOT_METRICS, strict=True):
+            for lab in labels:
+                runs = [r for r in results
+                        if where[(r["env"], r["setting"], r["K"], r["seed"])] == (env, lab)]  # fmt: skip
+                if not runs:
+                    continue
+                Y = np.array([[c[metric] for c in r["curve"]] for r in runs], dtype=np.float64)
+                its = np.arange(1, Y.shape[1] + 1)
+                logged = np.isfinite(Y).any(axis=0)
+                if logged.any():
+                    ax.plot(its[logged], np.nanmean(Y[:, logged], axis=0), marker=".", label=lab)
+            ax.set_title(f"{_short(env)}: {title}", fontsize=9)
+            ax.set_xlabel("iteration")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "truth_curves.png", dpi=110)
+    plt.close(fig)
+    return True
+
+
 def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     """Write curves.csv, evals.csv, final.csv, tests.csv, results.json, report.md and plots."""
-    from studies.train_toy import ABLATIONS, SETTING_NOTES
-
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     default_K = cfg.Ks[0] if len(cfg.Ks) == 1 else None
@@ -344,7 +382,8 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
             f"| {_short(t['env'])} | {t['metric']} | {t['label']} | {t['baseline']} | {t['diff']:+.3f} | "
             f"{t['p']:.2g} | {t['p_holm']:.2g}{' *' if t['significant'] else ''} |"
         )
-    md += ["", "Plots: learning_curves.png, ablations.png, training_metrics.png.", ""]
+    truth = " truth_curves.png (--truth-every)." if getattr(cfg, "truth_every", 0) else ""
+    md += ["", f"Plots: learning_curves.png, ablations.png, training_metrics.png.{truth}", ""]
     (out / "report.md").write_text("\n".join(md))
     summary = {
         "config": asdict(cfg), "final": rows, "tests": tests, "orderings": ords,
@@ -356,4 +395,5 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
           "methods: mean ± 95% CI over seeds")  # fmt: skip
     _plot(results, rows, out, abl_labels, envs, "ablations.png", "ablations of HGPO")
     _plot_metrics(results, rows, out, main_labels, envs[0])
+    _plot_truth(results, rows, out, labels, envs)
     return summary

@@ -23,6 +23,16 @@ from toyenvs.truth import (
     mc_ground_truth,
 )
 
+
+def __getattr__(name: str) -> object:
+    # NeuralPolicy needs torch (the [llm] extra): imported on first use, not with toyenvs.
+    if name == "NeuralPolicy":
+        from toyenvs.neural import NeuralPolicy
+
+        return NeuralPolicy
+    raise AttributeError(f"module 'toyenvs' has no attribute {name!r}")
+
+
 __all__ = [
     "FAMILIES",
     "GOAL_REWARD",
@@ -31,6 +41,7 @@ __all__ = [
     "ChainTooLarge",
     "ExactGroundTruth",
     "MCGroundTruth",
+    "NeuralPolicy",
     "POMDPEnv",
     "Rollouts",
     "TabularPolicy",

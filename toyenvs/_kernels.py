@@ -784,3 +784,64 @@ def rollout_kernel_fast(
         o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_keys,
         o_len,
     )  # fmt: skip
+
+
+@njit(cache=True)
+def reachable_contexts(starts, K, n_obs, powM, obs_of_state, next_state, next_prob, terminal):
+    """Codes of every context of a (hidden state, context) pair reachable from ``starts``.
+
+    Breadth-first over (s, P) pairs under every action and outcome of non-zero probability,
+    ignoring time: a superset of the contexts any horizon reaches (the policy's softmax gives
+    every action a positive probability, so reachability does not depend on the policy).
+    Returns the distinct codes in order of discovery.
+    """
+    A = next_state.shape[1]
+    B = next_state.shape[2]
+    M = (n_obs + 1) * (A + 1)
+    seen = Dict.empty(key_type=_PAIR, value_type=types.int64)
+    code_seen = Dict.empty(key_type=types.int64, value_type=types.int64)
+    qs = np.empty(16, dtype=np.int64)
+    qP = np.empty(16, dtype=np.int64)
+    out = np.empty(16, dtype=np.int64)
+    n_q = 0
+    n_out = 0
+    for i in range(starts.shape[0]):
+        key = (starts[i], powM[K] - 1)
+        if key not in seen:
+            seen[key] = 1
+            if n_q == qs.shape[0]:
+                qs = np.concatenate((qs, np.empty(n_q, dtype=np.int64)))
+                qP = np.concatenate((qP, np.empty(n_q, dtype=np.int64)))
+            qs[n_q] = starts[i]
+            qP[n_q] = powM[K] - 1
+            n_q += 1
+    head = 0
+    while head < n_q:
+        s = qs[head]
+        P = qP[head]
+        head += 1
+        o = obs_of_state[s]
+        code = P * n_obs + o
+        if code not in code_seen:
+            code_seen[code] = 1
+            if n_out == out.shape[0]:
+                out = np.concatenate((out, np.empty(n_out, dtype=np.int64)))
+            out[n_out] = code
+            n_out += 1
+        base = (P % powM[K - 1]) * M if K > 0 else np.int64(0)
+        for a in range(A):
+            P2 = base + o * (A + 1) + a if K > 0 else np.int64(0)
+            for b in range(B):
+                if next_prob[s, a, b] == 0.0:
+                    continue
+                s2 = next_state[s, a, b]
+                if terminal[s2] or (s2, P2) in seen:
+                    continue
+                seen[(s2, P2)] = 1
+                if n_q == qs.shape[0]:
+                    qs = np.concatenate((qs, np.empty(n_q, dtype=np.int64)))
+                    qP = np.concatenate((qP, np.empty(n_q, dtype=np.int64)))
+                qs[n_q] = s2
+                qP[n_q] = P2
+                n_q += 1
+    return out[:n_out].copy()

@@ -221,6 +221,13 @@ class TabularPolicy:
                 return out
             self._grow()
 
+    def cover(self, env: POMDP, tasks: np.ndarray) -> None:
+        """Nothing to do: the table adds a row when a kernel first meets a context."""
+
+    def pullback(self, logit_grad: np.ndarray) -> np.ndarray:
+        """float64[n_contexts * A]: the parameters are the logits, so dJ/dtheta = dJ/dlogits."""
+        return np.asarray(logit_grad, dtype=np.float64).reshape(-1).copy()
+
     # ---- lookups -----------------------------------------------------------------------
     def index_of(self, codes: np.ndarray, insert: bool = True) -> np.ndarray:
         """int64 dense rows of context codes; new codes get a row (or -1 when ``insert=False``)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -10,6 +11,9 @@ from hgpo.batch import StepBatch
 from toyenvs import _kernels as kn
 from toyenvs.core import INVALID_PENALTY, POMDP
 from toyenvs.policy import TabularPolicy
+
+if TYPE_CHECKING:
+    from toyenvs.neural import NeuralPolicy
 
 __all__ = ["Rollouts", "alloc_buffers", "rollout", "rollout_arrays"]
 
@@ -65,7 +69,9 @@ def _check_tasks(env: POMDP, tasks: np.ndarray | None) -> np.ndarray:
     return t.astype(np.int64)
 
 
-def _check_common(env: POMDP, pol: TabularPolicy, n_rollouts: int, seed: int) -> None:
+def _check_common(
+    env: POMDP, pol: TabularPolicy | NeuralPolicy, n_rollouts: int, seed: int
+) -> None:
     if pol.n_obs != env.n_obs or pol.n_actions != env.n_actions:
         raise ValueError(
             f"policy has n_obs={pol.n_obs}, n_actions={pol.n_actions}; env has "
@@ -106,7 +112,7 @@ def alloc_buffers(n_rows: int, n_traj: int, K: int) -> dict[str, np.ndarray]:
 
 def rollout_arrays(
     env: POMDP,
-    pol: TabularPolicy,
+    pol: TabularPolicy | NeuralPolicy,
     tasks: np.ndarray,
     n_rollouts: int,
     seed: int,
@@ -124,6 +130,7 @@ def rollout_arrays(
     elif buffers["group"].shape[0] < cap or buffers["success"].shape[0] < n_traj:
         raise ValueError(f"buffers hold fewer than {cap} rows or {n_traj} trajectories")
     b = buffers
+    pol.cover(env, tasks)
     names = ("group", "traj", "step", "reward", "state", "action", "invalid", "hidden", "context")
 
     def call(tables: tuple) -> int:
@@ -142,7 +149,7 @@ def rollout_arrays(
 
 def rollout(
     env: POMDP,
-    pol: TabularPolicy,
+    pol: TabularPolicy | NeuralPolicy,
     tasks: np.ndarray | None = None,
     n_rollouts: int = 8,
     seed: int = 0,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from toyenvs import _kernels as kn
 from toyenvs.core import POMDP
 from toyenvs.policy import TabularPolicy
 from toyenvs.rollout import Rollouts, _check_common, _check_tasks, env_args, rollout_arrays
+
+if TYPE_CHECKING:
+    from toyenvs.neural import NeuralPolicy
 
 __all__ = [
     "Chain",
@@ -70,6 +73,10 @@ class ExactGroundTruth:
     J: exact expected discounted true return over the task distribution.
     policy_gradient / policy_gradient_undiscounted: float64[n_contexts, A] (rows = policy rows
         as of the computation, every reachable context included).
+    parameter_gradient / parameter_gradient_undiscounted: float64[n_parameters], the same
+        gradients with respect to the policy's parameters, ``pol.pullback`` of the logit
+        gradients (a TabularPolicy's parameters are its logits: the rows flattened; a
+        NeuralPolicy's: dJ/dtheta = sum_{c, b} dJ/dl_b(c) dl_b(c)/dtheta by autograd).
     """
 
     env: POMDP
@@ -87,6 +94,8 @@ class ExactGroundTruth:
     policy_gradient: np.ndarray
     policy_gradient_undiscounted: np.ndarray
     seconds: float
+    parameter_gradient: np.ndarray | None = None
+    parameter_gradient_undiscounted: np.ndarray | None = None
     _index: Any = field(default=None, repr=False)
 
     @property
@@ -256,7 +265,7 @@ def solve_chain(chain: Chain, pis: list[np.ndarray], gamma: float = 0.95) -> Cha
 
 def exact_ground_truth(
     env: POMDP,
-    pol: TabularPolicy,
+    pol: TabularPolicy | NeuralPolicy,
     gamma: float = 0.95,
     tasks: np.ndarray | None = None,
     max_nodes: int = DEFAULT_MAX_NODES,
@@ -296,6 +305,7 @@ def exact_ground_truth(
         grad_u[:, b] = np.bincount(ctx, weights=term[:, b], minlength=n_ctx)
         grad_d[:, b] = np.bincount(ctx, weights=disc * term[:, b], minlength=n_ctx)
     J = float(sol.d[0] @ sol.V[0])
+    par_d, par_u = pol.pullback(grad_d), pol.pullback(grad_u)
     seconds = time.perf_counter() - start
     log.debug("exact ground truth: %d nodes in %.2fs", node_t.size, seconds)
     return ExactGroundTruth(
@@ -303,6 +313,7 @@ def exact_ground_truth(
         node_hidden=np.concatenate(chain.layer_s), node_code=np.concatenate(chain.codes),
         node_context=ctx, V=V, Q=Q, occupancy=d, J=J, policy_gradient=grad_d,
         policy_gradient_undiscounted=grad_u, seconds=seconds,
+        parameter_gradient=par_d, parameter_gradient_undiscounted=par_u,
     )  # fmt: skip
 
 
@@ -321,7 +332,7 @@ class MCGroundTruth:
     """
 
     env: POMDP
-    pol: TabularPolicy
+    pol: TabularPolicy | NeuralPolicy
     gamma: float
     tasks: np.ndarray
     n_rollouts: int
@@ -417,7 +428,7 @@ class MCGroundTruth:
 
 def mc_ground_truth(
     env: POMDP,
-    pol: TabularPolicy,
+    pol: TabularPolicy | NeuralPolicy,
     gamma: float = 0.95,
     n_rollouts: int = 1000,
     seed: int = 0,
@@ -438,6 +449,7 @@ def mc_ground_truth(
     tasks = _check_tasks(env, tasks)
     _check_common(env, pol, n_rollouts, seed)
     n_rollouts, seed = int(n_rollouts), int(seed)
+    pol.cover(env, tasks)
     n_traj = tasks.size * n_rollouts
     returns = np.empty(n_traj)
     sums: list[np.ndarray] = []

@@ -1,0 +1,156 @@
+"""NeuralPolicy: bad input, exact sampling (chi-square), exact truth and its parameter gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import toyenvs
+from hgpo.options import OptionError
+from toyenvs import _kernels as kn
+
+torch = pytest.importorskip("torch")
+from toyenvs.neural import _tokens  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tmaze() -> toyenvs.POMDP:
+    return toyenvs.make("tmaze", length=2, horizon=6)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"arch": "rnn"}, r"NeuralPolicy.arch: must be one of 'mlp', 'transformer', got 'rnn'"),
+        ({"width": 0}, r"NeuralPolicy.width: must be an integer >= 1, got 0"),
+        ({"layers": -1}, r"NeuralPolicy.layers: must be an integer >= 1, got -1"),
+        ({"K": 40}, r"NeuralPolicy.K: must be small enough .* fits in int64, got 40"),
+        ({"K": 1.5}, r"NeuralPolicy.K: must be an integer >= 0, got 1.5"),
+        ({"temperature": float("nan")}, r"NeuralPolicy.temperature: must be a finite number"),
+    ],
+)
+def test_bad_arguments_are_named_errors(tmaze: toyenvs.POMDP, kw: dict, match: str) -> None:
+    with pytest.raises(OptionError, match=match):
+        toyenvs.NeuralPolicy(tmaze, **kw)
+
+
+def test_tokens_decode_like_the_context_code(tmaze: toyenvs.POMDP) -> None:
+    pol = toyenvs.NeuralPolicy(tmaze, K=2)
+    obs, act = _tokens(pol.codes, 2, pol.n_obs, pol.n_actions)
+    for i, code in enumerate(pol.codes):
+        past_o, past_a, o = pol.decode(int(code))
+        pad_o = [pol.n_obs if x < 0 else x for x in past_o]
+        pad_a = [pol.n_actions if x < 0 else x for x in past_a]
+        assert obs[i].tolist() == [*pad_o, o] and act[i].tolist() == pad_a
+
+
+def test_table_holds_every_reachable_context(tmaze: toyenvs.POMDP) -> None:
+    # The exact solver enumerates the time-indexed chain; every context it meets is in the
+    # table the policy enumerated at construction, so it adds no row.
+    pol = toyenvs.NeuralPolicy(tmaze, K=2)
+    n = pol.n_contexts
+    toyenvs.exact_ground_truth(tmaze, pol)
+    assert pol.n_contexts == n
+
+
+@pytest.mark.parametrize("arch", ["mlp", "transformer"])
+def test_sampling_follows_the_network_softmax(arch: str) -> None:
+    env = toyenvs.make("keydoor", size=4)
+    pol = toyenvs.NeuralPolicy(env, K=1, arch=arch, width=16, init_scale=1.0, seed=3)
+    rb = toyenvs.rollout(env, pol, n_rollouts=400, seed=1)
+    rows, counts = np.unique(rb.context, return_counts=True)
+    busiest = rows[np.argsort(counts)[-4:]]
+    p_net = torch.softmax(pol.forward_rows(busiest), dim=1).detach().numpy()
+    for row, p in zip(busiest, p_net, strict=True):
+        seen = np.bincount(rb.batch.action[rb.context == row], minlength=env.n_actions)
+        assert seen.sum() * p.min() >= 5  # chi-square needs every expected count large
+        assert stats.chisquare(seen, seen.sum() * p).pvalue > 1e-4
+        # the test has power: the uniform distribution is rejected at the same context
+        assert stats.chisquare(seen, np.full(p.size, seen.sum() / p.size)).pvalue < 1e-4
+
+
+def test_parameter_updates_refresh_the_sampling_table(tmaze: toyenvs.POMDP) -> None:
+    pol = toyenvs.NeuralPolicy(tmaze, K=2, init_scale=1.0)
+    before = pol.probs(np.arange(pol.n_contexts))
+    opt = torch.optim.Adam(pol.parameters(), lr=0.1)
+    loss = pol.forward_rows(np.arange(pol.n_contexts))[:, 0].sum()
+    loss.backward()
+    opt.step()
+    after = pol.probs(np.arange(pol.n_contexts))
+    net = torch.softmax(pol.forward_rows(np.arange(pol.n_contexts)), 1).detach().numpy()
+    assert not np.allclose(before, after)
+    np.testing.assert_allclose(after, net, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(np.diff(pol._cdf, axis=1, prepend=0.0), net, atol=1e-12)
+
+
+def test_a_context_outside_the_table_is_an_error(tmaze: toyenvs.POMDP) -> None:
+    pol = toyenvs.NeuralPolicy(tmaze, K=2)
+    unseen = np.setdiff1d(np.arange(pol.n_codes), pol.codes)[:1]
+    with pytest.raises(RuntimeError, match="outside its enumerated table"):
+        pol.run_growing(lambda tables: kn.table_insert_many(unseen, *tables)[1])
+
+
+def _exact_J(env: toyenvs.POMDP, pol: toyenvs.NeuralPolicy, theta: np.ndarray) -> float:
+    pol.set_flat_parameters(theta)
+    return toyenvs.exact_ground_truth(env, pol, gamma=0.9).J
+
+
+@pytest.mark.parametrize("arch", ["mlp", "transformer"])
+def test_parameter_gradient_matches_finite_differences(tmaze: toyenvs.POMDP, arch: str) -> None:
+    pol = toyenvs.NeuralPolicy(tmaze, K=1, arch=arch, width=8, init_scale=1.0, seed=1)
+    gt = toyenvs.exact_ground_truth(tmaze, pol, gamma=0.9)
+    theta = pol.flat_parameters()
+    rng = np.random.default_rng(0)
+    eps = 1e-5
+    for _ in range(3):
+        d = rng.normal(size=theta.size)
+        fd = (_exact_J(tmaze, pol, theta + eps * d) - _exact_J(tmaze, pol, theta - eps * d)) / (
+            2 * eps
+        )
+        assert gt.parameter_gradient @ d == pytest.approx(fd, rel=1e-6, abs=1e-9)
+    pol.set_flat_parameters(theta)
+
+
+def test_exact_truth_agrees_with_monte_carlo(tmaze: toyenvs.POMDP) -> None:
+    pol = toyenvs.NeuralPolicy(tmaze, K=2, arch="transformer", width=16, init_scale=1.0)
+    gt = toyenvs.exact_ground_truth(tmaze, pol, gamma=0.9)
+    mc = toyenvs.mc_ground_truth(tmaze, pol, gamma=0.9, n_rollouts=4000, seed=2)
+    assert abs(gt.J - mc.J) < 4 * mc.J_stderr
+    # as test_truth.py: entries above 5% of the largest within 5.5 standard errors, and the
+    # squared error overall no larger than the sum of the squared standard errors allows
+    e, est, se = gt.policy_gradient, mc.policy_gradient, mc.policy_gradient_stderr
+    big = np.abs(e) > 0.05 * np.abs(e).max()
+    assert (np.abs(e - est)[big] < 5.5 * se[big]).all()
+    assert ((e - est) ** 2).sum() <= 1.5 * (se**2).sum()
+
+
+def test_tabular_parameter_gradient_is_the_logit_gradient(tmaze: toyenvs.POMDP) -> None:
+    pol = toyenvs.TabularPolicy(tmaze, K=2, init="random", seed=1)
+    gt = toyenvs.exact_ground_truth(tmaze, pol, gamma=0.9)
+    np.testing.assert_array_equal(gt.parameter_gradient, gt.policy_gradient.ravel())
+
+
+def test_snapshot_load_and_copy_give_the_same_rollouts(tmaze: toyenvs.POMDP, tmp_path) -> None:
+    pol = toyenvs.NeuralPolicy(tmaze, K=2, arch="transformer", width=16, init_scale=1.0)
+    path = tmp_path / "pol.npz"
+    pol.snapshot(path)
+    for other in (toyenvs.NeuralPolicy.load(path), pol.copy()):
+        np.testing.assert_array_equal(other.codes, pol.codes)
+        np.testing.assert_array_equal(other.logits, pol.logits)
+        a = toyenvs.rollout(tmaze, pol, n_rollouts=16, seed=5).batch.action
+        b = toyenvs.rollout(tmaze, other, n_rollouts=16, seed=5).batch.action
+        np.testing.assert_array_equal(a, b)
+    clone = pol.copy()
+    with torch.no_grad():
+        clone.net.head.bias.add_(1.0)
+    assert not np.array_equal(clone.logits, pol.logits)
+
+
+def test_new_start_states_are_covered_on_first_use() -> None:
+    env = toyenvs.make("keydoor", size=4)
+    pol = toyenvs.NeuralPolicy(env, K=1)
+    n = pol.n_contexts
+    others = np.setdiff1d(np.flatnonzero(~env.terminal), env.tasks)[:3]
+    rb = toyenvs.rollout(env, pol, tasks=others, n_rollouts=4, seed=0)
+    assert pol.n_contexts >= n and rb.n_steps > 0

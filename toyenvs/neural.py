@@ -1,0 +1,417 @@
+"""A neural policy over the K-step context (MLP or small transformer) that the kernels sample.
+
+``NeuralPolicy(env, K, arch="mlp" | "transformer", width=64, layers=2, seed=0)`` reads the same
+context as :class:`toyenvs.TabularPolicy`, c_t = (o_{t-K}, a_{t-K}, ..., o_{t-1}, a_{t-1}, o_t),
+as 2K + 1 tokens: token j = embedding of its observation (or action) + embedding of position j,
+with a padding observation / action before t = 0. Unlike the table, contexts share parameters,
+so what is learnt in one context moves the others: the policy generalises, like an LLM agent's.
+
+How rollouts stay fast (the choice): the set of contexts a chain can reach does not depend on
+the policy (a softmax gives every action a positive probability), so the policy enumerates
+every context reachable from the start states once (a breadth-first search over (hidden state,
+context) pairs, :func:`toyenvs._kernels.reachable_contexts`), evaluates the network on that
+table in one batched forward whenever its parameters have changed, and hands the numba kernels
+the resulting logits and cumulative probabilities: the same table layout the tabular policy
+uses, so ``rollout``, ``exact_ground_truth`` and ``mc_ground_truth`` run unchanged and a
+rollout step costs what a tabular one costs. One forward per iteration over a few hundred to a
+few thousand contexts costs less than a batched forward per time step would (one per step of
+the horizon, each paying torch's per-call overhead), and the sampling probabilities are the
+network's own, computed in float64. The table is full by construction: a kernel that met a
+context outside it could not insert one (:meth:`NeuralPolicy.run_growing` raises instead of
+inventing logits).
+
+The exact gradient of J with respect to the parameters is the exact gradient with respect to
+the logits pushed through the network: dJ/dtheta = sum_{c, b} dJ/dl_b(c) dl_b(c)/dtheta
+(:meth:`NeuralPolicy.pullback`, one backward pass over the rows with a non-zero logit
+gradient).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hgpo.options import bad, check_choice, check_int, check_number
+from toyenvs import _kernels as kn
+from toyenvs.core import POMDP
+from toyenvs.policy import context_radix, decode_context, encode_context
+
+__all__ = ["ARCHS", "ContextNet", "NeuralPolicy", "check_neural"]
+
+ARCHS = ("mlp", "transformer")
+_CHUNK = 8192  # rows per forward pass: bounds the memory of a transformer over a large table
+
+
+class _Block(nn.Module):
+    """Pre-norm transformer block: x + attn(LN x), then x + MLP(LN x) (GELU, 2x width)."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.ff = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, L, w = x.shape
+        qkv = self.qkv(self.ln1(x)).view(n, L, 3, self.heads, w // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v)  # (n, heads, L, w / heads)
+        x = x + self.proj(y.transpose(1, 2).reshape(n, L, w))
+        return x + self.ff(self.ln2(x))
+
+
+class ContextNet(nn.Module):
+    """Logits over the actions from the 2K + 1 context tokens.
+
+    "mlp": the token embeddings concatenated, ``layers`` tanh layers of ``width``, a linear head.
+    "transformer": ``layers`` pre-norm blocks of ``width`` (heads: the largest of 4, 2, 1 that
+    divides ``width``), attention over the whole window, the head reads the last token (o_t).
+    The head's weights are N(0, init_scale^2 / width) and its bias 0: init_scale = 0 starts at
+    the uniform policy, like TabularPolicy's default.
+    """
+
+    def __init__(
+        self, n_obs: int, n_actions: int, K: int, arch: str, width: int, layers: int,
+        init_scale: float,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.K, self.arch = K, arch
+        L = 2 * K + 1
+        self.obs_emb = nn.Embedding(n_obs + 1, width)  # id n_obs = padding
+        self.act_emb = nn.Embedding(n_actions + 1, width)  # id n_actions = padding
+        self.pos_emb = nn.Parameter(0.1 * torch.randn(L, width))
+        if arch == "mlp":
+            dims = [L * width] + [width] * layers
+            self.trunk = nn.Sequential(
+                *(m for i in range(layers) for m in (nn.Linear(dims[i], dims[i + 1]), nn.Tanh()))
+            )
+        else:
+            heads = next(h for h in (4, 2, 1) if width % h == 0)
+            self.trunk = nn.Sequential(*(_Block(width, heads) for _ in range(layers)))
+            self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, n_actions)
+        with torch.no_grad():
+            self.head.weight.normal_(0.0, init_scale / width**0.5)
+            self.head.bias.zero_()
+
+    def forward(self, obs_tok: torch.Tensor, act_tok: torch.Tensor) -> torch.Tensor:
+        """obs_tok int64[n, K + 1] (oldest first, o_t last), act_tok int64[n, K] -> logits[n, A]."""
+        n, K = obs_tok.shape[0], self.K
+        eo, ea = self.obs_emb(obs_tok), self.act_emb(act_tok)
+        pairs = torch.stack([eo[:, :K], ea], dim=2).reshape(n, 2 * K, -1)
+        x = torch.cat([pairs, eo[:, K:]], dim=1) + self.pos_emb
+        if self.arch == "mlp":
+            return self.head(self.trunk(x.reshape(n, -1)))
+        return self.head(self.ln_f(self.trunk(x))[:, -1])
+
+
+def check_neural(env: Any, K: Any, arch: Any, width: Any, layers: Any, seed: Any) -> None:
+    """Every argument of :class:`NeuralPolicy`, checked before any work (OptionError)."""
+    if not isinstance(env, POMDP):
+        raise bad("NeuralPolicy.env", "a toyenvs.POMDP", type(env).__name__)
+    check_int("NeuralPolicy.K", K, lo=0)
+    check_choice("NeuralPolicy.arch", arch, ARCHS)
+    check_int("NeuralPolicy.width", width, lo=1)
+    check_int("NeuralPolicy.layers", layers, lo=1)
+    check_int("NeuralPolicy.seed", seed, lo=0)
+    try:
+        context_radix(env.n_obs, env.n_actions, int(K))
+    except ValueError:
+        raise bad(
+            "NeuralPolicy.K",
+            f"small enough that the context code of {env.n_obs} observations and "
+            f"{env.n_actions} actions fits in int64",
+            K,
+        ) from None
+
+
+def _tokens(codes: np.ndarray, K: int, n_obs: int, n_actions: int) -> tuple[np.ndarray, ...]:
+    """Context codes -> (obs tokens int64[n, K + 1], action tokens int64[n, K]), padding = n."""
+    M = (n_obs + 1) * (n_actions + 1)
+    P, o_t = np.divmod(codes, n_obs)
+    obs = np.empty((codes.size, K + 1), dtype=np.int64)
+    act = np.empty((codes.size, K), dtype=np.int64)
+    obs[:, K] = o_t
+    for j in range(K):  # pair of step t-1-j sits at digit j; the padding pair M - 1 decodes
+        P, pair = np.divmod(P, M)  # to (n_obs, n_actions), the padding ids of the embeddings
+        obs[:, K - 1 - j], act[:, K - 1 - j] = np.divmod(pair, n_actions + 1)
+    return obs, act
+
+
+class NeuralPolicy:
+    """pi(a | c) = softmax(net(c) / temperature), net an MLP or a transformer (see module doc).
+
+    Args:
+        env: the POMDP; its tasks' reachable contexts are enumerated at once (other start states
+            are added when a rollout first uses them, :meth:`cover`).
+        K: history length. arch: "mlp" or "transformer". width: hidden / model width (also the
+            embedding width). layers: hidden layers (mlp) or blocks (transformer).
+        seed: seed of the initial parameters. temperature: > 0, divides the logits.
+        init_scale: standard deviation of the initial logits (0: the uniform policy).
+
+    Raises:
+        hgpo.options.OptionError (a ValueError) naming the argument, before any work.
+
+    Attributes:
+        net: the torch module (float64). logits / codes: float64[n_contexts, A] / int64 views of
+        the table the kernels sample from (read-only; refreshed when the parameters change).
+    """
+
+    def __init__(
+        self, env: POMDP, K: int = 2, arch: str = "mlp", width: int = 64, layers: int = 2,
+        seed: int = 0, temperature: float = 1.0, init_scale: float = 0.0,
+    ) -> None:  # fmt: skip
+        check_neural(env, K, arch, width, layers, seed)
+        check_number("NeuralPolicy.temperature", temperature, lo=0, lo_open=True)
+        check_number("NeuralPolicy.init_scale", init_scale, lo=0)
+        meta = {
+            "n_obs": env.n_obs, "n_actions": env.n_actions, "K": int(K), "arch": arch,
+            "width": int(width), "layers": int(layers), "seed": int(seed),
+            "temperature": float(temperature), "init_scale": float(init_scale),
+            "env_name": env.name,
+        }  # fmt: skip
+        self._setup(meta)
+        self.cover(env, env.tasks)
+
+    def _setup(self, meta: dict[str, Any]) -> None:
+        self.meta = dict(meta)
+        self.n_obs, self.n_actions, self.K = meta["n_obs"], meta["n_actions"], meta["K"]
+        self.arch, self.width, self.layers = meta["arch"], meta["width"], meta["layers"]
+        self.seed, self.init_scale, self.env_name = (
+            meta["seed"],
+            meta["init_scale"],
+            meta["env_name"],
+        )
+        self.M, self.n_codes = context_radix(self.n_obs, self.n_actions, self.K)
+        self.powM = np.array([self.M**k for k in range(self.K + 1)], dtype=np.int64)
+        self._temperature = float(meta["temperature"])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            net = ContextNet(self.n_obs, self.n_actions, self.K, self.arch, self.width,
+                             self.layers, self.init_scale)  # fmt: skip
+        self.net = net.double()
+        self._covered: dict[int, set[int]] = {}
+        self._set_table(np.zeros(0, dtype=np.int64))
+
+    # ---- the table the kernels read ---------------------------------------------------------
+    def _set_table(self, codes: np.ndarray) -> None:
+        """Rows for exactly ``codes`` (no spare row: a kernel cannot insert a context)."""
+        n = codes.size
+        cap = 1 << max(n - 1, 1).bit_length()
+        self._codes = np.ascontiguousarray(codes, dtype=np.int64)
+        self._count = np.array([n], dtype=np.int64)
+        self._htab = np.full(4 * cap, -1, dtype=np.int64)
+        kn.rehash(self._codes, n, self._htab)
+        obs, act = _tokens(self._codes, self.K, self.n_obs, self.n_actions)
+        self._obs_tok, self._act_tok = torch.from_numpy(obs), torch.from_numpy(act)
+        self._logits = np.zeros((n, self.n_actions))
+        self._cdf = np.zeros((n, self.n_actions))
+        self._synced: tuple | None = None
+
+    def _version(self) -> tuple:
+        # In-place updates (optimizer steps, load_state_dict, copy_) bump a tensor's version.
+        return (self._temperature, *(p._version for p in self.net.parameters()))
+
+    def refresh(self) -> None:
+        """Re-evaluate the network on every row now (automatic after in-place updates)."""
+        with torch.no_grad():
+            out = [self.net(self._obs_tok[i : i + _CHUNK], self._act_tok[i : i + _CHUNK])
+                   for i in range(0, self.n_contexts, _CHUNK)]  # fmt: skip
+        if out:
+            self._logits[:] = torch.cat(out).numpy()
+        kn.fill_cdf(self._logits, self._cdf, self.n_contexts, 1.0 / self._temperature)
+        self._synced = self._version()
+
+    def _sync(self) -> None:
+        if self._synced != self._version():
+            self.refresh()
+
+    @property
+    def n_contexts(self) -> int:
+        return int(self._codes.size)
+
+    @property
+    def capacity(self) -> int:
+        return self.n_contexts
+
+    @property
+    def codes(self) -> np.ndarray:
+        return self._codes
+
+    @property
+    def logits(self) -> np.ndarray:
+        self._sync()
+        view = self._logits.view()
+        view.setflags(write=False)
+        return view
+
+    @property
+    def temperature(self) -> float:
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self._temperature = check_number("NeuralPolicy.temperature", value, lo=0, lo_open=True)
+
+    def kernel_tables(self) -> tuple[Any, ...]:
+        """The kernels' table arguments (same layout as TabularPolicy), refreshed if stale."""
+        self._sync()
+        return (
+            self._htab, self._codes, self._logits, self._cdf, self._count, kn.INIT_UNIFORM,
+            self.seed, 0.0, 1.0 / self._temperature,
+        )  # fmt: skip
+
+    def run_growing(self, call: Callable[[tuple], Any]) -> Any:
+        """Run ``call(tables)`` once; a full-table signal means a context was never enumerated."""
+        out = call(self.kernel_tables())
+        ok = out[0] if isinstance(out, tuple) else out
+        if ok is False or (isinstance(ok, (int, np.integer)) and ok == -1):
+            raise RuntimeError(
+                "NeuralPolicy met a context outside its enumerated table; call "
+                "pol.cover(env, tasks) with the start states first"
+            )
+        return out
+
+    def cover(self, env: POMDP, tasks: np.ndarray) -> None:
+        """Add rows for every context reachable from the start states ``tasks`` of ``env``."""
+        done = self._covered.setdefault(id(env), set())
+        new = sorted({int(s) for s in np.asarray(tasks).ravel()} - done)
+        if not new:
+            return
+        codes = kn.reachable_contexts(
+            np.array(new, dtype=np.int64), self.K, self.n_obs, self.powM, env.obs_of_state,
+            env.next_state, env.next_prob, env.terminal,
+        )  # fmt: skip
+        self.index_of(codes)
+        done.update(new)
+
+    def index_of(self, codes: np.ndarray, insert: bool = True) -> np.ndarray:
+        """int64 rows of context codes; new codes get rows (or -1 when ``insert=False``)."""
+        codes = np.ascontiguousarray(codes, dtype=np.int64)
+        if codes.size and (codes.min() < 0 or codes.max() >= self.n_codes):
+            raise ValueError(f"context codes must lie in 0..{self.n_codes - 1}")
+        rows = kn.table_find_many(codes, self._htab)
+        if insert and (rows < 0).any():
+            fresh = codes[rows < 0]
+            _, first = np.unique(fresh, return_index=True)
+            self._set_table(np.concatenate([self._codes, fresh[np.sort(first)]]))
+            rows = kn.table_find_many(codes, self._htab)
+        return rows
+
+    # ---- probabilities, torch forward, gradients ------------------------------------------
+    def _rows(self, context_ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(context_ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_contexts):
+            raise ValueError(f"context_ids must lie in 0..{self.n_contexts - 1}")
+        return ids
+
+    def logits_of(self, context_ids: np.ndarray) -> np.ndarray:
+        """float64[..., A] logits of table rows."""
+        self._sync()
+        return self._logits[self._rows(context_ids)]
+
+    def log_probs(self, context_ids: np.ndarray) -> np.ndarray:
+        z = self.logits_of(context_ids) / self.temperature
+        z = z - z.max(axis=-1, keepdims=True)
+        return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+    def probs(self, context_ids: np.ndarray) -> np.ndarray:
+        """float64[..., A] softmax(logits / temperature) of table rows."""
+        return np.exp(self.log_probs(context_ids))
+
+    def forward_rows(self, context_ids: np.ndarray, net: ContextNet | None = None) -> torch.Tensor:
+        """float64[n, A] logits of table rows as a torch tensor with autograd (for training).
+
+        ``net``: another network of the same shape to evaluate on these rows (a reference copy).
+        """
+        r = torch.from_numpy(self._rows(context_ids))
+        return (net or self.net)(self._obs_tok[r], self._act_tok[r])
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.net.parameters())
+
+    @property
+    def n_parameters(self) -> int:
+        return sum(p.numel() for p in self.net.parameters())
+
+    def pullback(self, logit_grad: np.ndarray) -> np.ndarray:
+        """float64[n_parameters] sum_{c, b} G[c, b] d logit_b(c) / d theta, G = ``logit_grad``.
+
+        ``logit_grad``: float64[n_rows, A] over the first n_rows table rows (dJ/dlogits gives
+        dJ/dtheta). Parameters in ``net.parameters()`` order, flattened.
+        """
+        G = np.asarray(logit_grad, dtype=np.float64)
+        rows = np.flatnonzero(np.any(G != 0, axis=1))
+        params = self.parameters()
+        total = [torch.zeros_like(p) for p in params]
+        for i in range(0, rows.size, _CHUNK):
+            r = rows[i : i + _CHUNK]
+            out = (self.forward_rows(r) * torch.from_numpy(G[r])).sum()
+            grads = torch.autograd.grad(out, params, allow_unused=True)
+            for t, g in zip(total, grads, strict=True):
+                if g is not None:
+                    t += g
+        return torch.cat([t.reshape(-1) for t in total]).numpy()
+
+    def flat_parameters(self) -> np.ndarray:
+        return nn.utils.parameters_to_vector(self.net.parameters()).detach().numpy().copy()
+
+    def set_flat_parameters(self, vec: np.ndarray) -> None:
+        """Overwrite the parameters from a flat vector (``flat_parameters`` order)."""
+        with torch.no_grad():
+            nn.utils.vector_to_parameters(torch.as_tensor(vec, dtype=torch.float64),
+                                          self.net.parameters())  # fmt: skip
+        self._synced = None  # vector_to_parameters assigns .data: versions do not move
+
+    # ---- contexts, copies, persistence ------------------------------------------------------
+    def encode(self, past_obs: Sequence[int], past_actions: Sequence[int], obs: int) -> int:
+        return encode_context(
+            past_obs, past_actions, obs, K=self.K, n_obs=self.n_obs, n_actions=self.n_actions
+        )
+
+    def decode(self, code: int) -> tuple[list[int], list[int], int]:
+        return decode_context(code, K=self.K, n_obs=self.n_obs, n_actions=self.n_actions)
+
+    def copy(self) -> NeuralPolicy:
+        new = NeuralPolicy.__new__(NeuralPolicy)
+        new._setup({**self.meta, "temperature": self._temperature})
+        new.net.load_state_dict(self.net.state_dict())
+        new._set_table(self._codes.copy())
+        new._covered = {k: set(v) for k, v in self._covered.items()}
+        return new
+
+    def snapshot(self, path: str | os.PathLike[str]) -> None:
+        """Save settings, parameters and table codes to an ``.npz`` file."""
+        meta = {**self.meta, "temperature": self._temperature}
+        params = {f"param.{k}": v.detach().numpy() for k, v in self.net.state_dict().items()}
+        with open(path, "wb") as f:
+            np.savez(f, codes=self._codes, meta=np.array(json.dumps(meta)), **params)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> NeuralPolicy:
+        """Load a policy saved by :meth:`snapshot` (same parameters, same rows in order)."""
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+            codes = data["codes"]
+            state = {k[6:]: torch.from_numpy(data[k]) for k in data.files if k.startswith("param.")}
+        pol = cls.__new__(cls)
+        pol._setup(meta)
+        pol.net.load_state_dict(state)
+        pol._set_table(codes)
+        return pol
+
+    def __repr__(self) -> str:
+        return (
+            f"NeuralPolicy(K={self.K}, arch={self.arch!r}, width={self.width}, "
+            f"layers={self.layers}, n_parameters={self.n_parameters}, "
+            f"n_contexts={self.n_contexts}, temperature={self.temperature})"
+        )
