@@ -94,6 +94,19 @@ def expert_stages(
             )
         np.add.at(counts, (rb.context, best), 1.0)
 
+    return _stages_by_beta(env, pol, set_beta, targets, rounds)
+
+
+def _stages_by_beta(
+    env: toyenvs.POMDP,
+    pol: Any,
+    set_beta: Callable[[float], None],
+    targets: tuple[float, ...],
+    rounds: int,
+) -> list[Stage]:
+    """For each success target, the policy at the beta (bisection on [0, 64], 14 halvings) whose
+    success rate first meets it; a target above the success at beta = 64 gets that policy."""
+
     def success_at(beta: float) -> float:
         set_beta(beta)
         return evaluate_success(env, pol)
@@ -185,23 +198,4 @@ def neural_expert_stages(
         best = Qs[rb.batch.step, rb.hidden].argmax(axis=1)
         np.add.at(counts, (rb.context, best), 1.0)
 
-    def success_at(beta: float) -> float:
-        set_beta(beta)
-        return evaluate_success(env, pol)
-
-    stages = []
-    hi_beta, hi_succ = 64.0, success_at(64.0)
-    for target in sorted(targets):
-        if hi_succ < target:
-            set_beta(hi_beta)
-            stages.append(Stage(target, hi_succ, rounds, pol.copy()))
-            continue
-        lo, hi = 0.0, hi_beta
-        for _ in range(14):
-            mid = 0.5 * (lo + hi)
-            if success_at(mid) >= target:
-                hi = mid
-            else:
-                lo = mid
-        stages.append(Stage(target, success_at(hi), rounds, pol.copy()))
-    return stages
+    return _stages_by_beta(env, pol, set_beta, targets, rounds)
