@@ -116,6 +116,13 @@ class TrainToyConfig:
     """Every N iterations, log against the exact truth of the current policy: the advantage
     MSE of the estimator being trained and the cosine of its parameter gradient to dJ/dtheta
     (0: never)."""
+    schemes: tuple[str, ...] = ()
+    """Rollout schemes to compare (toyenvs/branching.py: independent, branch:uniform,
+    branch:singleton, branch:hard, tree:D1,...): every (env, setting) runs under each, at a
+    per-group env-step budget equal to what --rollouts independent rollouts of the current
+    policy use (empty: today's independent rollouts, no scheme in the run key)."""
+    branch_budget: float = 0.5
+    """Share of each group's env steps spent on branches with --scheme, in (0, 1]."""
 
     def __post_init__(self) -> None:
         ints = {
@@ -140,10 +147,12 @@ class TrainToyConfig:
         check_int("--width", self.width, lo=1)
         check_int("--layers", self.layers, lo=1)
         check_int("--truth-every", self.truth_every, lo=0)
+        check_number("--branch-budget", self.branch_budget, lo=0.0, hi=1.0, lo_open=True)
         if not self.envs or not self.settings or not self.Ks:
             raise ValueError("--envs, --settings and --K each need at least one value")
         for spec in self.envs:
             split_env(spec)
+        _check_schemes(self.schemes, self.envs)
         for s in self.settings:
             _, K, ec = parse_setting(s, self)
             for k in self.Ks if K is None else (K,):  # the configs the runs will use
@@ -155,6 +164,11 @@ class TrainToyConfig:
     def run_fields(self) -> dict[str, Any]:
         """The fields that change a run's result (not envs/settings lists, workers or out)."""
         skip = {"envs", "settings", "Ks", "seeds", "workers", "backend", "ray_address", "out"}
+        # A run's scheme is in its run dict; without --scheme the branch share changes nothing,
+        # and leaving both out keeps the keys (and resumable runs) of earlier studies.
+        skip.add("schemes")
+        if not self.schemes:
+            skip.add("branch_budget")
         # The tabular policy ignores width / layers, and truth logging off changes nothing:
         # leaving them out keeps the keys (and resumable runs) of earlier tabular studies.
         if self.policy == "tabular":
@@ -183,6 +197,23 @@ def _check_start(where: str, value: Any) -> str:
     if not 0 < rate < 1:
         raise bad(where, "'uniform' or a success rate in (0, 1)", value)
     return str(value)
+
+
+def _check_schemes(schemes: tuple[str, ...], envs: tuple[str, ...]) -> None:
+    """Named errors for an unknown scheme or a tree depth beyond an env's horizon."""
+    import toyenvs
+    from toyenvs.branching import parse_scheme
+
+    if len(set(schemes)) != len(schemes):
+        raise bad("--scheme", "distinct schemes", " ".join(schemes))
+    for spec in envs if schemes else ():
+        fam, params, _ = split_env(spec)
+        horizon = toyenvs.make(fam, **params).horizon
+        for s in schemes:
+            try:
+                parse_scheme(s, horizon)
+            except ValueError as exc:
+                raise ValueError(f"--scheme ({spec}): {exc}") from None
 
 
 def split_env(spec: str) -> tuple[str, dict[str, Any], str | None]:
@@ -240,13 +271,18 @@ def _runs(cfg: TrainToyConfig) -> list[dict[str, Any]]:
                     continue
                 seen.add((env, s, k_eff))
                 for seed in range(cfg.seeds):
-                    out.append({"env": env, "setting": s, "K": k_eff, "seed": seed})
+                    run = {"env": env, "setting": s, "K": k_eff, "seed": seed}
+                    if not cfg.schemes:  # no "scheme" entry: the run key of earlier studies
+                        out.append(run)
+                    out += [{**run, "scheme": sc} for sc in cfg.schemes]
     return out
 
 
 def _run_key(cfg: TrainToyConfig, run: dict[str, Any]) -> str:
     blob = json.dumps({"cfg": cfg.run_fields(), **run}, sort_keys=True)
     slug = f"{run['env']}_{run['setting']}_K{run['K']}_s{run['seed']}"
+    if "scheme" in run:
+        slug += f"_{run['scheme']}"
     slug = "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in slug)
     return f"{slug}_{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
 
@@ -338,6 +374,28 @@ def _truth_figures(
     }
 
 
+def _collect(
+    env: Any, pol: Any, tasks: np.ndarray, seed: int, scheme: str | None, cfg: TrainToyConfig
+) -> Any:
+    """One iteration's batch: N independent rollouts per task, or ``scheme`` at their cost.
+
+    The budget S per group is the mean env steps per group of the N independent rollouts the
+    current policy draws with the same seed (so every scheme pays what ``independent`` pays,
+    iteration by iteration); a branched group may overshoot S by less than the horizon, and
+    the batch's rows (``env_steps`` in the curve) are the cost actually paid.
+    """
+    import toyenvs
+
+    rb = toyenvs.rollout(env, pol, tasks, cfg.rollouts, seed)
+    if scheme is None or scheme == "independent":
+        return rb
+    steps = max(1, math.ceil(rb.batch.n_steps / tasks.size))
+    return toyenvs.rollout(
+        env, pol, tasks, cfg.rollouts, seed, scheme=scheme, steps=steps,
+        branch_budget=cfg.branch_budget,
+    )  # fmt: skip
+
+
 def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
     """Train one (env, setting, K, seed); returns its per-iteration curve and evaluations."""
     import toyenvs
@@ -387,7 +445,7 @@ def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
     evaluate(0)
     for it in range(1, cfg.iterations + 1):
         tasks = rng.choice(train_tasks, size=cfg.groups, replace=True)
-        rb = toyenvs.rollout(env, pol, tasks, cfg.rollouts, int(rng.integers(2**31)))
+        rb = _collect(env, pol, tasks, int(rng.integers(2**31)), run.get("scheme"), cfg)
         b = rb.batch
         values = critic.values(rb.context) if critic is not None else None
         adv = compute_advantages(est, b, config=ec, values=values)
@@ -415,6 +473,7 @@ def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
                 "success": float(rb.success.mean()),
                 "reward": float(ep_reward.mean()),
                 "episode_length": float(b.n_steps / b.n_traj),
+                "env_steps": int(b.n_steps),
                 "invalid_rate": float(b.invalid.mean()),
                 "adv_mean": float(A.mean()),
                 "adv_abs": float(np.abs(A).mean()),
@@ -483,7 +542,7 @@ def run_study(cfg: TrainToyConfig, progress: bool = True, fresh: bool = False) -
 
 # ---------------------------------------------------------------------------- command line
 
-_FLAGS = {"Ks": "K"}
+_FLAGS = {"Ks": "K", "schemes": "scheme"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -526,6 +585,8 @@ FULL = dict(
     envs=list(FULL_ENVS), settings=list(FULL_SETTINGS), Ks=[2, 4], seeds=8, iterations=200,
     out="results/train_toy_full",
 )  # fmt: skip
+SCHEME_SETTINGS = ("grpo", "gigpo", "hgpo")
+"""The settings of a --scheme study unless --settings is given (issue 15)."""
 QUICK = dict(
     envs=["tmaze:length=3"], settings=["grpo", "gigpo", "hgpo"], seeds=2, iterations=20,
     eval_every=10, out="results/train_toy_quick",
@@ -538,7 +599,10 @@ def main(argv: list[str] | None = None) -> int:
     kw = {f.name: getattr(a, f.name) for f in dataclasses.fields(TrainToyConfig)}
     if a.full or a.quick:
         kw = apply_preset(kw, FULL if a.full else QUICK, given_dests(p, argv))
-    for k in ("envs", "settings", "Ks"):
+    given = given_dests(p, argv)
+    if kw["schemes"] and "settings" not in given:
+        kw["settings"] = list(SCHEME_SETTINGS)
+    for k in ("envs", "settings", "Ks", "schemes"):
         kw[k] = tuple(kw[k])
     try:
         cfg = TrainToyConfig(**kw)
@@ -556,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("The paper's orderings on learning speed (auc); report.md has final success too:")
     print(summary["orderings_text_auc"])
+    if cfg.schemes:
+        print("\nLearning speed per env step (auc_steps, Welch + Holm):")
+        print(summary["schemes_text"])
     print(
         f"\nwrote {cfg.out}/ (curves.csv, final.csv, results.json, report.md, *.png) "
         f"in {time.perf_counter() - t0:.0f} s"

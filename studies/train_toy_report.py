@@ -44,7 +44,8 @@ def summarise(results: list[dict[str, Any]], default_K: int | None) -> list[dict
                 "env": _env_label(r["env"], r["K"], default_K),
                 "env_spec": r["env"],
                 "setting": r["setting"],
-                "label": r["setting"],
+                "scheme": r.get("scheme", ""),
+                "label": f"{r['setting']} [{r['scheme']}]" if "scheme" in r else r["setting"],
                 "estimator": r["estimator"],
                 "K": r["K"],
                 "seed": r["seed"],
@@ -61,6 +62,82 @@ def summarise(results: list[dict[str, Any]], default_K: int | None) -> list[dict
             }
         )
     return rows
+
+
+STEP_GRID = 201
+"""Points of the common env-step grid on which auc_steps averages the success curve."""
+
+
+def _env_steps_at_evals(run: dict[str, Any]) -> np.ndarray:
+    """Cumulative training env steps (batch rows) when each evaluation was taken."""
+    cum = np.concatenate([[0], np.cumsum([c["env_steps"] for c in run["curve"]])])
+    return cum[[e["iteration"] for e in run["evals"]]].astype(np.float64)
+
+
+def add_step_auc(results: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Set ``auc_steps`` and ``env_steps`` on every row; returns the step range S per env.
+
+    auc_steps = (1 / S) int_0^S success(s) ds, with success(s) the train-task success at
+    cumulative env step s (linear between evaluations, iteration 0 at s = 0) and S the fewest
+    env steps any run of that env column used, so every run is measured over the same cost.
+    """
+    xs = [_env_steps_at_evals(r) for r in results]
+    span: dict[str, float] = {}
+    for row, x in zip(rows, xs, strict=True):
+        span[row["env"]] = min(span.get(row["env"], math.inf), float(x[-1]))
+    for row, run, x in zip(rows, results, xs, strict=True):
+        y = np.array([e["train_success"] for e in run["evals"]], dtype=np.float64)
+        grid = np.linspace(0.0, span[row["env"]], STEP_GRID)
+        row["auc_steps"] = float(np.mean(np.interp(grid, x, y)))
+        row["env_steps"] = float(x[-1])
+    return span
+
+
+def scheme_tests(rows: list[dict[str, Any]], metric: str = "auc_steps") -> list[dict[str, Any]]:
+    """Welch + Holm on ``metric`` in two families: each scheme against ``independent`` per
+    (env, setting), and gigpo / grpo against hgpo per (env, scheme)."""
+    by_setting = [{**r, "env": f"{r['env']} | {r['setting']}", "label": r["scheme"]} for r in rows]
+    by_scheme = [{**r, "env": f"{r['env']} | {r['scheme']}", "label": r["setting"]} for r in rows]
+    return compare(by_setting, metric, "independent") + compare(by_scheme, metric, "hgpo")
+
+
+def _scheme_section(
+    rows: list[dict[str, Any]], tests: list[dict[str, Any]], span: dict[str, float]
+) -> tuple[list[str], str]:
+    """The report's scheme section (markdown lines) and its console text."""
+    envs = list(span)
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    md = [
+        "## Learning speed per env step (--scheme)",
+        "",
+        "auc_steps: mean train-task success over the first S env steps of training (S per env: "
+        + ", ".join(f"{_short(e)} {span[e]:.0f}" for e in envs)
+        + ", the fewest any run used), percent, mean ± 95% t half-width over seeds; "
+        "env steps: total training env steps of a run (thousands).",
+        "",
+        _md_table(rows, labels, envs, ("auc_steps",)),
+        "",
+        "| setting | " + " | ".join(f"{_short(e)} env steps (k)" for e in envs) + " |",
+        "|---" * (len(envs) + 1) + "|",
+    ]
+    for lab in labels:
+        md.append(f"| {lab} | " + " | ".join(
+            f"{_mean(rows, e, lab, 'env_steps') / 1000:.1f}" for e in envs) + " |")  # fmt: skip
+    md += ["", "Welch t-tests on auc_steps, Holm-corrected per (env, setting) for the schemes "
+           "against independent, per (env, scheme) for gigpo / grpo against hgpo:", "",
+           "| family | label | baseline | diff | p | p (Holm) |", "|---|---|---|---|---|---|"]  # fmt: skip
+    text = []
+    for t in tests:
+        star = " *" if t["significant"] else ""
+        md.append(f"| {_short(t['env'])} | {t['label']} | {t['baseline']} | {t['diff']:+.3f} | "
+                  f"{t['p']:.2g} | {t['p_holm']:.2g}{star} |")  # fmt: skip
+        text.append(f"- {_short(t['env'])}: {t['label']} vs {t['baseline']} {t['diff']:+.3f} "
+                    f"(Holm p = {t['p_holm']:.2g}){star}")  # fmt: skip
+    head = [f"{'setting':<32}" + "".join(f"{_short(e)[:20]:>22}" for e in envs)]
+    for lab in labels:
+        head.append(f"{lab:<32}" + "".join(
+            f"{_mean(rows, e, lab, 'auc_steps'):>22.3f}" for e in envs))  # fmt: skip
+    return [*md, ""], "\n".join(head + text)
 
 
 def _ci(x: np.ndarray) -> tuple[float, float]:
@@ -338,6 +415,13 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
         tests += compare(rows, metric)
         tests += compare(rows, metric, "hgpo:norm=mean", ":norm=mean")
     write_csv(out / "tests.csv", tests)
+    scheme_md, schemes_text = [], ""
+    if any("scheme" in r for r in results):
+        span = add_step_auc(results, rows)
+        s_tests = scheme_tests(rows)
+        scheme_md, schemes_text = _scheme_section(rows, s_tests, span)
+        tests += s_tests
+        write_csv(out / "tests.csv", tests)
     ords_auc = orderings(rows, tests, "auc_train")
     ords = ords_auc + orderings(rows, tests, "final_train")
     abl_labels = [lab for lab in labels if lab.split(" [")[0] in ABLATIONS or lab == "hgpo"]
@@ -355,6 +439,7 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
         f"{cfg.seeds} seeds; *final* = after the last iteration, *auc* = mean over the "
         "evaluations after iteration 0 (how fast a setting learns).",
         "",
+        *scheme_md,
         "## Table 1: methods (final success, train tasks / held-out tasks)",
         "",
         _md_table(rows, main_labels, envs, ("final_train", "final_heldout")),
@@ -388,7 +473,7 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     summary = {
         "config": asdict(cfg), "final": rows, "tests": tests, "orderings": ords,
         "notes": SETTING_NOTES, "table": table, "orderings_text": orderings_text,
-        "orderings_text_auc": _orderings_text(ords_auc),
+        "orderings_text_auc": _orderings_text(ords_auc), "schemes_text": schemes_text,
     }  # fmt: skip
     (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
     _plot(results, rows, out, main_labels, envs, "learning_curves.png",

@@ -182,6 +182,12 @@ def _cfg(tmp_path: Path, **kw: object) -> tt.TrainToyConfig:
         ({"norm": "std"}, r"^--norm: must be one of 'mean', 'mean_std', got 'std'$"),
         ({"Ks": (7,)}, r"^--K: must be an integer in 0\.\.6, got 7$"),
         ({"Ks": ()}, r"each need at least one value"),
+        ({"schemes": ("branch:nope",)}, r"^--scheme \(tmaze:length=2\): scheme: must be one of independent, .*got 'branch:nope'$"),
+        ({"schemes": ("tree:99",)}, r"^--scheme \(tmaze:length=2\): scheme 'tree:99': depth: must be an integer in 1\.\."),
+        ({"schemes": ("independent", "independent")}, r"^--scheme: must be distinct schemes"),
+        ({"branch_budget": 0.0}, r"^--branch-budget: must be a finite number in \(0\.0, 1\.0\], got 0\.0$"),
+        ({"branch_budget": 1.5}, r"^--branch-budget: must be a finite number in \(0\.0, 1\.0\], got 1\.5$"),
+        ({"branch_budget": math.nan}, r"^--branch-budget: must be a finite number"),
     ],
 )  # fmt: skip
 def test_train_toy_config_table(tmp_path, kw, match):
@@ -200,6 +206,8 @@ def test_train_toy_config_table(tmp_path, kw, match):
         (["--quick", "--iter", "3"], r"unrecognized arguments: --iter 3"),  # no abbreviations
         (["--quick", "--K", "99"], r"--K: must be an integer in 0\.\.6, got 99"),
         (["--quick", "--full"], r"argument --full: not allowed with argument --quick"),
+        (["--quick", "--scheme", "branch:sometimes"], r"--scheme \(tmaze:length=3\): scheme: must be one of"),
+        (["--quick", "--scheme", "branch:uniform", "--branch-budget", "0"], r"--branch-budget: must be a finite number in \(0\.0, 1\.0\], got 0\.0"),
     ],
 )  # fmt: skip
 def test_train_toy_cli_table(tmp_path, no_work, capsys, argv, match):

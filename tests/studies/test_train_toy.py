@@ -222,6 +222,69 @@ def test_cli_quick_run_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFi
     assert res["config"]["iterations"] == 4 and len(res["final"]) == 6
 
 
+def test_run_keys_without_scheme_are_those_of_earlier_studies() -> None:
+    """Folders written before --scheme existed must resume: the first default run's key, as
+    main computed it before the change, is unchanged (no "scheme" entry, no branch share)."""
+    cfg = tt.TrainToyConfig()
+    assert tt._run_key(cfg, tt._runs(cfg)[0]) == "keydoor_size=4_horizon=40_grpo_K2_s0_e5d9210a72"
+    assert tt._run_key(tt.TrainToyConfig(branch_budget=0.25), tt._runs(cfg)[0]).endswith(
+        "e5d9210a72"
+    )
+
+
+def test_cli_quick_scheme_run_compares_per_env_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--quick --scheme: grpo, gigpo, hgpo under each scheme at the cost of independent
+    rollouts; the independent scheme is today's run, the tests cover both families."""
+    out = tmp_path / "s"
+    argv = ["--quick", "--scheme", "independent", "branch:singleton", "--iterations", "6",
+            "--eval-every", "3", "--workers", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert tt.main(argv) == 0
+    assert "Learning speed per env step" in capsys.readouterr().out
+    res = json.loads((out / "results.json").read_text())
+    assert {r["label"] for r in res["final"]} == {
+        f"{s} [{sc}]"
+        for s in ("grpo", "gigpo", "hgpo")
+        for sc in ("independent", "branch:singleton")
+    }
+    steps = {(r["setting"], r["scheme"], r["seed"]): r["env_steps"] for r in res["final"]}
+    for (s, sc, seed), n in steps.items():
+        if sc == "branch:singleton":  # equal cost: the budget of independent, plus overshoot
+            assert n >= 0.9 * steps[(s, "independent", seed)]
+            assert n <= steps[(s, "independent", seed)] + 6 * 16 * 8  # iterations x groups x H
+    assert all(0 <= r["auc_steps"] <= 1 for r in res["final"])
+    pairs = {
+        (t["env"], t["label"], t["baseline"]) for t in res["tests"] if t["metric"] == "auc_steps"
+    }
+    assert ("tmaze:length=3 | hgpo", "branch:singleton", "independent") in pairs
+    assert ("tmaze:length=3 | branch:singleton", "grpo", "hgpo") in pairs
+    # the independent scheme reproduces a run without --scheme bit for bit
+    cfg = tt.TrainToyConfig(envs=("tmaze:length=3",), iterations=3, eval_every=3)
+    run = {"env": "tmaze:length=3", "setting": "hgpo", "K": 2, "seed": 0}
+    plain, ind = tt.run_one(cfg, run), tt.run_one(cfg, {**run, "scheme": "independent"})
+    assert plain["curve"][-1]["pg_loss"] == ind["curve"][-1]["pg_loss"]
+    assert plain["curve"][-1]["env_steps"] == ind["curve"][-1]["env_steps"]
+
+
+def test_step_auc_on_known_numbers() -> None:
+    """Two runs with success 0 -> 1 at steps 100 and 200: on the common span S = 100 the
+    first averages 0.5 (a ramp), the second 0.25 (a ramp to 0.5 at s = 100)."""
+    from studies.train_toy_report import add_step_auc
+
+    def run(n: int) -> dict:
+        return {"curve": [{"env_steps": n}],
+                "evals": [{"iteration": 0, "train_success": 0.0},
+                          {"iteration": 1, "train_success": 1.0}]}  # fmt: skip
+
+    rows = [{"env": "e"}, {"env": "e"}]
+    span = add_step_auc([run(100), run(200)], rows)
+    assert span == {"e": 100.0}
+    assert rows[0]["auc_steps"] == pytest.approx(0.5)
+    assert rows[1]["auc_steps"] == pytest.approx(0.25)
+    assert (rows[0]["env_steps"], rows[1]["env_steps"]) == (100.0, 200.0)
+
+
 def test_compare_and_orderings_on_known_numbers() -> None:
     rows = []
     for seed in range(6):
