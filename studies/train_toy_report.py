@@ -96,8 +96,8 @@ def add_step_auc(results: list[dict[str, Any]], rows: list[dict[str, Any]]) -> d
 def scheme_tests(rows: list[dict[str, Any]], metric: str = "auc_steps") -> list[dict[str, Any]]:
     """Welch + Holm on ``metric`` in two families: each scheme against ``independent`` per
     (env, setting), and gigpo / grpo against hgpo per (env, scheme)."""
-    by_setting = [{**r, "env": f"{r['env']} | {r['setting']}", "label": r["scheme"]} for r in rows]
-    by_scheme = [{**r, "env": f"{r['env']} | {r['scheme']}", "label": r["setting"]} for r in rows]
+    by_setting = [{**r, "env": f"{r['env']} / {r['setting']}", "label": r["scheme"]} for r in rows]
+    by_scheme = [{**r, "env": f"{r['env']} / {r['scheme']}", "label": r["setting"]} for r in rows]
     return compare(by_setting, metric, "independent") + compare(by_scheme, metric, "hgpo")
 
 

@@ -257,8 +257,8 @@ def test_cli_quick_scheme_run_compares_per_env_step(
     pairs = {
         (t["env"], t["label"], t["baseline"]) for t in res["tests"] if t["metric"] == "auc_steps"
     }
-    assert ("tmaze:length=3 | hgpo", "branch:singleton", "independent") in pairs
-    assert ("tmaze:length=3 | branch:singleton", "grpo", "hgpo") in pairs
+    assert ("tmaze:length=3 / hgpo", "branch:singleton", "independent") in pairs
+    assert ("tmaze:length=3 / branch:singleton", "grpo", "hgpo") in pairs
     # the independent scheme reproduces a run without --scheme bit for bit
     cfg = tt.TrainToyConfig(envs=("tmaze:length=3",), iterations=3, eval_every=3)
     run = {"env": "tmaze:length=3", "setting": "hgpo", "K": 2, "seed": 0}
