@@ -2,6 +2,8 @@
 
     python -m studies.train_toy              # the default, a few minutes on 2 cores
     python -m studies.train_toy --full       # more envs, K = 2 and 4, more seeds and iterations
+    python -m studies.train_toy --scheme independent branch:hard   # rollout schemes compared
+                                                    # per env step (docs/branching.md)
     python -m studies.train_toy --help       # every option
 
 The paper's training recipe in tabular form (studies/tabular_ppo.py): per iteration 16 tasks x
