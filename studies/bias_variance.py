@@ -91,6 +91,8 @@ class StudyConfig:
     imitation, studies.tabular.neural_expert_stages; gradients then w.r.t. its parameters)."""
     width: int = 64
     layers: int = 2
+    fit_steps: int = 150
+    """Adam steps of each imitation fit of a network policy (neural_expert_stages); --quick: 50."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -107,7 +109,8 @@ class StudyConfig:
         for flag, name, lo in (("--batches", "n_batches", 10), ("--groups", "groups", 1),
                                ("--rollouts", "rollouts", 2), ("--workers", "workers", 1),
                                ("--seed", "seed", 0), ("StudyConfig.max_nodes", "max_nodes", 1),
-                               ("--width", "width", 1), ("--layers", "layers", 1)):  # fmt: skip
+                               ("--width", "width", 1), ("--layers", "layers", 1),
+                               ("--fit-steps", "fit_steps", 1)):  # fmt: skip
             check_int(flag, getattr(self, name), lo=lo)
         check_number("--gamma", self.gamma, lo=0.0, hi=1.0)
         check_number("--alpha", self.alpha, lo=0.0)
@@ -207,7 +210,7 @@ def _stage_policies(
     elif cfg.policy == "tabular":
         got = expert_stages(env, K, targets, seed=seed)
     else:
-        got = neural_expert_stages(env, fresh, targets, seed=seed)
+        got = neural_expert_stages(env, fresh, targets, seed=seed, fit_steps=cfg.fit_steps)
     trained = {st.target: st.policy for st in got}
     out = []
     for s in stages:
@@ -509,6 +512,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--layers", type=int, default=d.layers, help="network layers (default: %(default)s)"
     )
+    p.add_argument(
+        "--fit-steps",
+        type=int,
+        default=d.fit_steps,
+        help="Adam steps per imitation fit of a network policy (default: %(default)s; --quick 50)",
+    )
     p.add_argument("--seed", type=int, default=d.seed, help="(>= 0, default: %(default)s)")
     p.add_argument(
         "--estimator-options",
@@ -522,7 +531,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="one env (keydoor 4x4), K=2, 2 stages, 12 batches: a smoke run (flags you give "
+        help="one env (keydoor 4x4), K=2, 2 stages, 12 batches, 50 fit steps: a smoke run (flags you give "
         "keep their values)",
     )
     p.add_argument("--no-progress", action="store_true")
@@ -542,7 +551,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-QUICK = dict(envs=["keydoor:size=4"], Ks=[2], stages=["untrained", "0.5"], n_batches=12)
+# fit_steps: the transformer's imitation fits were most of --quick's time (62 s at 150 steps)
+QUICK = dict(
+    envs=["keydoor:size=4"], Ks=[2], stages=["untrained", "0.5"], n_batches=12, fit_steps=50
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,6 +87,7 @@ def test_check_out_dir_creates_a_writable_folder(tmp_path):
         (dict(Ks=()), r"each need a value"),
         (dict(seed=-1), r"^--seed: must be an integer >= 0, got -1$"),
         (dict(workers=0), r"^--workers: must be an integer >= 1, got 0$"),
+        (dict(fit_steps=0), r"^--fit-steps: must be an integer >= 1, got 0$"),
         (dict(alpha=math.inf), r"^--alpha: must be a finite number >= 0\.0, got inf$"),
         (dict(alpha=-1.0), r"^--alpha: must be a finite number >= 0\.0, got -1\.0$"),
         (dict(alpha=1e6), r"^--alpha: EstimatorConfig: the level weights"),
@@ -138,14 +139,15 @@ def test_bias_variance_cli_out_table(tmp_path, no_work, capsys, make, match):
 def test_bias_variance_quick_keeps_the_flags_given(tmp_path, no_work):
     out = str(tmp_path / "out")
     assert bv.main(["--quick", "--out", out]) == 0
-    assert (no_work[-1].Ks, no_work[-1].envs, no_work[-1].n_batches) == (
+    assert (no_work[-1].Ks, no_work[-1].envs, no_work[-1].n_batches, no_work[-1].fit_steps) == (
         (2,),
         ("keydoor:size=4",),
         12,
+        50,
     )
-    assert bv.main(["--quick", "--K", "3", "--batches=20", "--out", out]) == 0
+    assert bv.main(["--quick", "--K", "3", "--batches=20", "--fit-steps=150", "--out", out]) == 0
     cfg = no_work[-1]
-    assert (cfg.Ks, cfg.n_batches, cfg.envs) == ((3,), 20, ("keydoor:size=4",))
+    assert (cfg.Ks, cfg.n_batches, cfg.envs, cfg.fit_steps) == ((3,), 20, ("keydoor:size=4",), 150)
 
 
 # ---------------------------------------------------------------------------- train_toy
