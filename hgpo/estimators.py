@@ -457,12 +457,5 @@ def compute_advantages(
         cfg = cfg.replace(**options)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported just below
         out = fn(batch, cfg, values)
-    finite = np.isfinite(out.advantages)
-    if not finite.all():
-        i = int(np.flatnonzero(~finite)[0])
-        raise ValueError(
-            f"estimator {name!r}: the advantage of step {int(batch.step[i])} of trajectory "
-            f"{int(batch.traj[i])} (row {i}) overflows float64 ({float(out.advantages[i])}): "
-            "the rewards are too large for this estimator; scale them down"
-        )
+    check_finite(batch, out.advantages, "advantage", "for this estimator", f"estimator {name!r}: ")
     return out

@@ -10,16 +10,21 @@ from hgpo.branching import virtual_episode_returns
 __all__ = ["check_finite", "discounted_returns", "episode_returns", "penalised_rewards"]
 
 
-def check_finite(batch: StepBatch, values: np.ndarray, what: str) -> np.ndarray:
+def check_finite(
+    batch: StepBatch, values: np.ndarray, what: str, too_large: str = "to add up", where: str = ""
+) -> np.ndarray:
     """``values`` (float64[n], one per step) if all are finite; else a ValueError naming the
-    first step's trajectory: finite rewards whose sum passes float64's 1.8e308 overflow."""
+    first step's trajectory: finite rewards whose sum passes float64's 1.8e308 overflow.
+
+    ``where`` prefixes the message (e.g. the estimator's name); ``too_large`` says what the
+    rewards are too large for."""
     finite = np.isfinite(values)
     if not finite.all():
         i = int(np.flatnonzero(~finite)[0])
         raise ValueError(
-            f"the {what} of step {int(batch.step[i])} of trajectory {int(batch.traj[i])} "
-            f"(row {i}) overflows float64 ({float(values[i])}): the rewards are too large to "
-            "add up; scale them down"
+            f"{where}the {what} of step {int(batch.step[i])} of trajectory {int(batch.traj[i])} "
+            f"(row {i}) overflows float64 ({float(values[i])}): the rewards are too large "
+            f"{too_large}; scale them down"
         )
     return values
 
