@@ -114,6 +114,12 @@ class StepBatch:
     branches: BranchLayout | None = field(init=False, repr=False)  # [branching]
 
     def __post_init__(self) -> None:
+        branched = self._coerce_columns()
+        self._check_values()
+        self._set_trajectories(branched)
+
+    def _coerce_columns(self) -> bool:
+        """Every column as a contiguous array of its dtype (named errors); True if branched."""
         set_ = object.__setattr__
         for name in ("group", "traj", "step", "state"):
             set_(self, name, _as_int_array(name, getattr(self, name)))
@@ -131,7 +137,6 @@ class StepBatch:
         # [branching] a batch whose parents are all -1 is an ordinary batch.
         if self.parent is not None:
             set_(self, "parent", _as_int_array("parent", self.parent))
-        branched = self.parent is not None and bool((self.parent >= 0).any())
         if self.invalid is not None:
             inv = np.asarray(self.invalid)
             if inv.ndim != 1:
@@ -142,7 +147,11 @@ class StepBatch:
                 bad = inv[np.flatnonzero((inv != 0) & (inv != 1))[0]]
                 raise ValueError(f"StepBatch.invalid must be boolean, got {bad.item()!r}")
             set_(self, "invalid", np.ascontiguousarray(inv, dtype=np.bool_))
+        return self.parent is not None and bool((self.parent >= 0).any())
 
+    def _check_values(self) -> None:
+        """Equal lengths, a non-empty batch, finite rewards, step indices >= 0."""
+        reward = self.reward
         n = self.group.shape[0]
         for name in ("traj", "step", "reward", "state", "action", "invalid", "parent"):
             arr = getattr(self, name)
@@ -160,6 +169,11 @@ class StepBatch:
             i = int(np.flatnonzero(self.step < 0)[0])
             raise ValueError(f"StepBatch.step[{i}] is {self.step[i]}; step indices start at 0")
 
+    def _set_trajectories(self, branched: bool) -> None:
+        """traj_start / traj_len / traj_index (and the branch layout), checking that every
+        trajectory's rows are contiguous, ordered and in one rollout group."""
+        set_ = object.__setattr__
+        n = self.group.shape[0]
         # A trajectory starts where step == 0; every other row continues the previous row's
         # trajectory with step + 1 and the same traj and group. Checked on shifted slices
         # (contiguous, no gathers): this runs on every batch.
