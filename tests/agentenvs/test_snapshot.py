@@ -23,6 +23,13 @@ from tests.agentenvs.test_batched import ToyEnv
 Step = tuple[str, float, bool, dict[str, Any]]
 
 
+def webshop_query(action: str, info: dict[str, Any]) -> str:
+    """WebShop lists ``search[<your query>]``: search the goal's first words instead."""
+    if action == "search[<your query>]":
+        return f"search[{' '.join(info['task'].split()[2:5])}]"
+    return action
+
+
 def random_episode(env: Any, task: int, seed: int, max_len: int = 60) -> list[str]:
     """Actions of one episode of uniformly drawn admissible actions (plus, now and then, one
     no admissible list offers), played on ``env`` from ``reset(task)``."""
@@ -31,6 +38,7 @@ def random_episode(env: Any, task: int, seed: int, max_len: int = 60) -> list[st
     actions: list[str] = []
     for _ in range(max_len):
         a = "jump over the moon" if rng.random() < 0.1 else rng.choice(info["admissible_actions"])
+        a = webshop_query(a, info)
         actions.append(a)
         _, _, done, info = env.step(a)
         if done:
@@ -42,11 +50,13 @@ def continuation(env: Any, actions: list[str]) -> list[Step]:
     return [env.step(a) for a in actions]
 
 
-def check_branch_replays(make: Any, task: int, seed: int, b: int) -> None:
-    """Snapshot after b steps of a random episode; a fresh env restored from it (through a
-    pickle, as between processes) replays the rest exactly."""
+def check_branch_replays(
+    make: Any, task: int, seed: int, b: int, actions: list[str] | None = None
+) -> None:
+    """Snapshot after b steps of a random episode (or of ``actions``); a fresh env restored
+    from it (through a pickle, as between processes) replays the rest exactly."""
     env = make()
-    actions = random_episode(env, task, seed)
+    actions = actions or random_episode(env, task, seed)
     b = min(b, len(actions) - 1)
     env.reset(task)
     at_b = env.reset(task) if b == 0 else None
@@ -123,6 +133,52 @@ def test_toy_restore_refuses_another_env():
         b.restore({"state": 1})
 
 
+# -- WebShop ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shop_world():
+    pytest.importorskip("bm25s", reason="WebShop search needs bm25s (extra [webshop])")
+    pytest.importorskip("rapidfuzz", reason="WebShop reward needs rapidfuzz (extra [webshop])")
+    from agentenvs.webshop.env import make_world
+
+    return make_world(seed=0, n_products=300, n_goals=40, n_eval=10)
+
+
+def test_webshop_branch_replays_the_continuation(shop_world):
+    from agentenvs.webshop.env import WebShopEnv
+
+    def make() -> WebShopEnv:
+        return WebShopEnv(shop_world, max_steps=15)
+
+    for task, seed, b in ((0, 0, 0), (3, 1, 2), (5, 2, 4), (7, 3, 9)):
+        check_branch_replays(make, task, seed, b)
+
+
+def test_webshop_branch_from_a_chosen_option_buys_the_same(shop_world):
+    """The expert's route, snapshot on the item page after choosing options: the restored
+    session buys with the same options and the same score."""
+    from agentenvs.webshop.env import WebShopEnv, expert_actions
+
+    env = WebShopEnv(shop_world, max_steps=15)
+    for task in range(6):
+        env.reset(task)
+        route = expert_actions(env)
+        assert route[-1] == "click[buy now]" and env.score == 1.0
+        check_branch_replays(lambda: WebShopEnv(shop_world, max_steps=15), task, 0,
+                             len(route) - 1, actions=route)  # fmt: skip
+    snap = env.snapshot()
+    assert snap.page == "done" and len(pickle.dumps(snap)) < 2000
+
+
+def test_webshop_restore_refuses_another_world(shop_world):
+    from agentenvs.webshop.env import WebShopEnv, make_world
+
+    env = WebShopEnv(shop_world)
+    env.reset(2)
+    other = WebShopEnv(make_world(seed=1, n_products=300, n_goals=40, n_eval=10))
+    with pytest.raises(ValueError, match="is not this env's goal of that number"):
+        other.restore(env.snapshot())
+
+
 # -- BatchedEnv --------------------------------------------------------------------------------
 def _batched_branch_replays(factory: Any, tasks: list[int], seed: int, b: int, **kw: Any) -> None:
     """4 slots, 2 workers: slot 0 (worker 0) plays a random episode, snapshot at step b
@@ -138,7 +194,7 @@ def _batched_branch_replays(factory: Any, tasks: list[int], seed: int, b: int, *
 
         actions, snap_b, at_b = [], None, (obs[0], infos[0])
         for _ in range(b):
-            a = rng.choice(infos[0]["admissible_actions"])
+            a = webshop_query(rng.choice(infos[0]["admissible_actions"]), infos[0])
             actions.append(a)
             obs, _, done, infos, snaps = env.step(play(a), snapshot=True)
             assert not done[0], "the episode ended before the branch point"
@@ -149,7 +205,7 @@ def _batched_branch_replays(factory: Any, tasks: list[int], seed: int, b: int, *
         assert isinstance(direct, Snapshot) and direct.task == tasks[0]
         want = []
         for _ in range(6):
-            a = rng.choice(infos[0]["admissible_actions"])
+            a = webshop_query(rng.choice(infos[0]["admissible_actions"]), infos[0])
             actions.append(a)
             obs, r, done, infos = env.step(play(a))
             want.append((obs[0], r[0], done[0], infos[0]))
@@ -168,6 +224,13 @@ def test_batched_toy_restores_across_workers():
     factory = toy_factory(parse_toy_spec("toy:keydoor:size=4,horizon=30,slip=0"), "train", seed=0)
     _batched_branch_replays(factory, [0], seed=1, b=3)
     _batched_branch_replays(factory, [0, 1], seed=2, b=0)  # a snapshot of the start
+
+
+def test_batched_webshop_restores_across_workers(shop_world):
+    from agentenvs.factories import webshop_factory
+
+    factory = webshop_factory(n_products=300, n_goals=40, n_eval=10, seed=0)
+    _batched_branch_replays(factory, [3], seed=4, b=2)
 
 
 def test_batched_snapshot_support_and_named_error():
