@@ -215,6 +215,36 @@ def test_alfworld_branch_from_the_expert_route_wins(alfworld_files):
                              actions=plan)  # fmt: skip
 
 
+def test_alfworld_snapshot_restores_in_a_process_with_another_hash_seed(alfworld_files, tmp_path):
+    """Python's str hashes differ between processes (a Ray actor, a spawned worker), and
+    textworld's Propositions keep theirs: the snapshot must carry plain values."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from agentenvs.alfworld.env import AlfWorldEnv
+
+    env = AlfWorldEnv(alfworld_files)
+    actions = random_episode(env, 2, seed=7)
+    env.reset(2)
+    for a in actions[:6]:
+        env.step(a)
+    (tmp_path / "snap.pkl").write_bytes(pickle.dumps(env.snapshot()))
+    (tmp_path / "commands.json").write_text(json.dumps(actions[6:]))
+    want = [list(env.restore(env.snapshot()))] + [list(env.step(a)) for a in actions[6:]]
+    seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
+    root = Path(__file__).parent.parent.parent
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "_restore_elsewhere.py"),
+         str(tmp_path / "snap.pkl"), str(tmp_path / "commands.json"), *alfworld_files],
+        capture_output=True, text=True, check=True, cwd=root,
+        env=dict(os.environ, PYTHONHASHSEED=seed,
+                 PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")),
+    )  # fmt: skip
+    assert json.loads(out.stdout) == json.loads(json.dumps(want))
+
+
 def test_alfworld_restore_refuses_another_game(alfworld_files):
     from agentenvs.alfworld.env import AlfWorldEnv
 
