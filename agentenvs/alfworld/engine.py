@@ -56,6 +56,7 @@ import hashlib
 import json
 import os
 import pickle
+import sys
 import tempfile
 import threading
 from collections import Counter, OrderedDict, defaultdict
@@ -294,7 +295,8 @@ class _SasLayout:
 
     head: str  # everything before "begin_state"
     tail: str  # everything from "end_state" on
-    values: tuple[dict[str, int], ...]  # per variable: value name -> value index
+    values: tuple[dict[bytes, int], ...]  # per variable: value name (as the C library writes
+    # it, cp1252) -> value index
 
 
 def _parse_sas_layout(sas: str) -> _SasLayout:
@@ -309,7 +311,7 @@ def _parse_sas_layout(sas: str) -> _SasLayout:
     while lines[i] != "begin_state":
         if lines[i] == "begin_variable":
             size = int(lines[i + 3])
-            values.append({lines[i + 4 + v]: v for v in range(size)})
+            values.append({lines[i + 4 + v].encode("cp1252"): v for v in range(size)})
             i += 4 + size
         else:
             i += 1
@@ -347,8 +349,11 @@ class EngineSnapshot:
     moves: int
 
 
+_i = sys.intern
+
+
 def _var(v: Variable) -> tuple[str, str]:
-    return (v.name, v.type)
+    return (_i(v.name), _i(v.type))
 
 
 @functools.lru_cache(maxsize=64)
@@ -409,7 +414,7 @@ class CachedPddlState(pddl_logic.PddlState):
         layout = _sas_layout(self.sas)
         atoms = (pddl_logic.Atom * self.downward_lib.get_state_size())()
         self.downward_lib.get_state(atoms)
-        return tuple(layout.values[i][a.name] for i, a in enumerate(atoms))
+        return tuple(layout.values[i][a._name] for i, a in enumerate(atoms))
 
     def load_values(self, values: tuple[int, ...]) -> None:
         """Put the library into the state with these SAS values: the game's SAS is loaded
@@ -422,13 +427,17 @@ class CachedPddlState(pddl_logic.PddlState):
         self.downward_lib.load_sas_replan(self.sas_replan.encode("utf-8"))
 
     def fact_state(self) -> tuple[tuple[Fact, ...], tuple, tuple, tuple]:
-        """(facts, var_counts, vars_by_name, vars_by_type) as plain strings."""
-        facts = tuple((p.name, tuple(map(_var, p.arguments))) for p in self.facts)
+        """(facts, var_counts, vars_by_name, vars_by_type) as plain strings.
+
+        The strings are interned, so that a pickle writes each name once (pickle shares
+        identical objects, not equal ones): a third of the size.
+        """
+        facts = tuple((_i(p.name), tuple(map(_var, p.arguments))) for p in self.facts)
         return (
             facts,
-            tuple(self._var_counts.items()),
-            tuple((n, v.type) for n, v in self._vars_by_name.items()),
-            tuple((t, tuple(v.name for v in vs)) for t, vs in self._vars_by_type.items()),
+            tuple((_i(n), c) for n, c in self._var_counts.items()),
+            tuple((_i(n), _i(v.type)) for n, v in self._vars_by_name.items()),
+            tuple((_i(t), tuple(_i(v.name) for v in vs)) for t, vs in self._vars_by_type.items()),
         )
 
     def load_fact_state(self, facts: Any, counts: Any, by_name: Any, by_type: Any) -> None:

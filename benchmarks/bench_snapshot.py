@@ -1,0 +1,142 @@
+"""Size and cost of environment snapshots (branching rollouts), against the cost of a step.
+
+Run: ``python -m benchmarks.bench_snapshot [--episodes 6] [--envs 16] [--workers 2]
+[--games DIR]``. For the toy text env (keydoor 6x6), the WebShop simulator (5,000 products) and
+ALFWorld (generated games, the real engine; default the games shipped with the tests): random
+admissible actions; after every step env A is snapshotted, the snapshot is pickled and
+unpickled (as between processes), and restored into env B. Prints per env the pickled size
+(mean, max) and the mean milliseconds of step, snapshot, pickle round trip and restore (for
+ALFWorld also a restore into an env playing another game, which loads the game first). Then,
+through ``BatchedEnv`` (``--envs`` slots in ``--workers`` worker processes): milliseconds per
+call of ``step``, ``step(snapshot=True)``, ``snapshot(all live slots)`` and
+``restore(every slot from slot 0's snapshot)``. Wall-clock times: on a shared machine they
+vary with the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentenvs.batched import BatchedEnv
+
+HERE = Path(__file__).parent
+TEST_GAMES = HERE.parent / "tests" / "agentenvs" / "data" / "alfworld_games" / "train"
+
+
+def _query(action: str, info: dict[str, Any]) -> str:
+    if action == "search[<your query>]":  # WebShop: search the goal's words
+        return f"search[{' '.join(info['task'].split()[2:5])}]"
+    return action
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
+
+
+def per_env(name: str, make: Callable[[], Any], n_tasks: int, episodes: int) -> None:
+    """Snapshot after every step of random episodes of env A, restore into env B."""
+    a, b = make(), make()
+    rng = random.Random(0)
+    cost: dict[str, list[float]] = {k: [] for k in ("step", "snapshot", "pickle", "restore")}
+    other: list[float] = []
+    sizes: list[int] = []
+    for ep in range(episodes):
+        task = ep % n_tasks
+        _, info = a.reset(task)
+        b.reset(task)
+        done = False
+        while not done:
+            act = _query(rng.choice(info["admissible_actions"]), info)
+            t0 = time.perf_counter()
+            _, _, done, info = a.step(act)
+            cost["step"].append(_ms(t0))
+            t0 = time.perf_counter()
+            snap = a.snapshot()
+            cost["snapshot"].append(_ms(t0))
+            t0 = time.perf_counter()
+            blob = pickle.dumps(snap)
+            snap = pickle.loads(blob)
+            cost["pickle"].append(_ms(t0))
+            sizes.append(len(blob))
+            t0 = time.perf_counter()
+            b.restore(snap)
+            cost["restore"].append(_ms(t0))
+        if name == "alfworld" and n_tasks > 1:  # B plays another game: the restore loads ours
+            b.reset((task + 1) % n_tasks)
+            t0 = time.perf_counter()
+            b.restore(snap)
+            other.append(_ms(t0))
+    means = "  ".join(f"{k} {statistics.mean(v):.3f}" for k, v in cost.items())
+    print(
+        f"{name:9s} snapshots {len(sizes):4d}  bytes mean {statistics.mean(sizes):6.0f} "
+        f"max {max(sizes):6d}  ms: {means}"
+        + (f"  restore(other game) {statistics.mean(other):.1f}" if other else "")
+    )
+
+
+def batched(name: str, factory: Callable[[], Any], n_tasks: int, envs: int, workers: int) -> None:
+    """Milliseconds per BatchedEnv call, with and without snapshots."""
+    rng = random.Random(1)
+    cost: dict[str, list[float]] = {k: [] for k in ("step", "step+snap", "snapshot", "restore")}
+    with BatchedEnv(factory, envs, num_workers=workers) as env:
+        for rnd in range(3):
+            group = envs // n_tasks if envs % n_tasks == 0 else envs
+            _, infos = env.reset([(rnd + i) % n_tasks for i in range(envs // group)], group)
+            for t in range(8):
+                acts = [_query(rng.choice(i["admissible_actions"] or ["x"]), i) for i in infos]
+                t0 = time.perf_counter()
+                if t % 2:
+                    _, _, done, infos, snaps = env.step(acts, snapshot=True)
+                    cost["step+snap"].append(_ms(t0))
+                else:
+                    _, _, done, infos = env.step(acts)
+                    cost["step"].append(_ms(t0))
+                live = [s for s in range(envs) if not done[s]]
+                if not live:
+                    break
+                t0 = time.perf_counter()
+                snaps = env.snapshot(live)
+                cost["snapshot"].append(_ms(t0))
+                t0 = time.perf_counter()
+                env.restore([(s, snaps[0]) for s in range(envs)])
+                cost["restore"].append(_ms(t0))
+                infos = [env.last_info[s] for s in range(envs)]
+    means = "  ".join(f"{k} {statistics.mean(v):.1f}" for k, v in cost.items() if v)
+    print(f"{name:9s} BatchedEnv({envs} slots, {workers} workers) ms per call: {means}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--episodes", type=int, default=6)
+    ap.add_argument("--envs", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--games", default=str(TEST_GAMES), help="folder of ALFWorld games")
+    args = ap.parse_args()
+    from agentenvs.factories import alfworld_factory, webshop_factory
+    from agentenvs.toytext import ToyTextEnv, parse_toy_spec, toy_factory
+
+    spec = parse_toy_spec("toy:keydoor:size=6,horizon=30")
+    per_env("toy", lambda: ToyTextEnv(spec), 8, args.episodes * 4)
+    shop = webshop_factory(n_products=5000, n_goals=2000)
+    per_env("webshop", shop, 50, args.episodes * 4)
+    from agentenvs.alfworld.env import AlfWorldEnv, find_games
+
+    games = find_games(args.games)
+    os.environ.setdefault("AGENTENVS_ALFWORLD_CACHE", tempfile.mkdtemp(prefix="bench_snap_"))
+    per_env("alfworld", lambda: AlfWorldEnv(games), len(games), args.episodes)
+    batched("toy", toy_factory(spec), 8, args.envs, args.workers)
+    batched("webshop", shop, 8, args.envs, args.workers)
+    batched("alfworld", alfworld_factory(games), min(len(games), 4), args.envs, args.workers)
+
+
+if __name__ == "__main__":
+    main()
