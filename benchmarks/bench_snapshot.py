@@ -5,9 +5,9 @@ Run: ``python -m benchmarks.bench_snapshot [--episodes 6] [--envs 16] [--workers
 ALFWorld (generated games, the real engine; default the games shipped with the tests): random
 admissible actions; after every step env A is snapshotted, the snapshot is pickled and
 unpickled (as between processes), and restored into env B. Prints per env the pickled size
-(mean, max) and the mean milliseconds of step, snapshot, pickle round trip and restore (for
+(mean, max) and the median milliseconds of step, snapshot, pickle round trip and restore (for
 ALFWorld also a restore into an env playing another game, which loads the game first). Then,
-through ``BatchedEnv`` (``--envs`` slots in ``--workers`` worker processes): milliseconds per
+through ``BatchedEnv`` (``--envs`` slots in ``--workers`` worker processes): median ms per
 call of ``step``, ``step(snapshot=True)``, ``snapshot(all live slots)`` and
 ``restore(every slot from slot 0's snapshot)``. Wall-clock times: on a shared machine they
 vary with the load.
@@ -75,11 +75,11 @@ def per_env(name: str, make: Callable[[], Any], n_tasks: int, episodes: int) -> 
             t0 = time.perf_counter()
             b.restore(snap)
             other.append(_ms(t0))
-    means = "  ".join(f"{k} {statistics.mean(v):.3f}" for k, v in cost.items())
+    figures = "  ".join(f"{k} {statistics.median(v):.3f}" for k, v in cost.items())
     print(
         f"{name:9s} snapshots {len(sizes):4d}  bytes mean {statistics.mean(sizes):6.0f} "
-        f"max {max(sizes):6d}  ms: {means}"
-        + (f"  restore(other game) {statistics.mean(other):.1f}" if other else "")
+        f"max {max(sizes):6d}  median ms: {figures}"
+        + (f"  restore(other game) {statistics.median(other):.1f}" if other else "")
     )
 
 
@@ -110,8 +110,8 @@ def batched(name: str, factory: Callable[[], Any], n_tasks: int, envs: int, work
                 env.restore([(s, snaps[0]) for s in range(envs)])
                 cost["restore"].append(_ms(t0))
                 infos = [env.last_info[s] for s in range(envs)]
-    means = "  ".join(f"{k} {statistics.mean(v):.1f}" for k, v in cost.items() if v)
-    print(f"{name:9s} BatchedEnv({envs} slots, {workers} workers) ms per call: {means}")
+    figures = "  ".join(f"{k} {statistics.median(v):.1f}" for k, v in cost.items() if v)
+    print(f"{name:9s} BatchedEnv({envs} slots, {workers} workers) median ms per call: {figures}")
 
 
 def main() -> None:

@@ -215,6 +215,41 @@ def test_alfworld_branch_from_the_expert_route_wins(alfworld_files):
                              actions=plan)  # fmt: skip
 
 
+def _pddl_state(env: Any) -> Any:
+    return env._env.unwrapped._pddl_state
+
+
+def test_alfworld_library_state_is_followed_and_restored_exactly(alfworld_files):
+    """The snapshot follows fast-downward's state in Python (effects with conditions: the
+    floor lamp's toggle in game 0); it must equal the state read from C after every step,
+    and a restored library must be in the same C state as the original at every later step
+    (derived variables included)."""
+    from agentenvs.alfworld import engine
+    from agentenvs.alfworld.env import AlfWorldEnv, run_expert
+
+    env, other = AlfWorldEnv(alfworld_files), AlfWorldEnv(alfworld_files)
+    for task in (0, 3):
+        won, plan = run_expert(env, task)
+        assert won and any(c.startswith("use ") for c in plan) == (task == 0)
+        env.reset(task)
+        layout = engine._sas_layout(_pddl_state(env).sas)
+        assert layout.effects is not None and layout.derived  # the fast path, with axioms
+        for i, a in enumerate(plan):
+            if i == len(plan) // 2:
+                other.reset((task + 1) % len(alfworld_files))
+                other.restore(env.snapshot())
+            _, _, done, _ = env.step(a)
+            st = _pddl_state(env)
+            c_state = st.read_sas_values()
+            assert [x for v, x in enumerate(c_state) if v not in layout.derived] == [
+                x for v, x in enumerate(st._values) if v not in layout.derived
+            ], (task, i)
+            if i >= len(plan) // 2:
+                other.step(a)
+                assert _pddl_state(other).read_sas_values() == c_state, (task, i)
+        assert done
+
+
 def test_alfworld_snapshot_restores_in_a_process_with_another_hash_seed(alfworld_files, tmp_path):
     """Python's str hashes differ between processes (a Ray actor, a spawned worker), and
     textworld's Propositions keep theirs: the snapshot must carry plain values."""
