@@ -8,9 +8,10 @@ unpickled (as between processes), and restored into env B. Prints per env the pi
 (mean, max) and the median milliseconds of step, snapshot, pickle round trip and restore (for
 ALFWorld also a restore into an env playing another game, which loads the game first). Then,
 through ``BatchedEnv`` (``--envs`` slots in ``--workers`` worker processes): median ms per
-call of ``step``, ``step(snapshot=True)``, ``snapshot(all live slots)`` and
-``restore(every slot from slot 0's snapshot)``. Wall-clock times: on a shared machine they
-vary with the load.
+call of ``step`` and ``step(snapshot=True)`` (two passes with the same actions), and of
+``snapshot(all live slots)`` and ``restore(every slot from one snapshot)`` after each step of
+a third pass; 4 tasks in groups of ``--envs / 4``, 8 steps, 3 rounds. Wall-clock times: on a
+shared machine they vary with the load.
 """
 
 from __future__ import annotations
@@ -83,34 +84,45 @@ def per_env(name: str, make: Callable[[], Any], n_tasks: int, episodes: int) -> 
     )
 
 
-def batched(name: str, factory: Callable[[], Any], n_tasks: int, envs: int, workers: int) -> None:
-    """Milliseconds per BatchedEnv call, with and without snapshots."""
+def _play_batch(env: BatchedEnv, tasks: list[int], group: int, steps: int, mode: str) -> dict:
+    """One pass of ``steps`` batched steps from ``reset(tasks, group)``, the same random
+    actions for every mode; returns the milliseconds of each timed call."""
     rng = random.Random(1)
-    cost: dict[str, list[float]] = {k: [] for k in ("step", "step+snap", "snapshot", "restore")}
+    cost: dict[str, list[float]] = {}
+    _, infos = env.reset(tasks, group)
+    for _ in range(steps):
+        acts = [_query(rng.choice(i["admissible_actions"] or ["x"]), i) for i in infos]
+        t0 = time.perf_counter()
+        if mode == "step+snap":
+            _, _, done, infos, _ = env.step(acts, snapshot=True)
+        else:
+            _, _, done, infos = env.step(acts)
+        cost.setdefault(mode, []).append(_ms(t0))
+        live = [s for s in range(env.num_envs) if not done[s]]
+        if mode == "snapshot/restore" and live:
+            t0 = time.perf_counter()
+            snaps = env.snapshot(live)
+            cost.setdefault("snapshot", []).append(_ms(t0))
+            t0 = time.perf_counter()
+            infos = env.restore([(s, snaps[0]) for s in range(env.num_envs)])[1]
+            cost.setdefault("restore", []).append(_ms(t0))
+        if not live:
+            break
+    return cost
+
+
+def batched(name: str, factory: Callable[[], Any], n_tasks: int, envs: int, workers: int) -> None:
+    """Median milliseconds per BatchedEnv call: plain steps, steps that also snapshot every
+    live slot (same actions, same states), and snapshot(live) / restore(every slot)."""
+    cost: dict[str, list[float]] = {}
+    group = envs // n_tasks
     with BatchedEnv(factory, envs, num_workers=workers) as env:
         for rnd in range(3):
-            group = envs // n_tasks if envs % n_tasks == 0 else envs
-            _, infos = env.reset([(rnd + i) % n_tasks for i in range(envs // group)], group)
-            for t in range(8):
-                acts = [_query(rng.choice(i["admissible_actions"] or ["x"]), i) for i in infos]
-                t0 = time.perf_counter()
-                if t % 2:
-                    _, _, done, infos, snaps = env.step(acts, snapshot=True)
-                    cost["step+snap"].append(_ms(t0))
-                else:
-                    _, _, done, infos = env.step(acts)
-                    cost["step"].append(_ms(t0))
-                live = [s for s in range(envs) if not done[s]]
-                if not live:
-                    break
-                t0 = time.perf_counter()
-                snaps = env.snapshot(live)
-                cost["snapshot"].append(_ms(t0))
-                t0 = time.perf_counter()
-                env.restore([(s, snaps[0]) for s in range(envs)])
-                cost["restore"].append(_ms(t0))
-                infos = [env.last_info[s] for s in range(envs)]
-    figures = "  ".join(f"{k} {statistics.median(v):.1f}" for k, v in cost.items() if v)
+            tasks = [(rnd + i) % n_tasks for i in range(n_tasks)]
+            for mode in ("step", "step+snap", "snapshot/restore"):
+                for k, v in _play_batch(env, tasks, group, 8, mode).items():
+                    cost.setdefault(k, []).extend(v)
+    figures = "  ".join(f"{k} {statistics.median(v):.1f}" for k, v in cost.items())
     print(f"{name:9s} BatchedEnv({envs} slots, {workers} workers) median ms per call: {figures}")
 
 
@@ -133,9 +145,9 @@ def main() -> None:
     games = find_games(args.games)
     os.environ.setdefault("AGENTENVS_ALFWORLD_CACHE", tempfile.mkdtemp(prefix="bench_snap_"))
     per_env("alfworld", lambda: AlfWorldEnv(games), len(games), args.episodes)
-    batched("toy", toy_factory(spec), 8, args.envs, args.workers)
-    batched("webshop", shop, 8, args.envs, args.workers)
-    batched("alfworld", alfworld_factory(games), min(len(games), 4), args.envs, args.workers)
+    batched("toy", toy_factory(spec), 4, args.envs, args.workers)
+    batched("webshop", shop, 4, args.envs, args.workers)
+    batched("alfworld", alfworld_factory(games), 4, args.envs, args.workers)
 
 
 if __name__ == "__main__":

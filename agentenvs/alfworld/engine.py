@@ -43,10 +43,12 @@ copy the engine's mutable state itself, not a replay of the commands:
   operators' effects and their conditions) because the library's ``get_state`` costs time
   quadratic in the number of variables (7 ms on a 734-variable game, more than a step);
   a task whose effect conditions read derived variables is read from C instead;
-- the ``PddlState`` facts, by value: every fact, and the variable bookkeeping that
-  ``textworld.logic.State`` keeps beside them (its variable counts depend on the path
-  taken, so they are copied as they are, not rebuilt from the facts), as plain strings; Propositions and Variables store their hash,
-  which differs between processes, so they are rebuilt on restore and never pickled;
+- the ``PddlState`` facts, by value: those added and removed since the game's initial
+  state (which the restoring process builds from the game's translation), and the variable
+  bookkeeping that ``textworld.logic.State`` keeps beside them (its variable counts depend
+  on the path taken, so they are copied as they are, not rebuilt from the facts), all as
+  plain strings: Propositions and Variables store their hash, which differs between
+  processes, so they are rebuilt on restore and never pickled;
 - the last feedback and the move count. The admissible commands and the won flag are computed
   again from the restored state, as every step computes them.
 """
@@ -371,8 +373,11 @@ def _sas_layout(sas: str) -> _SasLayout:
 class EngineSnapshot:
     """The mutable state of one :class:`CachedPddlEnv` mid-episode, as plain values.
 
-    values: the SAS value of each fast-downward variable. facts: the PddlState's facts, in
-    its iteration order. var_counts, vars_by_name, vars_by_type: ``textworld.logic.State``'s
+    values: the SAS initial-state section of the current state. facts_added, facts_removed:
+    the PddlState's facts that are not / no longer in the game's initial facts (every
+    restoring process builds those itself when it loads the game, identically: they come
+    from the game's translation). var_counts, vars_by_name, vars_by_type:
+    ``textworld.logic.State``'s
     variable bookkeeping (name -> count; name -> type; type -> names). feedback: the last
     observation. moves: the engine's move count. problem_hash: a hash of the game's PDDL
     problem (a restore into another game is refused).
@@ -380,7 +385,8 @@ class EngineSnapshot:
 
     problem_hash: str
     values: tuple[int, ...]
-    facts: tuple[Fact, ...]
+    facts_added: tuple[Fact, ...]
+    facts_removed: tuple[Fact, ...]
     var_counts: tuple[tuple[str, int], ...]
     vars_by_name: tuple[tuple[str, str], ...]
     vars_by_type: tuple[tuple[str, tuple[str, ...]], ...]
@@ -393,6 +399,14 @@ _i = sys.intern
 
 def _var(v: Variable) -> tuple[str, str]:
     return (_i(v.name), _i(v.type))
+
+
+def _fact(p: Proposition) -> Fact:
+    return (_i(p.name), tuple(map(_var, p.arguments)))
+
+
+def _proposition(f: Fact) -> Proposition:
+    return Proposition(f[0], [Variable(n, t) for n, t in f[1]])
 
 
 @functools.lru_cache(maxsize=64)
@@ -447,6 +461,8 @@ class CachedPddlState(pddl_logic.PddlState):
         self.downward_lib.get_state(atoms)
         facts = [atom.get_fact(self.name2type) for atom in atoms]
         self.add_facts([fact for fact in facts if not fact.is_negation])
+        self._initial_facts = tuple(self.facts)  # what snapshots keep the difference to
+        self._initial_set = frozenset(self._initial_facts)
         self._follow_init()
 
     def _follow_init(self) -> None:
@@ -495,25 +511,34 @@ class CachedPddlState(pddl_logic.PddlState):
         if layout.effects is not None:
             self._values = list(values)
 
-    def fact_state(self) -> tuple[tuple[Fact, ...], tuple, tuple, tuple]:
-        """(facts, var_counts, vars_by_name, vars_by_type) as plain strings.
+    def fact_state(self) -> tuple[tuple[Fact, ...], tuple[Fact, ...], tuple, tuple, tuple]:
+        """(facts added, facts removed since the initial state, var_counts, vars_by_name,
+        vars_by_type) as plain strings.
 
-        The strings are interned, so that a pickle writes each name once (pickle shares
-        identical objects, not equal ones): a third of the size.
+        Most facts never change (where things are, what they are), so only the difference
+        to the game's initial facts is kept. The strings are interned, so that a pickle
+        writes each name once (pickle shares identical objects, not equal ones).
         """
-        facts = tuple((_i(p.name), tuple(map(_var, p.arguments))) for p in self.facts)
+        current = set(self.facts)
+        added = tuple(_fact(p) for p in current if p not in self._initial_set)
+        removed = tuple(_fact(p) for p in self._initial_facts if p not in current)
         return (
-            facts,
+            added,
+            removed,
             tuple((_i(n), c) for n, c in self._var_counts.items()),
             tuple((_i(n), _i(v.type)) for n, v in self._vars_by_name.items()),
             tuple((_i(t), tuple(_i(v.name) for v in vs)) for t, vs in self._vars_by_type.items()),
         )
 
-    def load_fact_state(self, facts: Any, counts: Any, by_name: Any, by_type: Any) -> None:
+    def load_fact_state(
+        self, added: Any, removed: Any, counts: Any, by_name: Any, by_type: Any
+    ) -> None:
         """Replace the facts and variable bookkeeping by those of :meth:`fact_state`."""
+        gone = {_proposition(f) for f in removed}
         self._facts = defaultdict(set)
-        for name, args in facts:
-            prop = Proposition(name, [Variable(n, t) for n, t in args])
+        for prop in [p for p in self._initial_facts if p not in gone] + [
+            _proposition(f) for f in added
+        ]:
             self._facts[prop.signature].add(prop)
         self._var_counts = Counter(dict(counts))
         self._vars_by_name = {n: Variable(n, t) for n, t in by_name}
@@ -560,9 +585,8 @@ class CachedPddlEnv(PddlEnv):
     def snapshot(self) -> EngineSnapshot:
         """The engine's mutable state now (see the module docstring)."""
         st = self._pddl_state
-        facts, counts, by_name, by_type = st.fact_state()
         return EngineSnapshot(
-            _problem_hash(st.pddl_problem), st.sas_values(), facts, counts, by_name, by_type,
+            _problem_hash(st.pddl_problem), st.sas_values(), *st.fact_state(),
             self.state.feedback, self._moves,
         )  # fmt: skip
 
@@ -573,7 +597,10 @@ class CachedPddlEnv(PddlEnv):
         if snap.problem_hash != _problem_hash(st.pddl_problem):
             raise ValueError("restore: the snapshot is of another game than the one loaded")
         st.load_values(snap.values)
-        st.load_fact_state(snap.facts, snap.var_counts, snap.vars_by_name, snap.vars_by_type)
+        st.load_fact_state(
+            snap.facts_added, snap.facts_removed, snap.var_counts, snap.vars_by_name,
+            snap.vars_by_type,
+        )  # fmt: skip
         self._state_is_initial = False  # the next reset builds the initial state again
         self.prev_state = None
         self.state = GameState()
