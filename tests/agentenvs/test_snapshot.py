@@ -339,6 +339,16 @@ def test_batched_toy_restores_across_workers():
     factory = toy_factory(parse_toy_spec("toy:keydoor:size=4,horizon=30,slip=0"), "train", seed=0)
     _batched_branch_replays(factory, [0], seed=1, b=3)
     _batched_branch_replays(factory, [0, 1], seed=2, b=0)  # a snapshot of the start
+    # into another BatchedEnv that was never reset
+    with BatchedEnv(factory, 2, num_workers=2) as a, BatchedEnv(factory, 2, num_workers=2) as b:
+        _, infos = a.reset([0], 2)
+        acts = infos[0]["admissible_actions"]
+        a.step([acts[0]] * 2)
+        (snap,) = a.snapshot([0])
+        b.restore([(1, snap)])
+        assert b.tasks == [-1, 0] and list(b.done) == [True, False]
+        want, got = a.step([acts[1]] * 2), b.step(["unused", acts[1]])
+        assert (got[0][1], got[1][1], got[3][1]) == (want[0][0], want[1][0], want[3][0])
 
 
 def test_batched_webshop_restores_across_workers(shop_world):
