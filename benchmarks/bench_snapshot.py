@@ -97,7 +97,8 @@ def _play_batch(env: BatchedEnv, tasks: list[int], group: int, steps: int, mode:
             _, _, done, infos, _ = env.step(acts, snapshot=True)
         else:
             _, _, done, infos = env.step(acts)
-        cost.setdefault(mode, []).append(_ms(t0))
+        if mode != "snapshot/restore":
+            cost.setdefault(mode, []).append(_ms(t0))
         live = [s for s in range(env.num_envs) if not done[s]]
         if mode == "snapshot/restore" and live:
             t0 = time.perf_counter()
