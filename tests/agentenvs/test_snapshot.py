@@ -8,6 +8,7 @@ continuation step by step.
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
 from pathlib import Path
@@ -380,6 +381,35 @@ def test_batched_snapshot_support_and_named_error():
             env.snapshot([0])
         with pytest.raises(ValueError, match="no snapshot support"):
             env.step(["inc", "inc"], snapshot=True)
+
+
+class CountingEnv(ToyEnv):
+    """ToyEnv with snapshots of its step count; restoring "die" kills the worker."""
+
+    supports_snapshot = True
+
+    def snapshot(self):
+        return (self.task, self.t)
+
+    def restore(self, snap):
+        if snap == "die":
+            os._exit(3)
+        self.task, self.t = snap
+        return f"task {self.task} t {self.t}", {"admissible_actions": ["inc"]}
+
+
+def test_a_worker_dying_during_restore_crashes_its_slots_only():
+    with BatchedEnv(CountingEnv, 4, num_workers=2) as env:
+        env.reset([0, 1], 2)
+        env.step(["inc"] * 4)
+        snaps = env.snapshot([2, 3])
+        obs, infos = env.restore([(0, Snapshot(0, "die")), (3, snaps[0])])
+        assert infos[0]["crashed"] and not infos[1]["crashed"] and obs[1] == "task 1 t 1"
+        assert env.restarts == 1 and list(env.done) == [True, True, False, False]
+        assert env.last_info[1]["crashed"]  # slot 1 lived in the restarted worker too
+        obs, _, _, infos = env.step(["inc"] * 4)
+        assert [i["crashed"] for i in infos] == [True, True, False, False]
+        assert obs[2:] == ["task 1 t 2"] * 2
 
 
 def test_batched_snapshot_bad_input_and_crashes():
