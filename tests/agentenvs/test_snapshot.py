@@ -213,6 +213,13 @@ def test_alfworld_branch_from_the_expert_route_wins(alfworld_files):
         assert won
         check_branch_replays(lambda: AlfWorldEnv(alfworld_files), task, 0, len(plan) // 2,
                              actions=plan)  # fmt: skip
+    # into an env that never played: the restore loads the game
+    env.reset(3)
+    for cmd in plan[:3]:
+        env.step(cmd)
+    fresh, at = AlfWorldEnv(alfworld_files), env.snapshot()
+    assert fresh.restore(at) == env.restore(at)
+    assert [fresh.step(c) for c in plan[3:]] == [env.step(c) for c in plan[3:]]
 
 
 def _pddl_state(env: Any) -> Any:
