@@ -16,6 +16,13 @@ A worker that dies or does not answer within ``timeout_s`` is killed and restart
 environments; all its slots report ``crashed`` and done for that step. The rest of the batch is
 unaffected. With ``backend="ray"`` the workers are Ray actors (:mod:`agentenvs.ray_backend`),
 placed on any node of the cluster, with the same slots, results and recovery.
+
+Snapshots (for branching rollouts, docs/branching.md): ``snapshot(slots)`` takes each slot's
+:class:`Snapshot` in its worker and brings it to this process; ``restore(pairs)`` puts one
+into any slot of any worker and makes that slot live again. ``step(actions, snapshot=True)``
+also returns the snapshot of every slot still live after the step, in the same round trip.
+Only environments with ``supports_snapshot = True`` and ``snapshot()``/``restore()`` methods
+take part; :func:`require_snapshot` says so by name before any work.
 """
 
 from __future__ import annotations
@@ -26,10 +33,13 @@ import multiprocessing as mp
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 import numpy as np
+
+from hgpo.options import bad
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +50,43 @@ class TextEnv(Protocol):
     def reset(self, task: int) -> tuple[str, dict[str, Any]]: ...
 
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]: ...
+
+
+class SnapshotEnv(TextEnv, Protocol):
+    """An environment that can be snapshotted and restored (branching rollouts).
+
+    ``snapshot()`` returns a picklable value holding everything the current episode needs to go
+    on as if never interrupted; ``restore(snap)`` puts this environment (possibly another
+    instance, in another process) into that state and returns the (observation, info) that
+    were current when the snapshot was taken.
+    """
+
+    supports_snapshot: bool
+
+    def snapshot(self) -> Any: ...
+
+    def restore(self, snap: Any) -> tuple[str, dict[str, Any]]: ...
+
+
+def env_supports_snapshot(env: object) -> bool:
+    """True when ``env`` says ``supports_snapshot = True`` and has ``snapshot``/``restore``."""
+    return (
+        bool(getattr(env, "supports_snapshot", False))
+        and callable(getattr(env, "snapshot", None))
+        and callable(getattr(env, "restore", None))
+    )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One slot's state as :meth:`BatchedEnv.snapshot` hands it out (opaque to the caller).
+
+    task: the task the slot was playing (``BatchedEnv.tasks`` of the slot it is restored into
+    becomes this). state: what the environment's ``snapshot()`` returned.
+    """
+
+    task: int
+    state: Any
 
 
 def _crash_info(err: str) -> dict[str, Any]:
@@ -90,26 +137,50 @@ class EnvHost:
             log.error("%s", self.build_error)
 
     def run(self, cmd: str, payload: list[tuple[int, Any]]) -> list[tuple]:
-        """``cmd`` ("reset" with a task, or "step" with an action) on each (slot, arg); returns
-        (slot, obs, reward, done, info) per slot, in payload order."""
+        """``cmd`` on each (slot, arg) of ``payload``; returns (slot, obs, reward, done, info,
+        snap) per slot, in payload order.
+
+        cmd (arg): "reset" (task), "step" (action), "step_snapshot" (action; snap is the
+        snapshot after the step, None when the step ended the episode), "snapshot" (unused;
+        obs "", info {}), "restore" (a snapshot's state), "supports_snapshot" (unused; snap is
+        a bool). snap is None for the other commands.
+        """
         if self.build_error:
-            return [(slot, "", 0.0, True, _crash_info(self.build_error)) for slot, _ in payload]
+            return [
+                (slot, "", 0.0, True, _crash_info(self.build_error), None) for slot, _ in payload
+            ]
         out = []
         for slot, arg in payload:
             try:
-                if cmd == "reset":
-                    obs, info = self.envs[slot].reset(arg)
-                    out.append((slot, obs, 0.0, False, info))
-                else:
-                    out.append((slot, *self.envs[slot].step(arg)))
+                out.append((slot, *self._one(cmd, self.envs[slot], arg)))
             except Exception as e:  # an env bug must not stop the batch
-                log.warning("env slot %d crashed: %r", slot, e)
-                out.append((slot, "", 0.0, True, _crash_info(repr(e))))
+                log.warning("env slot %d crashed during %s: %r", slot, cmd, e)
+                out.append((slot, "", 0.0, True, _crash_info(repr(e)), None))
                 try:
                     self.envs[slot] = _build(self.factory, slot)
                 except Exception as e2:
                     log.error("rebuilding slot %d failed: %r", slot, e2)
         return out
+
+    @staticmethod
+    def _one(cmd: str, env: Any, arg: Any) -> tuple[str, float, bool, dict[str, Any], Any]:
+        """One command on one environment: (obs, reward, done, info, snap)."""
+        if cmd == "reset":
+            obs, info = env.reset(arg)
+            return obs, 0.0, False, info, None
+        if cmd == "step":
+            return (*env.step(arg), None)
+        if cmd == "step_snapshot":
+            obs, reward, done, info = env.step(arg)
+            return obs, reward, done, info, None if done else env.snapshot()
+        if cmd == "snapshot":
+            return "", 0.0, False, {}, env.snapshot()
+        if cmd == "restore":
+            obs, info = env.restore(arg)
+            return obs, 0.0, False, info, None
+        if cmd == "supports_snapshot":
+            return "", 0.0, False, {}, env_supports_snapshot(env)
+        raise ValueError(f"unknown env command {cmd!r}")
 
 
 def _worker(conn: Connection, factory: Callable[[], TextEnv], slots: list[int]) -> None:
@@ -274,6 +345,7 @@ class BatchedEnv:
         self.last_obs = [""] * num_envs
         self.last_info: list[dict[str, Any]] = [{} for _ in range(num_envs)]
         self.restarts = 0
+        self._supports_snapshot: bool | None = None
 
     def worker_pids(self) -> list[int]:
         """Process id of each worker (on its node)."""
@@ -284,6 +356,7 @@ class BatchedEnv:
         return self._workers.nodes()
 
     def _run(self, cmd: str, per_slot: dict[int, Any]) -> dict[int, tuple]:
+        """``cmd`` on the slots of ``per_slot`` -> slot: (obs, reward, done, info, snap)."""
         payloads: Payloads = {}
         for w in range(self.num_workers):
             payload = [(s, per_slot[s]) for s in self._slots[w] if s in per_slot]
@@ -302,8 +375,21 @@ class BatchedEnv:
             log.warning("worker %d restarted (%d restarts so far)", w, self.restarts)
             err = f"worker {w} died or timed out during {cmd}"
             for s, _ in payload:
-                results[s] = ("", 0.0, True, _crash_info(err))
+                results[s] = ("", 0.0, True, _crash_info(err), None)
+            # the restarted worker's other slots lost their episodes too
+            for s in self._slots[w]:
+                if s not in per_slot and not self.done[s]:
+                    self._mark_crashed(s, err)
         return results
+
+    def _mark_crashed(self, s: int, err: str) -> None:
+        self.last_obs[s], self.last_info[s], self.done[s] = "", _crash_info(err), True
+
+    def _record(self, s: int, obs: str, done: bool, info: dict[str, Any]) -> None:
+        info = dict(info)
+        info.setdefault("crashed", False)
+        self.last_obs[s], self.last_info[s] = obs, info
+        self.done[s] = bool(done or info["crashed"])
 
     def reset(self, tasks: Sequence[int], group_n: int = 1) -> tuple[list[str], list[dict]]:
         """Start ``tasks``, each repeated ``group_n`` times (len(tasks) * group_n == num_envs).
@@ -329,29 +415,129 @@ class BatchedEnv:
                 f"every one of the {self.num_envs} environments crashed at reset, twice; "
                 f"first error: {errors[0]}"
             )
-        for s, (obs, _, _, info) in res.items():
-            info = dict(info)
-            info.setdefault("crashed", False)
-            self.last_obs[s], self.last_info[s] = obs, info
-            self.done[s] = bool(info["crashed"])
+        for s, (obs, _, _, info, _) in res.items():
+            self._record(s, obs, False, info)
         return list(self.last_obs), [dict(i) for i in self.last_info]
 
-    def step(self, actions: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray, list[dict]]:
-        """One text action per slot; returns observations, rewards[B], dones[B], infos."""
+    @overload
+    def step(
+        self, actions: Sequence[str], snapshot: Literal[False] = False
+    ) -> tuple[list[str], np.ndarray, np.ndarray, list[dict]]: ...
+
+    @overload
+    def step(
+        self, actions: Sequence[str], snapshot: Literal[True]
+    ) -> tuple[list[str], np.ndarray, np.ndarray, list[dict], list[Snapshot | None]]: ...
+
+    def step(self, actions: Sequence[str], snapshot: bool = False) -> tuple:
+        """One text action per slot; returns observations, rewards[B], dones[B], infos.
+
+        snapshot: also return, as a fifth value, the :class:`Snapshot` of every slot that is
+        live after this step (None for a slot that is done, crashed or was not stepped), taken
+        in the same round trip to the workers as the step.
+        """
         if len(actions) != self.num_envs:
             raise ValueError(
                 f"actions must have one entry per env: len(actions)={len(actions)}, "
                 f"num_envs={self.num_envs}"
             )
+        if snapshot:
+            self._require_snapshot("step(..., snapshot=True)")
         live = {s: actions[s] for s in range(self.num_envs) if not self.done[s]}
-        res = self._run("step", live)
+        res = self._run("step_snapshot" if snapshot else "step", live)
         rewards = np.zeros(self.num_envs, dtype=np.float64)
-        for s, (obs, r, d, info) in res.items():
-            info = dict(info)
-            info.setdefault("crashed", False)
-            self.last_obs[s], self.last_info[s] = obs, info
-            rewards[s], self.done[s] = r, bool(d)
-        return list(self.last_obs), rewards, self.done.copy(), [dict(i) for i in self.last_info]
+        snaps: list[Snapshot | None] = [None] * self.num_envs
+        for s, (obs, r, d, info, state) in res.items():
+            self._record(s, obs, d, info)
+            rewards[s] = r
+            if state is not None and not self.done[s]:
+                snaps[s] = Snapshot(self.tasks[s], state)
+        out = (list(self.last_obs), rewards, self.done.copy(), [dict(i) for i in self.last_info])
+        return (*out, snaps) if snapshot else out
+
+    # -- snapshots (branching rollouts) ---------------------------------------------------------
+    @property
+    def supports_snapshot(self) -> bool:
+        """Whether this batch's environments can be snapshotted and restored (asked of one
+        worker's environment once, then remembered). Raises RuntimeError when the factory
+        cannot build an environment at all."""
+        if self._supports_snapshot is None:
+            res = self._run("supports_snapshot", {0: None})[0]
+            if res[3].get("crashed"):
+                raise RuntimeError(
+                    f"cannot ask the environment for snapshot support: {res[3]['error']}"
+                )
+            self._supports_snapshot = bool(res[4])
+        return self._supports_snapshot
+
+    def _require_snapshot(self, what: str) -> None:
+        if not self.supports_snapshot:
+            raise ValueError(
+                f"BatchedEnv.{what}: the environment has no snapshot support "
+                "(supports_snapshot = True and snapshot()/restore() methods)"
+            )
+
+    def _check_slots(self, what: str, slots: Sequence[int]) -> list[int]:
+        out = [int(s) for s in slots]
+        wrong = [s for s in out if not 0 <= s < self.num_envs]
+        if wrong:
+            raise ValueError(
+                f"BatchedEnv.{what}: slots must lie in 0..{self.num_envs - 1}, got {wrong}"
+            )
+        if len(set(out)) != len(out):
+            raise ValueError(f"BatchedEnv.{what}: a slot may appear once, got {out}")
+        return out
+
+    def snapshot(self, slots: Sequence[int]) -> list[Snapshot | None]:
+        """The :class:`Snapshot` of each of ``slots`` (taken in its worker), in that order.
+
+        Every slot must be live: asking for a done slot is a ValueError (a finished episode
+        has no future to branch). A slot whose snapshot raises in its environment, or whose
+        worker dies, is that slot's crash: None here, and the slot is done with
+        ``info["crashed"]`` (reported by the next ``step``), like a crash during a step.
+        """
+        slots = self._check_slots("snapshot", slots)
+        done = [s for s in slots if self.done[s]]
+        if done:
+            raise ValueError(
+                f"BatchedEnv.snapshot: slots {done} are done; only live slots can be snapshotted"
+            )
+        self._require_snapshot("snapshot")
+        res = self._run("snapshot", dict.fromkeys(slots))
+        out: list[Snapshot | None] = []
+        for s in slots:
+            _, _, _, info, state = res[s]
+            if info.get("crashed"):
+                self._mark_crashed(s, info["error"])
+                out.append(None)
+            else:
+                out.append(Snapshot(self.tasks[s], state))
+        return out
+
+    def restore(self, pairs: Sequence[tuple[int, Snapshot]]) -> tuple[list[str], list[dict]]:
+        """Put each (slot, snapshot) of ``pairs`` into its slot and make the slot live.
+
+        The snapshot may come from any slot of any worker (it travels through this process).
+        Returns the observation and info current when each snapshot was taken, in the order of
+        ``pairs``; the slot's task becomes the snapshot's. Other slots are untouched. A restore
+        that raises in its environment is that slot's crash: it is done, its info says
+        ``crashed`` with the error, as for a crash during a step.
+        """
+        slots = self._check_slots("restore", [s for s, _ in pairs])
+        wrong = [type(snap).__name__ for _, snap in pairs if not isinstance(snap, Snapshot)]
+        if wrong:
+            raise ValueError(
+                f"BatchedEnv.restore: every snapshot must be a Snapshot from BatchedEnv.snapshot or step(..., snapshot=True), got {wrong}"
+            )
+        self._require_snapshot("restore")
+        res = self._run(
+            "restore", {s: snap.state for s, (_, snap) in zip(slots, pairs, strict=True)}
+        )
+        for s, (_, snap) in zip(slots, pairs, strict=True):
+            obs, _, _, info, _ = res[s]
+            self.tasks[s] = snap.task
+            self._record(s, obs, False, info)
+        return [self.last_obs[s] for s in slots], [dict(self.last_info[s]) for s in slots]
 
     def close(self) -> None:
         """Stop every worker."""
@@ -362,3 +548,11 @@ class BatchedEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def require_snapshot(env_name: str, batched: BatchedEnv, where: str = "--env") -> None:
+    """Raise ``OptionError`` "<where>: must be an environment with snapshot support, got
+    <env_name>" unless ``batched``'s environments can be snapshotted and restored (branching
+    rollouts need it; call this before any work)."""
+    if not batched.supports_snapshot:
+        raise bad(where, "an environment with snapshot support", env_name)

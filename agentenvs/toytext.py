@@ -19,10 +19,16 @@ The dynamics are toyenvs' exactly: a slot seeded with ``s`` draws its slip outco
 ``numpy.random.default_rng(s)`` the way :class:`toyenvs.POMDPEnv` does after ``reset(seed=s)``.
 Because the prompt is a function of (t, the K-step context of observation and action ids), the
 trainer can compute the exact advantage of the LLM policy itself (:mod:`hgpo.train.truth`).
+
+Snapshots (branching rollouts): :meth:`ToyTextEnv.snapshot` holds the hidden state, the step
+count and the last observation and info, not the random stream. A restore opens a fresh
+stream of the restoring slot (the next of its per-episode streams), so a branch draws its own
+future slip outcomes instead of replaying its parent's, as ``toyenvs.rollout``'s branches do.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from collections.abc import Callable, Sequence
@@ -37,6 +43,7 @@ from hgpo.options import OptionError, bad, parse_name_values
 __all__ = [
     "SPLITS",
     "TOY_PREFIX",
+    "ToySnapshot",
     "ToySpec",
     "ToyText",
     "ToyTextEnv",
@@ -276,6 +283,26 @@ def split_tasks(env: Any, split: str) -> np.ndarray:
     return env.train_tasks if split == "train" else env.heldout_tasks
 
 
+@dataclass(frozen=True)
+class ToySnapshot:
+    """What :meth:`ToyTextEnv.snapshot` holds: the episode without its random stream.
+
+    spec: the env it came from (a restore into another spec is refused). state: hidden state.
+    t: steps taken (the horizon counts them). obs, info: the last observation and info the env
+    returned (reset's or step's).
+    """
+
+    spec: ToySpec
+    split: str
+    state: int
+    t: int
+    won: bool
+    task: str
+    task_type: str
+    obs: str
+    info: dict[str, Any]
+
+
 class ToyTextEnv:
     """One slot of a toy POMDP as a text environment (see the module docstring).
 
@@ -287,13 +314,17 @@ class ToyTextEnv:
     won, task_score (10 when won), task_type.
     """
 
+    supports_snapshot = True
+
     def __init__(self, spec: ToySpec, split: str = "train", seed: int = 0) -> None:
+        self.spec, self.split = spec, split
         self.env = spec.build()
         self.text = render(self.env)
         self.tasks = split_tasks(self.env, split)
         self.seed, self.slot, self.episodes = int(seed), 0, 0
         self._s, self._t, self._won = 0, 0, False
         self.rng = np.random.default_rng(0)
+        self._last: tuple[str, dict[str, Any]] | None = None
 
     def seed_slot(self, slot: int) -> None:
         """Called by BatchedEnv with the slot number, so that slots draw different outcomes."""
@@ -313,20 +344,51 @@ class ToyTextEnv:
             "task_type": self.task_type,
         }
 
-    def reset(self, task: int) -> tuple[str, dict[str, Any]]:
-        if not 0 <= task < self.tasks.size:
-            raise ValueError(f"task must lie in 0..{self.tasks.size - 1}, got {task}")
-        episode_seed = int(
+    def _next_stream(self) -> int:
+        """Open this slot's next random stream (one per reset or restore); returns its seed."""
+        seed = int(
             np.random.SeedSequence([self.seed, self.slot, self.episodes]).generate_state(1)[0]
         )
         self.episodes += 1
-        self.rng = np.random.default_rng(episode_seed)
+        self.rng = np.random.default_rng(seed)
+        return seed
+
+    def reset(self, task: int) -> tuple[str, dict[str, Any]]:
+        if not 0 <= task < self.tasks.size:
+            raise ValueError(f"task must lie in 0..{self.tasks.size - 1}, got {task}")
+        episode_seed = self._next_stream()
         self._s, self._t, self._won = int(self.tasks[task]), 0, False
         o = int(self.env.obs_of_state[self._s])
         self.task, self.task_type = self.text.task_of_obs[o], self.text.task_type[o]
         info = self._info(False, -1)
         info["episode_seed"] = episode_seed
-        return self.text.obs_text[o], info
+        self._last = (self.text.obs_text[o], info)
+        return self.text.obs_text[o], copy.deepcopy(info)
+
+    def snapshot(self) -> ToySnapshot:
+        """The current episode (hidden state, step count, last observation and info), without
+        the random stream (see the module docstring)."""
+        if self._last is None:
+            raise ValueError("snapshot called before reset")
+        obs, info = self._last
+        return ToySnapshot(self.spec, self.split, self._s, self._t, self._won, self.task,
+                           self.task_type, obs, copy.deepcopy(info))  # fmt: skip
+
+    def restore(self, snap: ToySnapshot) -> tuple[str, dict[str, Any]]:
+        """Continue ``snap``'s episode here, drawing from this slot's next random stream;
+        returns the observation and info current when it was taken."""
+        if not isinstance(snap, ToySnapshot):
+            raise TypeError(f"restore: expected a ToySnapshot, got {type(snap).__name__}")
+        if (snap.spec, snap.split) != (self.spec, self.split):
+            raise ValueError(
+                f"restore: snapshot of {snap.spec} ({snap.split}), this env plays "
+                f"{self.spec} ({self.split})"
+            )
+        self.stream_seed = self._next_stream()
+        self._s, self._t, self._won = snap.state, snap.t, snap.won
+        self.task, self.task_type = snap.task, snap.task_type
+        self._last = (snap.obs, copy.deepcopy(snap.info))
+        return snap.obs, copy.deepcopy(snap.info)
 
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         """Returns (observation text, env reward without the penalty, done, info)."""
@@ -344,12 +406,9 @@ class ToyTextEnv:
         terminated = bool(env.terminal[s2])
         self._won = terminated and reward > 0
         done = terminated or self._t >= env.horizon
-        return (
-            self.text.obs_text[int(env.obs_of_state[s2])],
-            reward,
-            done,
-            self._info(bad_action, a),
-        )
+        obs, info = self.text.obs_text[int(env.obs_of_state[s2])], self._info(bad_action, a)
+        self._last = (obs, info)
+        return obs, reward, done, copy.deepcopy(info)
 
 
 def _make_env(spec: ToySpec, split: str, seed: int) -> ToyTextEnv:

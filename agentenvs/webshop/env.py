@@ -17,6 +17,11 @@ page; ``click[x]`` runs only if x is a clickable of the page; anything else is a
 Optimum: every goal was written from one catalog product, so search[its query] ... click[asin],
 choosing the goal's option values, click[buy now] scores R = 1 when the target is retrieved in
 the top 50 (the scripted expert in :func:`expert_actions` follows this route).
+
+Snapshots (branching rollouts): :meth:`WebShopEnv.snapshot` is a :class:`WebShopSnapshot` of
+the session (goal number, page, result list, chosen options, step count, score), a few hundred
+bytes; the catalog and search index are shared by every env of a process and never copied.
+The simulator has no randomness.
 """
 
 from __future__ import annotations
@@ -110,10 +115,36 @@ def make_world(
     )
 
 
+@dataclass(frozen=True)
+class WebShopSnapshot:
+    """One WebShop session, without the world (catalog, index, goals) it is played in.
+
+    task and instruction: the goal (the instruction checks that the restoring env's world
+    has the same goal under that number). results: the product indices of the last search.
+    item: the open product's index. chosen: option name -> value. valid: whether the last
+    action ran (``info["action_executed"]``). parts: the reward's parts once bought.
+    """
+
+    task: int
+    instruction: str
+    page: str
+    results: tuple[int, ...]
+    result_page: int
+    item: int | None
+    sub: str
+    chosen: tuple[tuple[str, str], ...]
+    steps: int
+    done: bool
+    score: float
+    valid: bool
+    parts: Any = None
+
+
 class WebShopEnv:
     """One WebShop session (text mode). ``reset(task)`` then ``step(action)`` until done."""
 
     task_types = ("beauty", "electronics", "fashion", "food", "furniture")
+    supports_snapshot = True
 
     def __init__(
         self, world: WebShopWorld | None = None, split: str = "train", max_steps: int = MAX_STEPS
@@ -145,7 +176,38 @@ class WebShopEnv:
         self.steps = 0
         self.done = False
         self.score = 0.0
+        self.parts = None
+        self._valid = False
         return self.observation(), self._info(False)
+
+    def snapshot(self) -> WebShopSnapshot:
+        """The current session (see :class:`WebShopSnapshot`)."""
+        if self.goal is None:
+            raise ValueError("snapshot called before reset")
+        return WebShopSnapshot(
+            self.task, self.goal.instruction, self.page, tuple(self.results), self.result_page,
+            self.item, self.sub, tuple(self.chosen.items()), self.steps, self.done, self.score,
+            self._valid, self.parts,
+        )  # fmt: skip
+
+    def restore(self, snap: WebShopSnapshot) -> tuple[str, dict[str, Any]]:
+        """Continue ``snap``'s session here; returns the observation and info current when it
+        was taken. The goal must be this env's goal number ``snap.task`` (same world, split)."""
+        if not isinstance(snap, WebShopSnapshot):
+            raise TypeError(f"restore: expected a WebShopSnapshot, got {type(snap).__name__}")
+        if not 0 <= snap.task < len(self.goals) or (
+            self.goals[snap.task].instruction != snap.instruction
+        ):
+            raise ValueError(
+                f"restore: goal {snap.task} of the snapshot ({snap.instruction!r}) is not this "
+                "env's goal of that number (another catalog seed, size or split)"
+            )
+        self.goal, self.task = self.goals[snap.task], snap.task
+        self.page, self.results, self.result_page = snap.page, list(snap.results), snap.result_page
+        self.item, self.sub, self.chosen = snap.item, snap.sub, dict(snap.chosen)
+        self.steps, self.done, self.score = snap.steps, snap.done, snap.score
+        self.parts, self._valid = snap.parts, snap.valid
+        return self.observation(), self._info(snap.valid)
 
     def clickables(self) -> list[str]:
         """Lower-cased texts of the page's buttons and links."""
@@ -244,6 +306,7 @@ class WebShopEnv:
         if self.goal is None:
             raise ValueError("step called before reset")
         if self.done:
+            self._valid = False
             return self.observation(), 0.0, True, self._info(False)
         self.steps += 1
         m = _ACTION.match(action.strip()) if isinstance(action, str) else None
@@ -261,6 +324,7 @@ class WebShopEnv:
             self.done = True
         won = self.page == "done" and self.score == 1.0
         reward = SUCCESS_REWARD if won else 0.0
+        self._valid = valid
         return self.observation(), reward, self.done, self._info(valid)
 
     def _click(self, x: str) -> None:

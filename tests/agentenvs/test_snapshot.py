@@ -1,0 +1,279 @@
+"""Snapshot and restore of the agent environments (branching rollouts, docs/branching.md).
+
+For each environment: play a random episode, snapshot at step b, go on; restore the snapshot
+into another instance (and, through BatchedEnv, into another slot of another worker), replay
+the same remaining actions: observations, rewards, dones and infos must equal the original
+continuation step by step.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agentenvs.batched import BatchedEnv, Snapshot, env_supports_snapshot, require_snapshot
+from agentenvs.toytext import ToyTextEnv, parse_toy_spec, toy_factory
+from hgpo.options import OptionError
+from tests.agentenvs.test_batched import ToyEnv
+
+Step = tuple[str, float, bool, dict[str, Any]]
+
+
+def webshop_query(action: str, info: dict[str, Any]) -> str:
+    """WebShop lists ``search[<your query>]``: search the goal's first words instead."""
+    if action == "search[<your query>]":
+        return f"search[{' '.join(info['task'].split()[2:5])}]"
+    return action
+
+
+def random_episode(env: Any, task: int, seed: int, max_len: int = 60) -> list[str]:
+    """Actions of one episode of uniformly drawn admissible actions (plus, now and then, one
+    no admissible list offers), played on ``env`` from ``reset(task)``."""
+    rng = random.Random(seed)
+    _, info = env.reset(task)
+    actions: list[str] = []
+    for _ in range(max_len):
+        a = "jump over the moon" if rng.random() < 0.1 else rng.choice(info["admissible_actions"])
+        a = webshop_query(a, info)
+        actions.append(a)
+        _, _, done, info = env.step(a)
+        if done:
+            break
+    return actions
+
+
+def continuation(env: Any, actions: list[str]) -> list[Step]:
+    return [env.step(a) for a in actions]
+
+
+def check_branch_replays(
+    make: Any, task: int, seed: int, b: int, actions: list[str] | None = None
+) -> None:
+    """Snapshot after b steps of a random episode (or of ``actions``); a fresh env restored
+    from it (through a pickle, as between processes) replays the rest exactly."""
+    env = make()
+    actions = actions or random_episode(env, task, seed)
+    b = min(b, len(actions) - 1)
+    env.reset(task)
+    at_b = env.reset(task) if b == 0 else None
+    for a in actions[:b]:
+        obs, _, _, info = env.step(a)
+        at_b = (obs, info)
+    snap = pickle.loads(pickle.dumps(env.snapshot()))
+    want = continuation(env, actions[b:])
+    other = make()
+    other.reset(task if task == 0 else 0)  # in the middle of some other episode
+    other.step(actions[0])
+    assert other.restore(snap) == at_b
+    assert continuation(other, actions[b:]) == want
+    # the same snapshot restores twice, and into the env it was taken from
+    assert env.restore(snap) == at_b
+    assert continuation(env, actions[b:]) == want
+
+
+# -- toy text ----------------------------------------------------------------------------------
+NO_SLIP = [
+    "toy:keydoor:size=4,horizon=20,slip=0",
+    "toy:tmaze:length=3,slip=0",
+    "toy:household:n_rooms=2,receptacles_per_room=3,n_tasks=4,slip=0",
+    "toy:shop:n_items=4,n_tasks=4",
+    "toy:random:n_states=12,slip=0",
+]
+
+
+@pytest.mark.parametrize("spec", NO_SLIP)
+def test_toy_branch_replays_the_continuation(spec):
+    sp = parse_toy_spec(spec)
+    for seed, b in ((0, 0), (1, 3), (2, 7)):
+        check_branch_replays(lambda: ToyTextEnv(sp, "train", seed=5), 0, seed, b)
+
+
+def test_toy_branch_with_slip_draws_its_own_future():
+    """With slip the restored slot draws from its own next stream: restoring one snapshot
+    many times gives next states distributed as the env's next_prob, and the branches do not
+    replay the parent's draws."""
+    sp = parse_toy_spec("toy:random:n_states=12,slip=0.5")
+    parent = ToyTextEnv(sp, "train", seed=0)
+    parent.reset(0)
+    snap = parent.snapshot()
+    s0 = snap.state
+    a = next(i for i in range(parent.env.n_actions) if parent.env.next_prob[s0, i, 1] > 0.1)
+    action = parent.env.action_names[a]
+    parent_path = [parent.step(action)[3]["hidden_state"] for _ in range(4)]
+
+    branch = ToyTextEnv(sp, "train", seed=0)  # same seed and slot as the parent
+    n, firsts, same_path = 600, [], 0
+    for _ in range(n):
+        branch.restore(snap)
+        path = [branch.step(action)[3]["hidden_state"] for _ in range(4)]
+        firsts.append(path[0])
+        same_path += path == parent_path
+    probs = parent.env.next_prob[s0, a]
+    for b, p in enumerate(probs):
+        if p > 0:
+            s2 = parent.env.next_state[s0, a, b]
+            got = np.mean(np.array(firsts) == s2)
+            want = probs[parent.env.next_state[s0, a] == s2].sum()
+            assert abs(got - want) < 4 * np.sqrt(want * (1 - want) / n) + 1e-9, (s2, got, want)
+    # a copied random stream would replay the parent's path every time
+    assert same_path < n / 2
+
+
+def test_toy_restore_refuses_another_env():
+    a = ToyTextEnv(parse_toy_spec("toy:tmaze:length=3"), "train")
+    b = ToyTextEnv(parse_toy_spec("toy:tmaze:length=2"), "train")
+    a.reset(0)
+    with pytest.raises(ValueError, match="snapshot of ToySpec"):
+        b.restore(a.snapshot())
+    with pytest.raises(TypeError, match="expected a ToySnapshot"):
+        b.restore({"state": 1})
+
+
+# -- WebShop ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shop_world():
+    pytest.importorskip("bm25s", reason="WebShop search needs bm25s (extra [webshop])")
+    pytest.importorskip("rapidfuzz", reason="WebShop reward needs rapidfuzz (extra [webshop])")
+    from agentenvs.webshop.env import make_world
+
+    return make_world(seed=0, n_products=300, n_goals=40, n_eval=10)
+
+
+def test_webshop_branch_replays_the_continuation(shop_world):
+    from agentenvs.webshop.env import WebShopEnv
+
+    def make() -> WebShopEnv:
+        return WebShopEnv(shop_world, max_steps=15)
+
+    for task, seed, b in ((0, 0, 0), (3, 1, 2), (5, 2, 4), (7, 3, 9)):
+        check_branch_replays(make, task, seed, b)
+
+
+def test_webshop_branch_from_a_chosen_option_buys_the_same(shop_world):
+    """The expert's route, snapshot on the item page after choosing options: the restored
+    session buys with the same options and the same score."""
+    from agentenvs.webshop.env import WebShopEnv, expert_actions
+
+    env = WebShopEnv(shop_world, max_steps=15)
+    for task in range(6):
+        env.reset(task)
+        route = expert_actions(env)
+        assert route[-1] == "click[buy now]" and env.score == 1.0
+        check_branch_replays(lambda: WebShopEnv(shop_world, max_steps=15), task, 0,
+                             len(route) - 1, actions=route)  # fmt: skip
+    snap = env.snapshot()
+    assert snap.page == "done" and len(pickle.dumps(snap)) < 2000
+
+
+def test_webshop_restore_refuses_another_world(shop_world):
+    from agentenvs.webshop.env import WebShopEnv, make_world
+
+    env = WebShopEnv(shop_world)
+    env.reset(2)
+    other = WebShopEnv(make_world(seed=1, n_products=300, n_goals=40, n_eval=10))
+    with pytest.raises(ValueError, match="is not this env's goal of that number"):
+        other.restore(env.snapshot())
+
+
+# -- BatchedEnv --------------------------------------------------------------------------------
+def _batched_branch_replays(factory: Any, tasks: list[int], seed: int, b: int, **kw: Any) -> None:
+    """4 slots, 2 workers: slot 0 (worker 0) plays a random episode, snapshot at step b
+    (from step(..., snapshot=True) and from snapshot()); restored into slot 3 (worker 1) and
+    slot 1, which were playing other actions, they replay slot 0's continuation exactly."""
+    with BatchedEnv(factory, 4, num_workers=2, **kw) as env:
+        obs, infos = env.reset(tasks, group_n=4 // len(tasks))
+        rng, others = random.Random(seed), random.Random(seed + 1000)
+
+        def play(a: str) -> list[str]:
+            acts = [a] + [others.choice(i["admissible_actions"] or ["none"]) for i in infos[1:]]
+            return acts
+
+        actions, snap_b, at_b = [], None, (obs[0], infos[0])
+        for _ in range(b):
+            a = webshop_query(rng.choice(infos[0]["admissible_actions"]), infos[0])
+            actions.append(a)
+            obs, _, done, infos, snaps = env.step(play(a), snapshot=True)
+            assert not done[0], "the episode ended before the branch point"
+            snap_b, at_b = snaps[0], (obs[0], infos[0])
+        (direct,) = env.snapshot([0])
+        if snap_b is None:
+            snap_b = direct
+        assert isinstance(direct, Snapshot) and direct.task == tasks[0]
+        want = []
+        for _ in range(6):
+            a = webshop_query(rng.choice(infos[0]["admissible_actions"]), infos[0])
+            actions.append(a)
+            obs, r, done, infos = env.step(play(a))
+            want.append((obs[0], r[0], done[0], infos[0]))
+            if done[0]:
+                break
+        got_obs, got_infos = env.restore([(3, snap_b), (1, direct)])
+        assert env.tasks[3] == tasks[0] and not env.done[[1, 3]].any()
+        assert got_obs == [at_b[0]] * 2 and got_infos == [at_b[1]] * 2
+        for i, a in enumerate(actions[b:]):
+            obs, r, done, infos = env.step([a] * 4)
+            for s in (1, 3):
+                assert (obs[s], r[s], done[s], infos[s]) == want[i], (s, i)
+
+
+def test_batched_toy_restores_across_workers():
+    factory = toy_factory(parse_toy_spec("toy:keydoor:size=4,horizon=30,slip=0"), "train", seed=0)
+    _batched_branch_replays(factory, [0], seed=1, b=3)
+    _batched_branch_replays(factory, [0, 1], seed=2, b=0)  # a snapshot of the start
+
+
+def test_batched_webshop_restores_across_workers(shop_world):
+    from agentenvs.factories import webshop_factory
+
+    factory = webshop_factory(n_products=300, n_goals=40, n_eval=10, seed=0)
+    _batched_branch_replays(factory, [3], seed=4, b=2)
+
+
+def test_batched_snapshot_support_and_named_error():
+    factory = toy_factory(parse_toy_spec("toy:tmaze:length=2"))
+    with BatchedEnv(factory, 2, num_workers=2) as env:
+        assert env.supports_snapshot
+        require_snapshot("toy:tmaze:length=2", env)
+    assert not env_supports_snapshot(ToyEnv())
+    with BatchedEnv(ToyEnv, 2, num_workers=2) as env:
+        assert not env.supports_snapshot
+        with pytest.raises(
+            OptionError, match=r"^--env: must be an environment with snapshot support, got 'toy'$"
+        ):
+            require_snapshot("toy", env)
+        env.reset([0], 2)
+        with pytest.raises(ValueError, match="no snapshot support"):
+            env.snapshot([0])
+        with pytest.raises(ValueError, match="no snapshot support"):
+            env.step(["inc", "inc"], snapshot=True)
+
+
+def test_batched_snapshot_bad_input_and_crashes():
+    factory = toy_factory(parse_toy_spec("toy:tmaze:length=1,slip=0"))
+    with BatchedEnv(factory, 4, num_workers=2) as env:
+        env.reset([0], 4)
+        with pytest.raises(ValueError, match=r"slots must lie in 0..3, got \[4\]"):
+            env.snapshot([4])
+        with pytest.raises(ValueError, match="a slot may appear once"):
+            env.snapshot([1, 1])
+        with pytest.raises(ValueError, match="must be a Snapshot"):
+            env.restore([(0, "state")])
+        # slot 0 wins (forward, forward, up), slots 1-3 walk into a wall
+        for a in ("forward", "forward"):
+            env.step([a] * 4)
+        _, _, done, _, snaps = env.step(["up", "down", "dance", "dance"], snapshot=True)
+        assert done[0] and snaps[0] is None and all(isinstance(s, Snapshot) for s in snaps[2:])
+        with pytest.raises(ValueError, match=r"slots \[0\] are done"):
+            env.snapshot([0, 2])
+        # a snapshot the env cannot restore is that slot's crash; other slots go on
+        bad = Snapshot(0, "not a ToySnapshot")
+        _, infos = env.restore([(0, snaps[2]), (2, bad)])
+        assert not infos[0]["crashed"] and infos[1]["crashed"]
+        assert "expected a ToySnapshot" in infos[1]["error"]
+        assert not env.done[0] and env.done[2] and not env.done[3]
+        *_, infos = env.step(["forward"] * 4)
+        assert infos[2]["crashed"] and not infos[0]["crashed"] and not infos[3]["crashed"]
