@@ -281,13 +281,7 @@ class TrainConfig:
             require_ray("TrainConfig.env_backend='ray'")
         self.estimator_config()  # validates estimator_options
         self._check_toy()
-        if self.scheme() is not None and self.truth_every:
-            raise bad(
-                "TrainConfig.truth_every",
-                f"0 with rollout_scheme={self.rollout_scheme!r} (the exact truth reads "
-                "independent rollouts only)",
-                self.truth_every,
-            )
+        self.scheme()  # validates rollout_scheme
 
     def _check_toy(self) -> None:
         """A toy env spec parses (unknown family / parameter named); --truth-every needs it and

@@ -164,8 +164,6 @@ def test_named_errors_before_any_work():
     for beta in (0.0, 1.5, float("nan")):
         with pytest.raises(OptionError, match=r"TrainConfig.branch_budget: must be a finite"):
             _cfg(branch_budget=beta)
-    with pytest.raises(OptionError, match="TrainConfig.truth_every: must be 0 with"):
-        _cfg(truth_every=1)
     assert _cfg(rollout_scheme="independent").scheme() is None
 
 
@@ -203,3 +201,24 @@ def test_env_without_snapshots_is_a_named_error(tmp_path, monkeypatch):
     cfg = _cfg(out_dir=str(tmp_path / "run"), model="tiny")
     with pytest.raises(OptionError, match=r"TrainConfig.env \(rollout_scheme='branch:singleton'\)"):
         validate_config(cfg)
+
+
+def test_truth_reads_a_branch_context_across_its_branch_point(tiny, branched):
+    """--truth-every on a branched batch: every row's chain node renders the prompt the row
+    showed (a branch's context reaches into its parent's steps), and every estimator's figures
+    come out."""
+    from hgpo import ESTIMATORS
+    from hgpo.train.model import encode_prompt
+    from hgpo.train.truth import TruthMonitor
+
+    tok, _ = tiny
+    cfg = _cfg()
+    mon = TruthMonitor(cfg, tok)
+    nodes = mon.step_nodes(branched)
+    for i, t in enumerate(branched.step):
+        text = mon.prompt(int(t), int(mon.row_code[nodes.row[i]]))
+        assert branched.prompt_ids[i] == encode_prompt(tok, text, cfg.max_prompt_tokens), i
+    # every estimator against a stand-in truth (scoring the whole chain takes too long here)
+    probs = np.full((mon.row_code.size, mon.env.n_actions), 1.0 / mon.env.n_actions)
+    m = mon.estimator_metrics(mon.solve(probs), branched, nodes)
+    assert all(np.isfinite(m[f"truth/{e}/mse_all"]) for e in ESTIMATORS)
