@@ -29,6 +29,22 @@ the load built. Only the mutable state is per environment: the fast-downward lib
 returns is unchanged: ``tests/agentenvs/test_alfworld_engine.py`` compares observations,
 admissible commands and won flags with the stock engine step by step, over two episodes of
 random admissible commands and an invalid one per game.
+
+Snapshots (branching rollouts, :meth:`CachedPddlEnv.snapshot` / :meth:`CachedPddlEnv.restore`)
+copy the engine's mutable state itself, not a replay of the commands:
+
+- fast-downward's current state lives in C globals of the env's library copy (a state id in
+  its state registry), which no other library copy can read. Its SAS task is binary variables
+  with an initial-state section, so the snapshot keeps the value of every SAS variable and a
+  restore loads the game's SAS with that section replaced (``load_sas``, under a millisecond
+  on the generated games): the library starts in the snapshot's state, with the same
+  operators and ids;
+- the ``PddlState`` facts, by value: every fact, and the variable bookkeeping that
+  ``textworld.logic.State`` keeps beside them (counts that depend on the path taken, read by
+  text generation's queries), as plain strings; Propositions and Variables store their hash,
+  which differs between processes, so they are rebuilt on restore and never pickled;
+- the last feedback and the move count. The admissible commands and the won flag are computed
+  again from the restored state, as every step computes them.
 """
 
 from __future__ import annotations
@@ -42,8 +58,9 @@ import os
 import pickle
 import tempfile
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +72,7 @@ from textworld.envs.pddl import textgen
 from textworld.envs.pddl.pddl import PddlEnv
 from textworld.logic import Proposition, Variable
 
-__all__ = ["CachedPddlEnv", "cache_info", "clear_caches", "start"]
+__all__ = ["CachedPddlEnv", "EngineSnapshot", "cache_info", "clear_caches", "start"]
 
 _MAX_GAMES = 256  # games whose translation and grammar a process keeps (LRU)
 
@@ -150,6 +167,7 @@ def _on_disk(kind: str, parts: tuple[str, ...], make: Callable[[], Any]) -> Any:
 _TRANSLATIONS = _LRU(_MAX_GAMES)  # (domain, problem) -> (task, sas, sas_replan)
 _LOGICS = _LRU(_MAX_GAMES)  # (domain, grammar) -> GameLogic
 _GAME_DATA = _LRU(_MAX_GAMES)  # game file path -> parsed JSON
+_SAS_LAYOUTS = _LRU(_MAX_GAMES)  # SAS text -> _SasLayout
 _PARSES = _LRU(50_000)  # textgen parse arguments -> converted symbols (copied on use)
 _STOCK_TEXTGEN_PARSE = textgen._parse_and_convert
 
@@ -241,7 +259,7 @@ def cache_info() -> dict[str, tuple[int, int]]:
 
 def clear_caches() -> None:
     """Empty every cache of this process (tests; memory)."""
-    for c in (_TRANSLATIONS, _LOGICS, _GAME_DATA, _PARSES):
+    for c in (_TRANSLATIONS, _LOGICS, _GAME_DATA, _PARSES, _SAS_LAYOUTS):
         c.clear()
     _DiskStats.hits = _DiskStats.writes = 0
 
@@ -264,6 +282,78 @@ def _logic(domain: str, grammar: str) -> pddl_logic.GameLogic:
         return pddl_logic.GameLogic(domain=domain, grammar=grammar)
 
     return _LOGICS.get((domain, grammar), lambda: _on_disk("logic", (domain, grammar), make))
+
+
+Fact = tuple[str, tuple[tuple[str, str], ...]]
+"""A Proposition as plain strings: (name, ((variable name, variable type), ...))."""
+
+
+@dataclass(frozen=True)
+class _SasLayout:
+    """A SAS task split around its initial state, and each variable's value names."""
+
+    head: str  # everything before "begin_state"
+    tail: str  # everything from "end_state" on
+    values: tuple[dict[str, int], ...]  # per variable: value name -> value index
+
+
+def _parse_sas_layout(sas: str) -> _SasLayout:
+    """Read the variable section of fast-downward's SAS format::
+
+    begin_variable / var0 / -1 (axiom layer) / 2 (domain size) / Atom p(a) / NegatedAtom p(a)
+    / end_variable ... begin_state / one value per variable / end_state
+    """
+    lines = sas.split("\n")
+    values: list[dict[str, int]] = []
+    i = 0
+    while lines[i] != "begin_state":
+        if lines[i] == "begin_variable":
+            size = int(lines[i + 3])
+            values.append({lines[i + 4 + v]: v for v in range(size)})
+            i += 4 + size
+        else:
+            i += 1
+    head = "\n".join(lines[:i])
+    end = lines.index("end_state", i)
+    if end - i - 1 != len(values):
+        raise RuntimeError(
+            f"SAS initial state has {end - i - 1} values for {len(values)} variables"
+        )
+    return _SasLayout(head, "\n".join(lines[end:]), tuple(values))
+
+
+def _sas_layout(sas: str) -> _SasLayout:
+    return _SAS_LAYOUTS.get(sas, lambda: _parse_sas_layout(sas))
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The mutable state of one :class:`CachedPddlEnv` mid-episode, as plain values.
+
+    values: the SAS value of each fast-downward variable. facts: the PddlState's facts, in
+    its iteration order. var_counts, vars_by_name, vars_by_type: ``textworld.logic.State``'s
+    variable bookkeeping (name -> count; name -> type; type -> names). feedback: the last
+    observation. moves: the engine's move count. problem_hash: a hash of the game's PDDL
+    problem (a restore into another game is refused).
+    """
+
+    problem_hash: str
+    values: tuple[int, ...]
+    facts: tuple[Fact, ...]
+    var_counts: tuple[tuple[str, int], ...]
+    vars_by_name: tuple[tuple[str, str], ...]
+    vars_by_type: tuple[tuple[str, tuple[str, ...]], ...]
+    feedback: str
+    moves: int
+
+
+def _var(v: Variable) -> tuple[str, str]:
+    return (v.name, v.type)
+
+
+@functools.lru_cache(maxsize=64)
+def _problem_hash(problem: str) -> str:
+    return hashlib.sha256(problem.encode()).hexdigest()[:16]
 
 
 class CachedPddlState(pddl_logic.PddlState):
@@ -314,6 +404,45 @@ class CachedPddlState(pddl_logic.PddlState):
         facts = [atom.get_fact(self.name2type) for atom in atoms]
         self.add_facts([fact for fact in facts if not fact.is_negation])
 
+    def sas_values(self) -> tuple[int, ...]:
+        """The current value of every SAS variable in the library (its C state)."""
+        layout = _sas_layout(self.sas)
+        atoms = (pddl_logic.Atom * self.downward_lib.get_state_size())()
+        self.downward_lib.get_state(atoms)
+        return tuple(layout.values[i][a.name] for i, a in enumerate(atoms))
+
+    def load_values(self, values: tuple[int, ...]) -> None:
+        """Put the library into the state with these SAS values: the game's SAS is loaded
+        again with its initial state replaced (same operators, same operator ids)."""
+        layout = _sas_layout(self.sas)
+        if len(values) != len(layout.values):
+            raise ValueError(f"{len(values)} SAS values for {len(layout.values)} variables")
+        init = "\n".join(["begin_state", *map(str, values)])
+        self.downward_lib.load_sas(f"{layout.head}\n{init}\n{layout.tail}".encode())
+        self.downward_lib.load_sas_replan(self.sas_replan.encode("utf-8"))
+
+    def fact_state(self) -> tuple[tuple[Fact, ...], tuple, tuple, tuple]:
+        """(facts, var_counts, vars_by_name, vars_by_type) as plain strings."""
+        facts = tuple((p.name, tuple(map(_var, p.arguments))) for p in self.facts)
+        return (
+            facts,
+            tuple(self._var_counts.items()),
+            tuple((n, v.type) for n, v in self._vars_by_name.items()),
+            tuple((t, tuple(v.name for v in vs)) for t, vs in self._vars_by_type.items()),
+        )
+
+    def load_fact_state(self, facts: Any, counts: Any, by_name: Any, by_type: Any) -> None:
+        """Replace the facts and variable bookkeeping by those of :meth:`fact_state`."""
+        self._facts = defaultdict(set)
+        for name, args in facts:
+            prop = Proposition(name, [Variable(n, t) for n, t in args])
+            self._facts[prop.signature].add(prop)
+        self._var_counts = Counter(dict(counts))
+        self._vars_by_name = {n: Variable(n, t) for n, t in by_name}
+        self._vars_by_type = defaultdict(set)
+        for t, names in by_type:
+            self._vars_by_type[t] = {Variable(n, t) for n in names}
+
 
 class CachedPddlEnv(PddlEnv):
     """``PddlEnv`` that shares the per-game translation, grammar and parses across instances.
@@ -349,6 +478,35 @@ class CachedPddlEnv(PddlEnv):
         self._pddl_state = CachedPddlState(self.downward_lib, data["pddl_problem"], self._logic)
         self._entity_infos = self._get_entity_infos()
         self._state_is_initial = True  # the first reset can use it as is
+
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's mutable state now (see the module docstring)."""
+        st = self._pddl_state
+        facts, counts, by_name, by_type = st.fact_state()
+        return EngineSnapshot(
+            _problem_hash(st.pddl_problem), st.sas_values(), facts, counts, by_name, by_type,
+            self.state.feedback, self._moves,
+        )  # fmt: skip
+
+    def restore(self, snap: EngineSnapshot) -> GameState:
+        """Put the loaded game into ``snap``'s state; returns the GameState a step into that
+        state returned (feedback, admissible commands, won), computed again from the state."""
+        st = self._pddl_state
+        if snap.problem_hash != _problem_hash(st.pddl_problem):
+            raise ValueError("restore: the snapshot is of another game than the one loaded")
+        st.load_values(snap.values)
+        st.load_fact_state(snap.facts, snap.var_counts, snap.vars_by_name, snap.vars_by_type)
+        self._state_is_initial = False  # the next reset builds the initial state again
+        self.prev_state = None
+        self.state = GameState()
+        self._last_action = None
+        self._moves = snap.moves
+        self.state.feedback = snap.feedback
+        self.state.raw = snap.feedback
+        self._gather_infos()
+        self.state["score"] = 1 if self.state["won"] else 0
+        self.state["done"] = self.state["won"] or self.state["lost"]
+        return self.state
 
     def reset(self) -> GameState:
         # PddlEnv.reset (textworld 1.7) with the cached state constructor; the state that load()

@@ -4,12 +4,18 @@ Games are either the official ones ($ALFWORLD_DATA/json_2.1.1/{train,valid_seen,
 or generated ones (:mod:`agentenvs.alfworld.generator`). The engine produces every string the
 agent sees; this class adds the episode limit (50 steps, invalid steps count), the reward
 (10 on success, else 0) and the info fields the trainer reads.
+
+Snapshots (branching rollouts): :class:`AlfWorldSnapshot` holds the game, the episode's
+bookkeeping (steps, done, won) and the engine's own state
+(:class:`agentenvs.alfworld.engine.EngineSnapshot`: SAS variable values, facts, feedback); a
+restore loads the game if this env is playing another one and copies the state in, no replay.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +60,23 @@ def _traj(game_file: str) -> dict[str, Any]:
     return json.loads(p.read_text()) if p.exists() else {}
 
 
+@dataclass(frozen=True)
+class AlfWorldSnapshot:
+    """One ALFWorld episode mid-way: task (game number) and game (its file, checked on
+    restore), steps taken (the limit counts them), done, won, and the engine's state."""
+
+    task: int
+    game: str
+    steps: int
+    done: bool
+    won: bool
+    engine: Any  # agentenvs.alfworld.engine.EngineSnapshot (engine imports textworld lazily)
+
+
 class AlfWorldEnv:
     """One ALFWorld episode at a time over a fixed list of game files."""
+
+    supports_snapshot = True
 
     def __init__(self, game_files: list[str], max_steps: int = MAX_STEPS) -> None:
         if not game_files:
@@ -104,6 +125,31 @@ class AlfWorldEnv:
         self.won = False
         self._state = state
         return state.feedback, self._info()
+
+    def snapshot(self) -> AlfWorldSnapshot:
+        """The current episode (see :class:`AlfWorldSnapshot`)."""
+        if self._loaded is None:
+            raise ValueError("snapshot called before reset")
+        engine = self._env.unwrapped.snapshot()
+        return AlfWorldSnapshot(self.task, self._loaded, self.steps, self.done, self.won, engine)
+
+    def restore(self, snap: AlfWorldSnapshot) -> tuple[str, dict[str, Any]]:
+        """Continue ``snap``'s episode here (loading its game if needed); returns the
+        observation and info current when it was taken."""
+        if not isinstance(snap, AlfWorldSnapshot):
+            raise TypeError(f"restore: expected an AlfWorldSnapshot, got {type(snap).__name__}")
+        if not 0 <= snap.task < len(self.game_files) or self.game_files[snap.task] != snap.game:
+            raise ValueError(
+                f"restore: game {snap.task} of the snapshot ({snap.game}) is not this env's "
+                "game of that number"
+            )
+        if self._loaded != snap.game:
+            self._load(snap.game)
+        if getattr(self, "task", None) != snap.task or not hasattr(self, "traj"):
+            self.traj = _traj(snap.game)
+        self._state = self._env.unwrapped.restore(snap.engine)
+        self.task, self.steps, self.done, self.won = snap.task, snap.steps, snap.done, snap.won
+        return self._state.feedback, self._info()
 
     def entity_names(self) -> dict[str, str]:
         """Engine id (mangled, lower case) -> name shown to the agent ("apple 1")."""

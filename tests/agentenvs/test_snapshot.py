@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,8 @@ from agentenvs.batched import BatchedEnv, Snapshot, env_supports_snapshot, requi
 from agentenvs.toytext import ToyTextEnv, parse_toy_spec, toy_factory
 from hgpo.options import OptionError
 from tests.agentenvs.test_batched import ToyEnv
+
+ALFWORLD_GAMES = Path(__file__).parent / "data" / "alfworld_games"
 
 Step = tuple[str, float, bool, dict[str, Any]]
 
@@ -179,6 +182,53 @@ def test_webshop_restore_refuses_another_world(shop_world):
         other.restore(env.snapshot())
 
 
+# -- ALFWorld ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def alfworld_files() -> list[str]:
+    pytest.importorskip("alfworld", reason="ALFWorld needs the alfworld package (extra [alfworld])")
+    pytest.importorskip("textworld", reason="ALFWorld needs textworld (installed with alfworld)")
+    from agentenvs.alfworld.env import find_games
+
+    return find_games(ALFWORLD_GAMES / "train")
+
+
+def test_alfworld_branch_replays_the_continuation(alfworld_files):
+    """Random admissible commands (and invalid ones) on three games; the restoring env is in
+    the middle of another game, so the restore loads the snapshot's game first."""
+    from agentenvs.alfworld.env import AlfWorldEnv
+
+    for task in range(3):
+        for seed, b in ((0, 0), (1, 5), (2, 20)):
+            check_branch_replays(lambda: AlfWorldEnv(alfworld_files), task, seed, b)
+
+
+def test_alfworld_branch_from_the_expert_route_wins(alfworld_files):
+    """Snapshot half-way along the expert's winning plan: the restored env wins at the same
+    step, with the same observations."""
+    from agentenvs.alfworld.env import AlfWorldEnv, run_expert
+
+    env = AlfWorldEnv(alfworld_files)
+    for task in (0, 3):
+        won, plan = run_expert(env, task)
+        assert won
+        check_branch_replays(lambda: AlfWorldEnv(alfworld_files), task, 0, len(plan) // 2,
+                             actions=plan)  # fmt: skip
+
+
+def test_alfworld_restore_refuses_another_game(alfworld_files):
+    from agentenvs.alfworld.env import AlfWorldEnv
+
+    env = AlfWorldEnv(alfworld_files)
+    env.reset(1)
+    snap = env.snapshot()
+    other = AlfWorldEnv(alfworld_files[1:] + alfworld_files[:1])  # game 1 is another file
+    with pytest.raises(ValueError, match="is not this env's game of that number"):
+        other.restore(snap)
+    other.reset(1)  # another game than the snapshot's: the engine refuses it too
+    with pytest.raises(ValueError, match="another game than the one loaded"):
+        other._env.unwrapped.restore(snap.engine)
+
+
 # -- BatchedEnv --------------------------------------------------------------------------------
 def _batched_branch_replays(factory: Any, tasks: list[int], seed: int, b: int, **kw: Any) -> None:
     """4 slots, 2 workers: slot 0 (worker 0) plays a random episode, snapshot at step b
@@ -231,6 +281,12 @@ def test_batched_webshop_restores_across_workers(shop_world):
 
     factory = webshop_factory(n_products=300, n_goals=40, n_eval=10, seed=0)
     _batched_branch_replays(factory, [3], seed=4, b=2)
+
+
+def test_batched_alfworld_restores_across_workers(alfworld_files):
+    from agentenvs.factories import alfworld_factory
+
+    _batched_branch_replays(alfworld_factory(alfworld_files[:2]), [0, 1], seed=5, b=4)
 
 
 def test_batched_snapshot_support_and_named_error():
