@@ -99,10 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {scheme} | {_ci(col['util'])} | {diff} | {_ci(col['steps'])} | "
               f"{_ci(col['episodes'])} | {_ci(col['branches'])} | {_ci(col['s_per_step'])} |")  # fmt: skip
     truth = [k for k in TRUTH if k in figs["independent"][0]]
-    if truth:
-        print("\n| scheme | " + " | ".join(truth) + " |\n|---|" + "---|" * len(truth))
+    if truth:  # each figure, then its paired difference to independent (same seed)
+        print("\n| scheme | " + " | ".join(f"{k} | diff" for k in truth) + " |")
+        print("|---|" + "---|---|" * len(truth))
         for scheme, fs in figs.items():
-            cells = [_ci(np.array([f[k] for f in fs])) for k in truth]
+            cells = []
+            for k in truth:
+                x = np.array([f[k] for f in fs])
+                base = np.array([f[k] for f in figs["independent"]])
+                cells += [_ci(x), "" if scheme == "independent" else _ci(x - base)]
             print(f"| {scheme} | " + " | ".join(cells) + " |")
     print(json.dumps({s: fs for s, fs in figs.items()}))
     return 0

@@ -199,7 +199,8 @@ class _Game:
         self.groups = [
             Group(list(range(g * group_size, (g + 1) * group_size))) for g in range(len(task_ids))
         ]
-        self.envs.park([i for i in range(B) if i not in set(roots)])
+        root_set = set(roots)
+        self.envs.park([i for i in range(B) if i not in root_set])
         live = [i for i in roots if not infos[i].get("crashed")]
         for i, snap in zip(live, self.envs.snapshot(live), strict=True):
             self.slots.pending[i] = snap
@@ -306,6 +307,8 @@ class _Game:
         for (slot, snap), o, info in zip(pairs, obs, infos, strict=True):
             self.slots.obs[slot], self.slots.infos[slot] = o, info
             self.slots.pending[slot] = snap
+            if info.get("crashed"):  # the env could not take the snapshot: an empty branch
+                self._finish(slot, info)
 
     def _reserve(self, grp: Group) -> int:
         """The most env steps the group's trajectories in flight may still take."""
