@@ -519,20 +519,24 @@ class BatchedEnv:
 
         The snapshot may come from any slot of any worker (it travels through this process).
         Returns the observation and info current when each snapshot was taken, in the order of
-        ``pairs``; the slot's task becomes the snapshot's. Other slots are untouched. A restore
-        that raises in its environment is that slot's crash: it is done, its info says
-        ``crashed`` with the error, as for a crash during a step.
+        ``pairs``; the slot's task becomes the snapshot's (before any reset, the other slots'
+        tasks read -1). Other slots are untouched. A restore that raises in its environment is
+        that slot's crash: it is done, its info says ``crashed`` with the error, as for a crash
+        during a step.
         """
         slots = self._check_slots("restore", [s for s, _ in pairs])
         wrong = [type(snap).__name__ for _, snap in pairs if not isinstance(snap, Snapshot)]
         if wrong:
             raise ValueError(
-                f"BatchedEnv.restore: every snapshot must be a Snapshot from BatchedEnv.snapshot or step(..., snapshot=True), got {wrong}"
+                "BatchedEnv.restore: every snapshot must be a Snapshot from "
+                f"BatchedEnv.snapshot or step(..., snapshot=True), got {wrong}"
             )
         self._require_snapshot("restore")
         res = self._run(
             "restore", {s: snap.state for s, (_, snap) in zip(slots, pairs, strict=True)}
         )
+        if len(self.tasks) != self.num_envs:  # restored before any reset
+            self.tasks = [-1] * self.num_envs
         for s, (_, snap) in zip(slots, pairs, strict=True):
             obs, _, _, info, _ = res[s]
             self.tasks[s] = snap.task

@@ -375,8 +375,9 @@ class ToyTextEnv:
                            self.task_type, obs, copy.deepcopy(info))  # fmt: skip
 
     def restore(self, snap: ToySnapshot) -> tuple[str, dict[str, Any]]:
-        """Continue ``snap``'s episode here, drawing from this slot's next random stream;
-        returns the observation and info current when it was taken."""
+        """Continue ``snap``'s episode here, drawing from this slot's next random stream
+        (its seed: ``self.stream_seed``); returns the observation and info current when it
+        was taken (a snapshot of a reset keeps the parent's ``episode_seed`` there)."""
         if not isinstance(snap, ToySnapshot):
             raise TypeError(f"restore: expected a ToySnapshot, got {type(snap).__name__}")
         if (snap.spec, snap.split) != (self.spec, self.split):

@@ -34,15 +34,21 @@ Snapshots (branching rollouts, :meth:`CachedPddlEnv.snapshot` / :meth:`CachedPdd
 copy the engine's mutable state itself, not a replay of the commands:
 
 - fast-downward's current state lives in C globals of the env's library copy (a state id in
-  its state registry), which no other library copy can read. Its SAS task is binary variables
-  with an initial-state section, so the snapshot keeps the value of every SAS variable and a
-  restore loads the game's SAS with that section replaced (``load_sas``, under a millisecond
-  on the generated games): the library starts in the snapshot's state, with the same
-  operators and ids;
-- the ``PddlState`` facts, by value: every fact, and the variable bookkeeping that
-  ``textworld.logic.State`` keeps beside them (counts that depend on the path taken, read by
-  text generation's queries), as plain strings; Propositions and Variables store their hash,
-  which differs between processes, so they are rebuilt on restore and never pickled;
+  its state registry), which no other library copy can read. The snapshot keeps the value of
+  every SAS variable, and a restore loads the game's SAS with its initial-state section
+  replaced by them (``load_sas``: 0.3-2.3 ms on the generated games); the library then starts in
+  the snapshot's state, with the same operators and ids. Derived variables (axioms) keep
+  their default there: fast-downward evaluates the axioms of an initial state itself. The
+  values are followed in Python at every step (:meth:`CachedPddlState.apply`, from the SAS
+  operators' effects and their conditions) because the library's ``get_state`` costs time
+  quadratic in the number of variables (7 ms on a 734-variable game, more than a step);
+  a task whose effect conditions read derived variables is read from C instead;
+- the ``PddlState`` facts, by value: those added and removed since the game's initial
+  state (which the restoring process builds from the game's translation), and the variable
+  bookkeeping that ``textworld.logic.State`` keeps beside them (its variable counts depend
+  on the path taken, so they are copied as they are, not rebuilt from the facts), all as
+  plain strings: Propositions and Variables store their hash, which differs between
+  processes, so they are rebuilt on restore and never pickled;
 - the last feedback and the move count. The admissible commands and the won flag are computed
   again from the restored state, as every step computes them.
 """
@@ -56,6 +62,7 @@ import hashlib
 import json
 import os
 import pickle
+import sys
 import tempfile
 import threading
 from collections import Counter, OrderedDict, defaultdict
@@ -288,38 +295,74 @@ Fact = tuple[str, tuple[tuple[str, str], ...]]
 """A Proposition as plain strings: (name, ((variable name, variable type), ...))."""
 
 
+Effect = tuple[tuple[tuple[int, int], ...], int, int]
+"""A SAS operator effect: (conditions as (variable, value) pairs, variable, new value)."""
+
+
 @dataclass(frozen=True)
 class _SasLayout:
-    """A SAS task split around its initial state, and each variable's value names."""
+    """What a snapshot needs of a SAS task: the text around its initial state, each
+    variable's value names, which variables are derived (axioms), and each operator's
+    effects (to follow the state in Python; None when an effect condition reads a derived
+    variable, which only the C library evaluates)."""
 
     head: str  # everything before "begin_state"
     tail: str  # everything from "end_state" on
-    values: tuple[dict[str, int], ...]  # per variable: value name -> value index
+    values: tuple[dict[bytes, int], ...]  # per variable: value name (cp1252, as the C library
+    # writes it) -> value index
+    init: tuple[int, ...]  # the initial state section; a derived variable's is its default
+    derived: frozenset[int]
+    effects: tuple[tuple[Effect, ...], ...] | None  # per operator id (its order in the file)
 
 
 def _parse_sas_layout(sas: str) -> _SasLayout:
-    """Read the variable section of fast-downward's SAS format::
+    """Read fast-downward's SAS format (one item per line)::
 
-    begin_variable / var0 / -1 (axiom layer) / 2 (domain size) / Atom p(a) / NegatedAtom p(a)
-    / end_variable ... begin_state / one value per variable / end_state
+    begin_variable / name / axiom layer (-1: not derived) / domain size / value names
+    / end_variable ... begin_state / one value per variable / end_state ...
+    begin_operator / name / n prevail / "var value" lines / n effects / effect lines
+    "n_conditions [var value]... var pre post" / cost / end_operator ...
     """
     lines = sas.split("\n")
-    values: list[dict[str, int]] = []
+    values: list[dict[bytes, int]] = []
+    derived: set[int] = set()
     i = 0
     while lines[i] != "begin_state":
         if lines[i] == "begin_variable":
             size = int(lines[i + 3])
-            values.append({lines[i + 4 + v]: v for v in range(size)})
+            if int(lines[i + 2]) != -1:
+                derived.add(len(values))
+            values.append({lines[i + 4 + v].encode("cp1252"): v for v in range(size)})
             i += 4 + size
         else:
             i += 1
-    head = "\n".join(lines[:i])
     end = lines.index("end_state", i)
-    if end - i - 1 != len(values):
-        raise RuntimeError(
-            f"SAS initial state has {end - i - 1} values for {len(values)} variables"
-        )
-    return _SasLayout(head, "\n".join(lines[end:]), tuple(values))
+    init = tuple(int(x) for x in lines[i + 1 : end])
+    if len(init) != len(values):
+        raise RuntimeError(f"SAS initial state has {len(init)} values for {len(values)} variables")
+    effects: list[tuple[Effect, ...]] | None = []
+    j = end
+    while j < len(lines) and effects is not None:
+        if lines[j] != "begin_operator":
+            j += 1
+            continue
+        j += 3 + int(lines[j + 2])  # name, prevail count, prevail lines
+        op: list[Effect] = []
+        for line in lines[j + 1 : j + 1 + int(lines[j])]:
+            nums = [int(x) for x in line.split()]
+            pairs = nums[1 : 1 + 2 * nums[0]]
+            conds = tuple(zip(pairs[0::2], pairs[1::2], strict=True))
+            if any(v in derived for v, _ in conds):
+                effects = None
+                break
+            op.append((conds, nums[-3], nums[-1]))
+        if effects is not None:
+            effects.append(tuple(op))
+        j += 1 + int(lines[j])
+    return _SasLayout(
+        "\n".join(lines[:i]), "\n".join(lines[end:]), tuple(values), init, frozenset(derived),
+        None if effects is None else tuple(effects),
+    )  # fmt: skip
 
 
 def _sas_layout(sas: str) -> _SasLayout:
@@ -330,8 +373,11 @@ def _sas_layout(sas: str) -> _SasLayout:
 class EngineSnapshot:
     """The mutable state of one :class:`CachedPddlEnv` mid-episode, as plain values.
 
-    values: the SAS value of each fast-downward variable. facts: the PddlState's facts, in
-    its iteration order. var_counts, vars_by_name, vars_by_type: ``textworld.logic.State``'s
+    values: the SAS initial-state section of the current state. facts_added, facts_removed:
+    the PddlState's facts that are not / no longer in the game's initial facts (every
+    restoring process builds those itself when it loads the game, identically: they come
+    from the game's translation). var_counts, vars_by_name, vars_by_type:
+    ``textworld.logic.State``'s
     variable bookkeeping (name -> count; name -> type; type -> names). feedback: the last
     observation. moves: the engine's move count. problem_hash: a hash of the game's PDDL
     problem (a restore into another game is refused).
@@ -339,7 +385,8 @@ class EngineSnapshot:
 
     problem_hash: str
     values: tuple[int, ...]
-    facts: tuple[Fact, ...]
+    facts_added: tuple[Fact, ...]
+    facts_removed: tuple[Fact, ...]
     var_counts: tuple[tuple[str, int], ...]
     vars_by_name: tuple[tuple[str, str], ...]
     vars_by_type: tuple[tuple[str, tuple[str, ...]], ...]
@@ -347,8 +394,19 @@ class EngineSnapshot:
     moves: int
 
 
+_i = sys.intern
+
+
 def _var(v: Variable) -> tuple[str, str]:
-    return (v.name, v.type)
+    return (_i(v.name), _i(v.type))
+
+
+def _fact(p: Proposition) -> Fact:
+    return (_i(p.name), tuple(map(_var, p.arguments)))
+
+
+def _proposition(f: Fact) -> Proposition:
+    return Proposition(f[0], [Variable(n, t) for n, t in f[1]])
 
 
 @functools.lru_cache(maxsize=64)
@@ -403,39 +461,84 @@ class CachedPddlState(pddl_logic.PddlState):
         self.downward_lib.get_state(atoms)
         facts = [atom.get_fact(self.name2type) for atom in atoms]
         self.add_facts([fact for fact in facts if not fact.is_negation])
+        self._initial_facts = tuple(self.facts)  # what snapshots keep the difference to
+        self._initial_set = frozenset(self._initial_facts)
+        self._follow_init()
 
-    def sas_values(self) -> tuple[int, ...]:
-        """The current value of every SAS variable in the library (its C state)."""
+    def _follow_init(self) -> None:
+        """Start following the library's state in Python from the SAS initial state."""
+        layout = _sas_layout(self.sas)
+        self._values = list(layout.init) if layout.effects is not None else None
+
+    def apply(self, action: Any) -> Any:
+        """``PddlState.apply``, and the same successor in the Python copy of the SAS state:
+        every effect whose conditions hold in the state before fires (fast-downward's rule)."""
+        op_id = self._operators[action.id].id
+        changes = super().apply(action)
+        if self._values is not None:
+            before = tuple(self._values)
+            effects = _sas_layout(self.sas).effects
+            for conds, var, post in effects[op_id]:  # type: ignore[index]
+                if all(before[v] == x for v, x in conds):
+                    self._values[var] = post
+        return changes
+
+    def read_sas_values(self) -> tuple[int, ...]:
+        """The library's state read from C (``get_state``, whose cost grows with the square of
+        the number of variables: several ms on the larger games)."""
         layout = _sas_layout(self.sas)
         atoms = (pddl_logic.Atom * self.downward_lib.get_state_size())()
         self.downward_lib.get_state(atoms)
-        return tuple(layout.values[i][a.name] for i, a in enumerate(atoms))
+        return tuple(layout.values[i][a._name] for i, a in enumerate(atoms))
+
+    def sas_values(self) -> tuple[int, ...]:
+        """The initial-state section that starts the library in its current state: each
+        variable's current value, a derived variable's default (fast-downward evaluates the
+        axioms of an initial state itself, from the defaults the section gives)."""
+        layout = _sas_layout(self.sas)
+        current = self._values if self._values is not None else self.read_sas_values()
+        return tuple(layout.init[v] if v in layout.derived else x for v, x in enumerate(current))
 
     def load_values(self, values: tuple[int, ...]) -> None:
-        """Put the library into the state with these SAS values: the game's SAS is loaded
-        again with its initial state replaced (same operators, same operator ids)."""
+        """Put the library into the state of :meth:`sas_values`: the game's SAS is loaded
+        again with its initial state section replaced (same operators, same operator ids)."""
         layout = _sas_layout(self.sas)
         if len(values) != len(layout.values):
             raise ValueError(f"{len(values)} SAS values for {len(layout.values)} variables")
         init = "\n".join(["begin_state", *map(str, values)])
         self.downward_lib.load_sas(f"{layout.head}\n{init}\n{layout.tail}".encode())
         self.downward_lib.load_sas_replan(self.sas_replan.encode("utf-8"))
+        if layout.effects is not None:
+            self._values = list(values)
 
-    def fact_state(self) -> tuple[tuple[Fact, ...], tuple, tuple, tuple]:
-        """(facts, var_counts, vars_by_name, vars_by_type) as plain strings."""
-        facts = tuple((p.name, tuple(map(_var, p.arguments))) for p in self.facts)
+    def fact_state(self) -> tuple[tuple[Fact, ...], tuple[Fact, ...], tuple, tuple, tuple]:
+        """(facts added, facts removed since the initial state, var_counts, vars_by_name,
+        vars_by_type) as plain strings.
+
+        Most facts never change (where things are, what they are), so only the difference
+        to the game's initial facts is kept. The strings are interned, so that a pickle
+        writes each name once (pickle shares identical objects, not equal ones).
+        """
+        current = set(self.facts)
+        added = tuple(_fact(p) for p in current if p not in self._initial_set)
+        removed = tuple(_fact(p) for p in self._initial_facts if p not in current)
         return (
-            facts,
-            tuple(self._var_counts.items()),
-            tuple((n, v.type) for n, v in self._vars_by_name.items()),
-            tuple((t, tuple(v.name for v in vs)) for t, vs in self._vars_by_type.items()),
+            added,
+            removed,
+            tuple((_i(n), c) for n, c in self._var_counts.items()),
+            tuple((_i(n), _i(v.type)) for n, v in self._vars_by_name.items()),
+            tuple((_i(t), tuple(_i(v.name) for v in vs)) for t, vs in self._vars_by_type.items()),
         )
 
-    def load_fact_state(self, facts: Any, counts: Any, by_name: Any, by_type: Any) -> None:
+    def load_fact_state(
+        self, added: Any, removed: Any, counts: Any, by_name: Any, by_type: Any
+    ) -> None:
         """Replace the facts and variable bookkeeping by those of :meth:`fact_state`."""
+        gone = {_proposition(f) for f in removed}
         self._facts = defaultdict(set)
-        for name, args in facts:
-            prop = Proposition(name, [Variable(n, t) for n, t in args])
+        for prop in [p for p in self._initial_facts if p not in gone] + [
+            _proposition(f) for f in added
+        ]:
             self._facts[prop.signature].add(prop)
         self._var_counts = Counter(dict(counts))
         self._vars_by_name = {n: Variable(n, t) for n, t in by_name}
@@ -482,9 +585,8 @@ class CachedPddlEnv(PddlEnv):
     def snapshot(self) -> EngineSnapshot:
         """The engine's mutable state now (see the module docstring)."""
         st = self._pddl_state
-        facts, counts, by_name, by_type = st.fact_state()
         return EngineSnapshot(
-            _problem_hash(st.pddl_problem), st.sas_values(), facts, counts, by_name, by_type,
+            _problem_hash(st.pddl_problem), st.sas_values(), *st.fact_state(),
             self.state.feedback, self._moves,
         )  # fmt: skip
 
@@ -495,7 +597,10 @@ class CachedPddlEnv(PddlEnv):
         if snap.problem_hash != _problem_hash(st.pddl_problem):
             raise ValueError("restore: the snapshot is of another game than the one loaded")
         st.load_values(snap.values)
-        st.load_fact_state(snap.facts, snap.var_counts, snap.vars_by_name, snap.vars_by_type)
+        st.load_fact_state(
+            snap.facts_added, snap.facts_removed, snap.var_counts, snap.vars_by_name,
+            snap.vars_by_type,
+        )  # fmt: skip
         self._state_is_initial = False  # the next reset builds the initial state again
         self.prev_state = None
         self.state = GameState()

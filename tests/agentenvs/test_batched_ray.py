@@ -89,6 +89,23 @@ def test_a_hung_actor_times_out_and_is_replaced(ray_cluster):
         assert env.reset([3], group_n=2)[0] == ["start 3"] * 2
 
 
+def test_snapshots_travel_between_actors(ray_cluster):
+    """A snapshot taken in actor 0 restores into a slot of actor 1 (on the other node) and
+    replays the continuation, as with worker processes (tests/agentenvs/test_snapshot.py)."""
+    pytest.importorskip("bm25s", reason="WebShop search needs bm25s (extra [webshop])")
+    pytest.importorskip("rapidfuzz", reason="WebShop reward needs rapidfuzz (extra [webshop])")
+    from agentenvs.factories import webshop_factory
+    from agentenvs.toytext import parse_toy_spec, toy_factory
+    from tests.agentenvs.test_snapshot import _batched_branch_replays
+
+    toy = toy_factory(parse_toy_spec("toy:keydoor:size=4,horizon=30,slip=0"), "train", seed=0)
+    _batched_branch_replays(toy, [0, 1], seed=1, b=3, backend="ray")
+    shop = webshop_factory(n_products=200, n_goals=40, n_eval=10, seed=3)
+    _batched_branch_replays(shop, [3], seed=4, b=2, backend="ray")
+    with BatchedEnv(ToyEnv, 2, num_workers=2, backend="ray") as env:
+        assert not env.supports_snapshot
+
+
 def test_missing_ray_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     monkeypatch.delitem(sys.modules, "agentenvs.ray_backend", raising=False)

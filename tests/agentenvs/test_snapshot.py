@@ -8,6 +8,7 @@ continuation step by step.
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
 from pathlib import Path
@@ -193,13 +194,12 @@ def alfworld_files() -> list[str]:
 
 
 def test_alfworld_branch_replays_the_continuation(alfworld_files):
-    """Random admissible commands (and invalid ones) on three games; the restoring env is in
+    """Random admissible commands (and invalid ones) on four games; the restoring env is in
     the middle of another game, so the restore loads the snapshot's game first."""
     from agentenvs.alfworld.env import AlfWorldEnv
 
-    for task in range(3):
-        for seed, b in ((0, 0), (1, 5), (2, 20)):
-            check_branch_replays(lambda: AlfWorldEnv(alfworld_files), task, seed, b)
+    for task, seed, b in ((1, 0, 0), (2, 1, 5), (5, 2, 20), (3, 3, 12)):
+        check_branch_replays(lambda: AlfWorldEnv(alfworld_files), task, seed, b)
 
 
 def test_alfworld_branch_from_the_expert_route_wins(alfworld_files):
@@ -213,6 +213,78 @@ def test_alfworld_branch_from_the_expert_route_wins(alfworld_files):
         assert won
         check_branch_replays(lambda: AlfWorldEnv(alfworld_files), task, 0, len(plan) // 2,
                              actions=plan)  # fmt: skip
+    # into an env that never played: the restore loads the game
+    env.reset(3)
+    for cmd in plan[:3]:
+        env.step(cmd)
+    fresh, at = AlfWorldEnv(alfworld_files), env.snapshot()
+    assert fresh.restore(at) == env.restore(at)
+    assert [fresh.step(c) for c in plan[3:]] == [env.step(c) for c in plan[3:]]
+
+
+def _pddl_state(env: Any) -> Any:
+    return env._env.unwrapped._pddl_state
+
+
+def test_alfworld_library_state_is_followed_and_restored_exactly(alfworld_files):
+    """The snapshot follows fast-downward's state in Python (effects with conditions: the
+    floor lamp's toggle in game 0); it must equal the state read from C after every step,
+    and a restored library must be in the same C state as the original at every later step
+    (derived variables included)."""
+    from agentenvs.alfworld import engine
+    from agentenvs.alfworld.env import AlfWorldEnv, run_expert
+
+    env, other = AlfWorldEnv(alfworld_files), AlfWorldEnv(alfworld_files)
+    for task in (0, 3):
+        won, plan = run_expert(env, task)
+        assert won and any(c.startswith("use ") for c in plan) == (task == 0)
+        env.reset(task)
+        layout = engine._sas_layout(_pddl_state(env).sas)
+        assert layout.effects is not None and layout.derived  # the fast path, with axioms
+        for i, a in enumerate(plan):
+            if i == len(plan) // 2:
+                other.reset((task + 1) % len(alfworld_files))
+                other.restore(env.snapshot())
+            _, _, done, _ = env.step(a)
+            st = _pddl_state(env)
+            c_state = st.read_sas_values()
+            assert [x for v, x in enumerate(c_state) if v not in layout.derived] == [
+                x for v, x in enumerate(st._values) if v not in layout.derived
+            ], (task, i)
+            if i >= len(plan) // 2:
+                other.step(a)
+                assert _pddl_state(other).read_sas_values() == c_state, (task, i)
+        assert done
+
+
+def test_alfworld_snapshot_restores_in_a_process_with_another_hash_seed(alfworld_files, tmp_path):
+    """Python's str hashes differ between processes (a Ray actor, a spawned worker), and
+    textworld's Propositions keep theirs: the snapshot must carry plain values."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from agentenvs.alfworld.env import AlfWorldEnv
+
+    env = AlfWorldEnv(alfworld_files)
+    actions = random_episode(env, 2, seed=7)
+    env.reset(2)
+    for a in actions[:6]:
+        env.step(a)
+    (tmp_path / "snap.pkl").write_bytes(pickle.dumps(env.snapshot()))
+    (tmp_path / "commands.json").write_text(json.dumps(actions[6:]))
+    want = [list(env.restore(env.snapshot()))] + [list(env.step(a)) for a in actions[6:]]
+    seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
+    root = Path(__file__).parent.parent.parent
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "_restore_elsewhere.py"),
+         str(tmp_path / "snap.pkl"), str(tmp_path / "commands.json"), *alfworld_files],
+        capture_output=True, text=True, check=True, cwd=root,
+        env=dict(os.environ, PYTHONHASHSEED=seed,
+                 PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")),
+    )  # fmt: skip
+    assert json.loads(out.stdout) == json.loads(json.dumps(want))
 
 
 def test_alfworld_restore_refuses_another_game(alfworld_files):
@@ -274,6 +346,16 @@ def test_batched_toy_restores_across_workers():
     factory = toy_factory(parse_toy_spec("toy:keydoor:size=4,horizon=30,slip=0"), "train", seed=0)
     _batched_branch_replays(factory, [0], seed=1, b=3)
     _batched_branch_replays(factory, [0, 1], seed=2, b=0)  # a snapshot of the start
+    # into another BatchedEnv that was never reset
+    with BatchedEnv(factory, 2, num_workers=2) as a, BatchedEnv(factory, 2, num_workers=2) as b:
+        _, infos = a.reset([0], 2)
+        acts = infos[0]["admissible_actions"]
+        a.step([acts[0]] * 2)
+        (snap,) = a.snapshot([0])
+        b.restore([(1, snap)])
+        assert b.tasks == [-1, 0] and list(b.done) == [True, False]
+        want, got = a.step([acts[1]] * 2), b.step(["unused", acts[1]])
+        assert (got[0][1], got[1][1], got[3][1]) == (want[0][0], want[1][0], want[3][0])
 
 
 def test_batched_webshop_restores_across_workers(shop_world):
@@ -306,6 +388,35 @@ def test_batched_snapshot_support_and_named_error():
             env.snapshot([0])
         with pytest.raises(ValueError, match="no snapshot support"):
             env.step(["inc", "inc"], snapshot=True)
+
+
+class CountingEnv(ToyEnv):
+    """ToyEnv with snapshots of its step count; restoring "die" kills the worker."""
+
+    supports_snapshot = True
+
+    def snapshot(self):
+        return (self.task, self.t)
+
+    def restore(self, snap):
+        if snap == "die":
+            os._exit(3)
+        self.task, self.t = snap
+        return f"task {self.task} t {self.t}", {"admissible_actions": ["inc"]}
+
+
+def test_a_worker_dying_during_restore_crashes_its_slots_only():
+    with BatchedEnv(CountingEnv, 4, num_workers=2) as env:
+        env.reset([0, 1], 2)
+        env.step(["inc"] * 4)
+        snaps = env.snapshot([2, 3])
+        obs, infos = env.restore([(0, Snapshot(0, "die")), (3, snaps[0])])
+        assert infos[0]["crashed"] and not infos[1]["crashed"] and obs[1] == "task 1 t 1"
+        assert env.restarts == 1 and list(env.done) == [True, True, False, False]
+        assert env.last_info[1]["crashed"]  # slot 1 lived in the restarted worker too
+        obs, _, _, infos = env.step(["inc"] * 4)
+        assert [i["crashed"] for i in infos] == [True, True, False, False]
+        assert obs[2:] == ["task 1 t 2"] * 2
 
 
 def test_batched_snapshot_bad_input_and_crashes():
