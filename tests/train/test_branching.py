@@ -193,14 +193,18 @@ def test_cli_branched_run_trains_and_resumes(tmp_path):
                 assert y[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
 
 
-def test_env_without_snapshots_is_a_named_error(tmp_path, monkeypatch):
+def test_env_without_snapshots_is_one_line_exit_2_before_the_model(tmp_path, capsys, monkeypatch):
     from agentenvs import toytext
-    from hgpo.train.preflight import validate_config
+    from hgpo.train.__main__ import main
 
-    monkeypatch.setattr(toytext.ToyTextEnv, "supports_snapshot", False)
-    cfg = _cfg(out_dir=str(tmp_path / "run"), model="tiny")
-    with pytest.raises(OptionError, match=r"TrainConfig.env \(rollout_scheme='branch:singleton'\)"):
-        validate_config(cfg)
+    monkeypatch.setattr(toytext.ToyTextEnv, "supports_snapshot", False)  # the workers fork
+    out = tmp_path / "run"
+    argv = ["--preset", "tiny", "--env", ENV, "--rollout-scheme", "branch:singleton"]
+    assert main([*argv, "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    want = "error: TrainConfig.env (rollout_scheme='branch:singleton'): must be an environment "
+    assert err.startswith(want + f"with snapshot support, got {ENV!r}"), err
+    assert err.count("\n") == 1 and not (out / "tiny_model").exists()
 
 
 def test_truth_reads_a_branch_context_across_its_branch_point(tiny, branched):
