@@ -168,8 +168,11 @@ def test_named_errors_before_any_work():
 
 
 def test_cli_branched_run_trains_and_resumes(tmp_path):
-    """Two iterations with branch:singleton 0.5; the same run stopped after one and resumed
-    gives the same metrics (the branch draws depend on (seed, iteration, rank) only)."""
+    """Two iterations with branch:singleton 0.5; the run resumed from its iteration-1
+    checkpoint plays iteration 2 again with the same figures (the branch draws depend on
+    (seed, iteration, rank) only)."""
+    import shutil
+
     args = ["--preset", "tiny", "--env", ENV, "--action-mode", "score", "--max-steps", "8"]
     args += ["--group-size", "4", "--rollout-scheme", "branch:singleton", "--branch-budget", "0.5"]
     args += ["--val-every", "0", "--save-every", "1", "--max-prompt-tokens", "1024"]
@@ -182,15 +185,16 @@ def test_cli_branched_run_trains_and_resumes(tmp_path):
         assert m["rollout/branches"] > 0 and m["rollout/env_steps"] == m["n_steps"]
         assert m["rollout/roots"] == 2 * 2  # 2 groups x ceil(0.5 x 4) roots
         assert 0.0 <= m["level2/utilisation"] <= 1.0 and np.isfinite(m["pg_loss"])
-    r = run_cli([*args, "--out-dir", str(b), "--iterations", "1"])
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = run_cli([*args, "--out-dir", str(b), "--resume", "--iterations", "2"])
+    shutil.copytree(a, b)
+    (b / "checkpoints" / "latest").write_text("iter_000001\n")  # as if killed after it 1
+    shutil.rmtree(b / "checkpoints" / "iter_000002")
+    r = run_cli([*args, "--out-dir", str(b), "--resume"])
     assert r.returncode == 0, r.stderr[-3000:]
     again = read_metrics(b)
-    for x, y in zip(rows, again, strict=True):
-        for k, v in x.items():
-            if not k.startswith(("time/", "tokens_per_s")):
-                assert y[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
+    assert [m["iteration"] for m in again] == [1, 2]
+    for k, v in rows[1].items():
+        if not k.startswith(("time/", "tokens_per_s")):
+            assert again[1][k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
 
 
 def test_env_without_snapshots_is_one_line_exit_2_before_the_model(tmp_path, capsys, monkeypatch):
