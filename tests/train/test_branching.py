@@ -67,7 +67,19 @@ def branched(tiny):
 
 
 def test_branches_continue_their_parents_prefix(branched):
-    roll = branched
+    _check_prefixes(branched)
+
+
+@pytest.mark.parametrize("scheme", ["branch:uniform", "branch:hard", "tree:2,4"])
+def test_every_scheme_plays_a_valid_branched_batch(tiny, scheme):
+    roll = _play(tiny, _cfg(rollout_scheme=scheme))
+    _check_prefixes(roll)
+    if scheme.startswith("tree"):
+        starts = {roll.step[roll.traj.index(i)] for i, p in enumerate(roll.parent) if p >= 0}
+        assert starts <= {2, 4}
+
+
+def _check_prefixes(roll) -> None:
     batch = roll.step_batch()  # the core validates parents, branch steps and first states
     assert batch.branches is not None and roll.n_branches > 0
     rows_of = {}
