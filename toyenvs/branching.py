@@ -60,22 +60,22 @@ class Scheme:
         return f"tree:{','.join(map(str, self.depths))}" if self.rule == "tree" else self.rule
 
 
-def parse_scheme(text: str, horizon: int | None = None) -> Scheme:
-    """``"branch:singleton"`` -> Scheme; OptionError naming the scheme when it is unknown or a
-    tree depth lies outside 1..horizon - 1."""
+def parse_scheme(text: str, horizon: int | None = None, where: str = "scheme") -> Scheme:
+    """``"branch:singleton"`` -> Scheme; OptionError naming ``where`` and the scheme when it is
+    unknown or a tree depth lies outside 1..horizon - 1."""
     if not isinstance(text, str):
-        raise bad("scheme", "one of " + ", ".join(SCHEMES), text)
+        raise bad(where, "one of " + ", ".join(SCHEMES), text)
     if text.startswith("tree:"):
         parts = text[5:].split(",")
         if not all(p.strip().isdigit() for p in parts):
-            raise bad("scheme", "tree:D with D comma-separated depths >= 1, e.g. tree:2,4", text)
+            raise bad(where, "tree:D with D comma-separated depths >= 1, e.g. tree:2,4", text)
         depths = tuple(sorted({int(p) for p in parts}))
         hi = None if horizon is None else horizon - 1
         for d in depths:
-            check_int(f"scheme {text!r}: depth", d, lo=1, hi=hi)
+            check_int(f"{where} {text!r}: depth", d, lo=1, hi=hi)
         return Scheme("tree", depths)
     if text not in RULES or text == "tree":
-        raise bad("scheme", "one of " + ", ".join(SCHEMES), text)
+        raise bad(where, "one of " + ", ".join(SCHEMES), text)
     return Scheme(text)
 
 

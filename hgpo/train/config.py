@@ -30,6 +30,9 @@ from hgpo.options import (
 )
 from hgpo.train.tiny import ARCHS as TINY_ARCHS
 
+if typing.TYPE_CHECKING:
+    from toyenvs.branching import Scheme
+
 __all__ = [
     "PRESETS",
     "SECTIONS",
@@ -119,6 +122,16 @@ class TrainConfig:
     env_backend: str = "process"
     """Env workers as "process"es on this machine, or "ray" actors spread over the Ray cluster
     at $RAY_ADDRESS (else a Ray started here); needs the [ray] extra (docs/ray.md)."""
+    rollout_scheme: str = "independent"
+    """Training rollouts: "independent" (group_size episodes per task, the paper), or branches
+    from visited steps at the same env-step budget: "branch:uniform", "branch:singleton" (steps
+    whose level-K context group is still a singleton), "branch:hard" (steps of the level-K
+    group whose return-to-go varies most), "tree:D1,D2,..." (at set depths). Needs an env with
+    snapshots (hgpo/train/branching.py, docs/branching.md); validation stays independent."""
+    branch_budget: float = 0.5
+    """Share of each group's env-step budget spent on branches (rollout_scheme other than
+    "independent"): ceil((1 - share) x group_size) root episodes, then branches until the
+    group has used group_size x (mean root length) env steps."""
     # --- PPO ---------------------------------------------------------------------------------------
     lr: float = 1e-6
     """Actor learning rate."""
@@ -268,6 +281,7 @@ class TrainConfig:
             require_ray("TrainConfig.env_backend='ray'")
         self.estimator_config()  # validates estimator_options
         self._check_toy()
+        self.scheme()  # validates rollout_scheme
 
     def _check_toy(self) -> None:
         """A toy env spec parses (unknown family / parameter named); --truth-every needs it and
@@ -290,6 +304,15 @@ class TrainConfig:
                 )
 
     # -- derived ----------------------------------------------------------------------------------
+    def scheme(self) -> Scheme | None:
+        """The parsed rollout_scheme, None for "independent" (toyenvs' parser and its errors;
+        a tree depth must lie in 1..max_steps - 1)."""
+        if self.rollout_scheme == "independent":
+            return None
+        from toyenvs.branching import parse_scheme
+
+        return parse_scheme(self.rollout_scheme, self.max_steps, where="TrainConfig.rollout_scheme")
+
     def estimator_config(self) -> EstimatorConfig:
         """The EstimatorConfig of this run: paper (or reference) options, K, gamma, overrides."""
         from hgpo.config import reference_config
@@ -360,6 +383,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "env_workers",
         "env_timeout_s",
         "env_backend",
+        "rollout_scheme",
+        "branch_budget",
     ),
     "PPO": (
         "lr",
@@ -429,6 +454,7 @@ _RULES: dict[str, dict[str, Any]] = {
     "top_p": {"lo": 0, "lo_open": True, "hi": 1},
     "vllm_gpu_memory_utilization": {"lo": 0, "hi": 1, "lo_open": True, "hi_open": True},
     "env_timeout_s": _POSITIVE,
+    "branch_budget": {"lo": 0, "hi": 1, "lo_open": True},
     # PPO
     "lr": _POSITIVE,
     "critic_lr": _POSITIVE,

@@ -10,6 +10,7 @@ import numpy as np
 from agentenvs import (
     BatchedEnv,
     BatchMemory,
+    EpisodeMemory,
     alfworld_factory,
     alfworld_games,
     alfworld_prompt,
@@ -18,6 +19,7 @@ from agentenvs import (
     webshop_factory,
     webshop_prompt,
 )
+from agentenvs.batched import require_snapshot
 from agentenvs.toytext import toy_prompt
 from hgpo.train.config import TrainConfig, is_toy
 
@@ -136,6 +138,41 @@ class EnvSet:
     def step(self, actions: list[str]) -> tuple[list[str], np.ndarray, np.ndarray, list[dict]]:
         """Step every slot that is not done with its action: (obs, rewards, dones, infos)."""
         return self._env.step(actions)
+
+    # -- snapshots (branched rollouts, hgpo.train.branching) -----------------------------------
+    def require_snapshot(self, where: str) -> None:
+        """OptionError naming ``where`` and the env unless its envs snapshot and restore."""
+        require_snapshot(self.cfg.env, self._env, where=where)
+
+    def step_and_snapshot(
+        self, actions: list[str]
+    ) -> tuple[list[str], np.ndarray, np.ndarray, list[dict], list[Any]]:
+        """:meth:`step`, plus the snapshot of every slot still live after it (None for the
+        others), in the same round trip to the workers."""
+        return self._env.step(actions, snapshot=True)
+
+    def snapshot(self, slots: list[int]) -> list[Any]:
+        """The snapshot of each of the live ``slots`` (None where taking it crashed the slot)."""
+        return self._env.snapshot(slots)
+
+    def restore(
+        self, pairs: list[tuple[int, Any]], memories: list[EpisodeMemory]
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        """Restore each (slot, snapshot) of ``pairs`` with its prompt memory: (obs, infos) of
+        each, in order. The slot keeps its task text: a snapshot is restored into a slot of
+        its own rollout group."""
+        obs, infos = self._env.restore(pairs)
+        for (i, _), memory in zip(pairs, memories, strict=True):
+            self._memory.episodes[i] = memory
+        return obs, infos
+
+    def park(self, slots: list[int]) -> None:
+        """Leave ``slots`` out of the next steps (done) until a restore makes them live."""
+        self._env.done[slots] = True
+
+    def memory(self, i: int) -> EpisodeMemory:
+        """Slot ``i``'s prompt memory (the object :meth:`remember` appends to)."""
+        return self._memory[i]
 
     def done(self, i: int) -> bool:
         """Whether slot ``i``'s episode has ended."""

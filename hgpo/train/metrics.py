@@ -125,6 +125,19 @@ class LevelFigures(NamedTuple):
 
 
 @dataclass
+class BranchFigures:
+    """One rank's branched-rollout figures (``--rollout-scheme`` other than independent)."""
+
+    env_steps: int
+    """Env steps taken: every own row of every trajectory."""
+    roots: int
+    branch_success: list[bool]
+    """Per branch: its episode (parent's prefix and its own steps) won."""
+    branch_steps: list[int]
+    """Per branch: its own steps."""
+
+
+@dataclass
 class RankFigures:
     """One rank's raw figures of an iteration; :func:`merge_metrics` combines the ranks'."""
 
@@ -146,6 +159,8 @@ class RankFigures:
     update: dict[str, float]
     """UpdateStats.metrics()."""
     times: PhaseTimes
+    branching: BranchFigures | None = None
+    """Branched rollouts only; then the episode figures above are the roots'."""
 
 
 def _mean(xs: list[Any]) -> float:
@@ -185,7 +200,21 @@ def merge_metrics(parts: list[RankFigures]) -> dict[str, Any]:
     for k in parts[0].update:
         m[k] = float(np.mean([p.update[k] for p in parts]))
     m.update(_merge_levels(parts, n))
+    if parts[0].branching is not None:
+        m.update(_merge_branching([p.branching for p in parts if p.branching is not None]))
     return m
+
+
+def _merge_branching(parts: list[BranchFigures]) -> dict[str, float]:
+    """rollout/env_steps, roots, branches, branch_success_rate, branch_steps (mean own steps)."""
+    success = [x for p in parts for x in p.branch_success]
+    return {
+        "rollout/env_steps": sum(p.env_steps for p in parts),
+        "rollout/roots": sum(p.roots for p in parts),
+        "rollout/branches": len(success),
+        "rollout/branch_success_rate": _mean(success),
+        "rollout/branch_steps": _mean([x for p in parts for x in p.branch_steps]),
+    }
 
 
 def _merge_levels(parts: list[RankFigures], n: int) -> dict[str, float]:

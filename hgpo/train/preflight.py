@@ -40,10 +40,24 @@ def validate_config(cfg: TrainConfig) -> None:
                 raise TrainConfigError(
                     f"TrainConfig.alfworld_games_dir: {cfg.alfworld_games_dir!r} has no {split}/ folder"
                 )
+    if cfg.scheme() is not None:
+        check_snapshots(cfg)
     if cfg.truth_every:  # the chain fits --truth-max-nodes, before any model is built
         from hgpo.train.truth import truth_chain
 
         truth_chain(cfg)
+
+
+def check_snapshots(cfg: TrainConfig) -> None:
+    """A branching ``rollout_scheme`` needs training envs that snapshot and restore: asked of
+    one env of the training split (built in a worker, before any model)."""
+    from hgpo.train.envs import TRAIN_SPLIT, EnvSet
+
+    envs = EnvSet(cfg, TRAIN_SPLIT, 1)
+    try:
+        envs.require_snapshot(f"TrainConfig.env (rollout_scheme={cfg.rollout_scheme!r})")
+    finally:
+        envs.close()
 
 
 def check_out_dir(out_dir: str) -> None:

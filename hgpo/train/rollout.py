@@ -143,6 +143,16 @@ def score_and_sample(
     return out
 
 
+@dataclass(frozen=True)
+class Episodes:
+    """Per episode: summed env reward, success, task score, length."""
+
+    reward: list[float]
+    success: list[bool]
+    score: list[float]
+    length: list[int]
+
+
 @dataclass
 class Rollout:
     """The step samples of one batch of episodes, trajectory by trajectory.
@@ -168,6 +178,10 @@ class Rollout:
     score: list[float] = field(default_factory=list)
     task_type: list[str] = field(default_factory=list)
     length: list[int] = field(default_factory=list)
+    """Each trajectory's episode length (a branch's counts its parent's prefix)."""
+    parent: list[int] = field(default_factory=list)
+    """Branched rollouts (hgpo.train.branching): each trajectory's parent, -1 for a root; empty
+    for independent rollouts. A branch's rows are its own steps only, from its branch step."""
     gen_tokens: int = 0
     gen_seconds: float = 0.0
     env_seconds: float = 0.0
@@ -176,21 +190,51 @@ class Rollout:
         return len(self.step)
 
     def trajectory_rewards(self) -> list[float]:
-        """Each trajectory's summed env reward, in trajectory order."""
+        """Each trajectory's summed env reward (own rows), in trajectory order."""
         return [
             float(sum(r for r, tr in zip(self.reward, self.traj, strict=True) if tr == i))
             for i in sorted(set(self.traj))
         ]
 
+    @property
+    def n_branches(self) -> int:
+        return sum(p >= 0 for p in self.parent)
+
+    def roots(self) -> list[int]:
+        """The trajectories that start at step 0 (all of them without branches)."""
+        return [i for i in range(len(self.success)) if not self.parent or self.parent[i] < 0]
+
+    def root_episodes(self) -> Episodes:
+        """Reward, success, score and length of the root episodes: every episode of an
+        independent rollout; a branched one's roots (on-policy from the task's start, so
+        comparable across schemes; branches start where the rule chose)."""
+        if not self.n_branches:
+            return Episodes(self.trajectory_rewards(), self.success, self.score, self.length)
+        per = np.zeros(len(self.success))
+        np.add.at(per, np.asarray(self.traj, dtype=np.int64), np.asarray(self.reward))
+        roots = self.roots()
+        return Episodes(
+            [float(per[i]) for i in roots],
+            [self.success[i] for i in roots],
+            [self.score[i] for i in roots],
+            [self.length[i] for i in roots],
+        )
+
     def step_batch(self) -> StepBatch:
-        """The estimator input: state = id of the raw-observation key within this batch."""
+        """The estimator input: state = id of the raw-observation key within this batch; a
+        branched rollout's batch has the ``parent`` column (hgpo.branching)."""
+        traj = np.asarray(self.traj, dtype=np.int64)
+        parent = None
+        if self.n_branches:  # trajectory i is traj id i
+            parent = np.asarray(self.parent, dtype=np.int64)[traj]
         return StepBatch(
             group=np.asarray(self.group, dtype=np.int64),
-            traj=np.asarray(self.traj, dtype=np.int64),
+            traj=traj,
             step=np.asarray(self.step, dtype=np.int64),
             reward=np.asarray(self.reward, dtype=np.float64),
             state=state_ids(self.key),
             invalid=np.asarray(self.invalid, dtype=bool),
+            parent=parent,
         )
 
 
@@ -208,6 +252,75 @@ class StepRecord:
     reward: float = 0.0
 
 
+@dataclass
+class Acted:
+    """One lockstep step's choices for the live slots (in the order of ``live``)."""
+
+    records: list[StepRecord]
+    """The step's record per live slot (reward and env-side invalid flag filled after the step)."""
+    actions: list[str]
+    """The parsed action per live slot (the text sent to the env)."""
+    gen_tokens: int
+    gen_seconds: float
+
+
+def act(
+    envs: EnvSet,
+    engine: Engine,
+    tok: Any,
+    obs: Sequence[str],
+    infos: Sequence[dict[str, Any]],
+    live: list[int],
+    play: Play,
+) -> Acted:
+    """Prompt every slot of ``live``, sample its response (one engine call for all), parse the
+    action and store (observation, action) in the slot's memory."""
+    from hgpo.train.model import encode_prompt
+
+    prompts = [
+        encode_prompt(
+            tok, envs.prompt(i, obs[i], infos[i]), play.max_prompt_tokens, play.enable_thinking
+        )
+        for i in live
+    ]
+    t = time.perf_counter()
+    if play.action_mode == "score":
+        cands = [
+            candidate_actions(envs.bench, infos[i].get("admissible_actions", []), envs.task(i))
+            for i in live
+        ]
+        responses = score_and_sample(engine, tok, prompts, cands, play.temperature)
+        engine_lps = None
+    else:
+        responses = engine.generate(prompts, play.temperature, play.top_p, play.max_response_tokens)
+        engine_lps = engine.generated_logprobs()
+    gen_s = time.perf_counter() - t
+    keep = play.keep_samples
+    records, actions = [], []
+    for j, i in enumerate(live):
+        text = tok.decode(responses[j], skip_special_tokens=True)
+        admissible = (
+            infos[i].get("admissible_actions") if envs.bench in ("alfworld", "toy") else None
+        )
+        # toy envs parse like ALFWorld (issue 14 hook): an unlisted action is invalid
+        parsed = parse_action(
+            text, "webshop" if envs.bench == "webshop" else "alfworld", admissible
+        )
+        actions.append(parsed.action)
+        records.append(
+            StepRecord(
+                prompt=prompts[j] if keep else [],
+                response=responses[j] if keep else [],
+                key=envs.key(i, obs[i]),
+                invalid=not parsed.valid,
+                engine_logprobs=engine_lps[j] if engine_lps and keep else None,
+                hidden=int(infos[i].get("hidden_state", -1)),
+            )
+        )
+        envs.remember(i, obs[i], parsed.action)
+    return Acted(records, actions, sum(len(r) for r in responses), gen_s)
+
+
 def run_episodes(
     envs: EnvSet, engine: Engine, tok: Any, task_ids: list[int], play: Play
 ) -> Rollout:
@@ -217,8 +330,6 @@ def run_episodes(
     responses (:func:`score_and_sample`). ``enable_thinking`` is the chat template's thinking
     switch (:func:`hgpo.train.model.encode_prompt`).
     """
-    from hgpo.train.model import encode_prompt
-
     t0 = time.perf_counter()
     obs, infos = envs.reset(task_ids, play.group_size)
     env_s = time.perf_counter() - t0
@@ -227,64 +338,31 @@ def run_episodes(
     per: list[list[StepRecord]] = [[] for _ in range(B)]
     gen_tokens, gen_s = 0, 0.0
     last_info = list(infos)
-    keep = play.keep_samples
     for _ in range(play.max_steps):
         live = [i for i in range(B) if not done[i]]
         if not live:
             break
-        prompts = [
-            encode_prompt(
-                tok, envs.prompt(i, obs[i], infos[i]), play.max_prompt_tokens, play.enable_thinking
-            )
-            for i in live
-        ]
-        t = time.perf_counter()
-        if play.action_mode == "score":
-            cands = [
-                candidate_actions(envs.bench, infos[i].get("admissible_actions", []), envs.task(i))
-                for i in live
-            ]
-            responses = score_and_sample(engine, tok, prompts, cands, play.temperature)
-            engine_lps = None
-        else:
-            responses = engine.generate(
-                prompts, play.temperature, play.top_p, play.max_response_tokens
-            )
-            engine_lps = engine.generated_logprobs()
-        gen_s += time.perf_counter() - t
-        gen_tokens += sum(len(r) for r in responses)
+        acted = act(envs, engine, tok, obs, infos, live, play)
+        gen_tokens, gen_s = gen_tokens + acted.gen_tokens, gen_s + acted.gen_seconds
         actions = [""] * B
         for j, i in enumerate(live):
-            text = tok.decode(responses[j], skip_special_tokens=True)
-            admissible = (
-                infos[i].get("admissible_actions") if envs.bench in ("alfworld", "toy") else None
-            )
-            # toy envs parse like ALFWorld (issue 14 hook): an unlisted action is invalid
-            parsed = parse_action(
-                text, "webshop" if envs.bench == "webshop" else "alfworld", admissible
-            )
-            actions[i] = parsed.action
-            per[i].append(
-                StepRecord(
-                    prompt=prompts[j] if keep else [],
-                    response=responses[j] if keep else [],
-                    key=envs.key(i, obs[i]),
-                    invalid=not parsed.valid,
-                    engine_logprobs=engine_lps[j] if engine_lps and keep else None,
-                    hidden=int(infos[i].get("hidden_state", -1)),
-                )
-            )
-            envs.remember(i, obs[i], parsed.action)
+            actions[i] = acted.actions[j]
+            per[i].append(acted.records[j])
         t = time.perf_counter()
         obs, rewards, dones, infos = envs.step(actions)
         env_s += time.perf_counter() - t
         for i in live:
-            per[i][-1].reward = float(rewards[i])
-            # a toy action invalid in its state costs the penalty too
-            per[i][-1].invalid |= bool(infos[i].get("invalid", False))
+            after_step(per[i][-1], float(rewards[i]), infos[i])
             last_info[i] = infos[i]
         done = dones.copy()
     return _collect(per, last_info, play.group_size, gen_tokens, gen_s, env_s)
+
+
+def after_step(record: StepRecord, reward: float, info: dict[str, Any]) -> None:
+    """Fill in a step's env reward and env-side invalid flag once the env has stepped."""
+    record.reward = reward
+    # a toy action invalid in its state costs the penalty too
+    record.invalid |= bool(info.get("invalid", False))
 
 
 def _collect(

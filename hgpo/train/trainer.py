@@ -24,6 +24,7 @@ import torch
 from hgpo import compute_advantages
 from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
+from hgpo.train.branching import BranchPlan, branch_figures, play_branched
 from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError, is_toy
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
 from hgpo.train.lora import ADAPTER_DIR, add_adapters
@@ -150,6 +151,7 @@ class Trainer:
         self.train_envs = EnvSet(cfg, TRAIN_SPLIT, self.groups_per_rank * cfg.group_size)
         self.val_envs: dict[str, EnvSet] = {}
         self.play = Play.training(cfg)
+        self.branching = BranchPlan.from_config(cfg)
         self.truth = self._truth_monitor()
         self.start = 1
         self._grad_norm = 0.0  # the fallback grad norm when DeepSpeed records none
@@ -353,7 +355,7 @@ class Trainer:
 
         # 1. rollout: group_size episodes of each of this rank's tasks
         with times.timing("rollout"):
-            roll = run_episodes(self.train_envs, self.engine, self.tok, self._tasks(it), self.play)
+            roll = self._rollout(it)
 
         # 2. score: log-probs of the sampled tokens under the rollout's weights (and the
         #    reference's), the critic's values
@@ -403,15 +405,16 @@ class Trainer:
             stop_unless_finite(stats, it)
             self.engine_sync()
 
-        # 6. the iteration's figures, merged over ranks
+        # 6. the iteration's figures, merged over ranks (episodes: the roots of a branched one)
+        episodes = roll.root_episodes()
         mine = RankFigures(
             n_steps=len(roll),
             adv_sum=float(adv.sum()),
             adv_sq=float((adv**2).sum()),
-            reward=roll.trajectory_rewards(),
-            success=roll.success,
-            score=roll.score,
-            length=roll.length,
+            reward=episodes.reward,
+            success=episodes.success,
+            score=episodes.score,
+            length=episodes.length,
             invalid=int(np.sum(roll.invalid)),
             gen_tokens=roll.gen_tokens,
             gen_s=roll.gen_seconds,
@@ -428,9 +431,21 @@ class Trainer:
             ],
             update=stats.metrics(),
             times=times,
+            branching=branch_figures(roll) if self.branching is not None else None,
         )
         parts = dist.gather(mine)
         return {**merge_metrics(parts), **truth} if self.rank == 0 else {}
+
+    def _rollout(self, it: int) -> Rollout:
+        """This rank's training rollout of iteration ``it``: independent episodes, or branched
+        ones (``--rollout-scheme``) whose branch points are drawn from (seed, iteration, rank)."""
+        tasks = self._tasks(it)
+        if self.branching is None:
+            return run_episodes(self.train_envs, self.engine, self.tok, tasks, self.play)
+        rng = np.random.default_rng([self.cfg.seed, it, self.rank, 11])
+        return play_branched(
+            self.train_envs, self.engine, self.tok, tasks, self.play, self.branching, rng
+        )
 
     def _tasks(self, it: int) -> list[int]:
         """This rank's tasks of iteration ``it``: seeded by (seed, iteration), whole groups."""

@@ -283,18 +283,17 @@ class TruthMonitor:
         """
         env, K = self.env, self.K
         n = len(roll.step)
-        action = np.empty(n, dtype=np.int64)
         P = np.empty(n, dtype=np.int64)
         hidden = np.asarray(roll.hidden, dtype=np.int64)
         obs = env.obs_of_state[hidden]
-        start = 0
+        action = np.array([
+            self.text.action_id(parse_action(self.tok.decode(r, skip_special_tokens=True)).action)
+            for r in roll.response_ids
+        ], dtype=np.int64)  # fmt: skip
+        back = _context_rows(roll, K)
         for i in range(n):
-            if roll.step[i] == 0:
-                start = i
-            text = self.tok.decode(roll.response_ids[i], skip_special_tokens=True)
-            action[i] = self.text.action_id(parse_action(text).action)
-            lo = max(start, i - K)
-            code = encode_context(obs[lo:i], action[lo:i], int(obs[i]), K=K, n_obs=env.n_obs,
+            past = back[i]
+            code = encode_context(obs[past], action[past], int(obs[i]), K=K, n_obs=env.n_obs,
                                   n_actions=env.n_actions)  # fmt: skip
             P[i] = code // env.n_obs
         if (action < 0).any():
@@ -316,10 +315,15 @@ class TruthMonitor:
         group = np.asarray(roll.group, dtype=np.int64)
         # the key is (task, z, a): an estimator's mean at (z, a) may depend on the group's task
         traj = np.asarray(roll.traj, dtype=np.int64)
-        first = np.asarray(roll.step) == 0
-        task = np.zeros(int(traj.max()) + 1, dtype=np.int64)
-        task[traj[first]] = np.asarray(roll.hidden, dtype=np.int64)[first]
-        triple = np.stack([task[traj], nodes.node, nodes.action], axis=1)
+        hidden = np.asarray(roll.hidden, dtype=np.int64)
+        if batch.branches is not None:  # a branch's task is its root's start state
+            task_of_row = hidden[batch.branches.virtual_rows[batch.traj_index, 0]]
+        else:
+            first = np.asarray(roll.step) == 0
+            task = np.zeros(int(traj.max()) + 1, dtype=np.int64)
+            task[traj[first]] = hidden[first]
+            task_of_row = task[traj]
+        triple = np.stack([task_of_row, nodes.node, nodes.action], axis=1)
         _, first_of, key = np.unique(triple, axis=0, return_index=True, return_inverse=True)
         key = key.reshape(-1)
         # each key weighs its exact visit probability d(z) pi(a | z) (summed over tasks)
@@ -363,3 +367,17 @@ class TruthMonitor:
         out.update(self.estimator_metrics(truth, roll, nodes))
         out["truth/time"] = time.perf_counter() - t0
         return out
+
+
+def _context_rows(roll: Any, K: int) -> list[np.ndarray]:
+    """Per row, the rows of its last min(K, t) steps, oldest first: the rows before it in its
+    trajectory, read across the branch point for a branch (hgpo.branching.lookback_rows)."""
+    from hgpo.branching import lookback_rows
+
+    steps = np.asarray(roll.step, dtype=np.int64)
+    if not roll.n_branches:
+        starts = np.flatnonzero(steps == 0)
+        start = starts[np.searchsorted(starts, np.arange(steps.size), side="right") - 1]
+        return [np.arange(max(s, i - K), i) for i, s in enumerate(start)]
+    back = lookback_rows(roll.step_batch(), K)  # back[k, i]: the row of s_{t-k}
+    return [back[min(K, int(t)) : 0 : -1, i] for i, t in enumerate(steps)]
