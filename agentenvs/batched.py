@@ -488,6 +488,11 @@ class BatchedEnv:
             raise ValueError(f"BatchedEnv.{what}: a slot may appear once, got {out}")
         return out
 
+    def park(self, slots: Sequence[int]) -> None:
+        """Leave ``slots`` out of the next steps (reported done, their last observation kept)
+        until a :meth:`restore` or :meth:`reset` makes them live again."""
+        self.done[self._check_slots("park", slots)] = True
+
     def snapshot(self, slots: Sequence[int]) -> list[Snapshot | None]:
         """The :class:`Snapshot` of each of ``slots`` (taken in its worker), in that order.
 

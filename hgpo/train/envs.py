@@ -168,7 +168,7 @@ class EnvSet:
 
     def park(self, slots: list[int]) -> None:
         """Leave ``slots`` out of the next steps (done) until a restore makes them live."""
-        self._env.done[slots] = True
+        self._env.park(slots)
 
     def memory(self, i: int) -> EpisodeMemory:
         """Slot ``i``'s prompt memory (the object :meth:`remember` appends to)."""

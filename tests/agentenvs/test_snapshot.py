@@ -358,6 +358,22 @@ def test_batched_toy_restores_across_workers():
         assert (got[0][1], got[1][1], got[3][1]) == (want[0][0], want[1][0], want[3][0])
 
 
+def test_batched_park_holds_a_slot_until_restored():
+    factory = toy_factory(parse_toy_spec("toy:keydoor:size=4,horizon=30,slip=0"), "train", seed=0)
+    with BatchedEnv(factory, 2, num_workers=2) as env:
+        obs0, infos = env.reset([0], 2)
+        acts = infos[0]["admissible_actions"]
+        (snap,) = env.snapshot([0])
+        env.park([1])
+        obs, r, done, _ = env.step([acts[0]] * 2)
+        # the parked slot is not stepped: done, reward 0, its last observation kept
+        assert list(done) == [False, True] and r[1] == 0.0 and obs[1] == obs0[1]
+        with pytest.raises(ValueError, match=r"BatchedEnv\.park: slots must lie in 0\.\.1"):
+            env.park([2])
+        env.restore([(1, snap)])  # live again, from slot 0's start
+        assert list(env.done) == [False, False]
+
+
 def test_batched_webshop_restores_across_workers(shop_world):
     from agentenvs.factories import webshop_factory
 
