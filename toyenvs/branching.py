@@ -172,10 +172,10 @@ def branch_arrays(
 #   overlap in the CPU. Group g writes its rows at the padded rows g * cap_g + i and its
 #   trajectories at g * steps + j; :func:`compact` then moves them to their place in group order
 #   and fills the columns the step loop does not need.
-# - No scans. Each rule's eligible steps are kept up to date as a trajectory ends (a
-#   :class:`Book` per lane), so a branch point costs O(1) (uniform), O(log rows) (singleton: a
-#   Fenwick tree over the singleton flags), one pass over the group's distinct level-K contexts
-#   (hard) or over its steps at the tree depths (tree), not a pass over all its rows. The draw
+# - No scans. Each rule's eligible steps are kept up to date as a trajectory ends (the "book"
+#   of each lane, below), so a branch point costs O(1) (uniform), O(rows / 64) (singleton: a
+#   bit per row, words skipped by their popcount), one pass over the group's distinct level-K
+#   contexts (hard) or over its steps at the tree depths (tree), not a pass over all its rows. The draw
 #   is the reference's: u from the group's choice stream, the j = floor(u n)-th eligible row in
 #   row order.
 
@@ -183,8 +183,10 @@ W = kn.LANES  # groups in flight at once
 INDEPENDENT, UNIFORM, SINGLETON, HARD, TREE = range(5)  # rule codes, the order of RULES
 _TIE = 1e-12  # hard: level-K groups whose variance is within this of the largest tie
 
-# The kernels' state lives in a few plain arrays with named fields (numba pays reference
-# counting for every array taken out of a tuple inside a loop, so no namedtuples here).
+# The kernels' state lives in a few plain arrays with named fields, and the helpers are
+# compiled without reference counting (_nrt=False) and inlined: numba pays an atomic
+# increment and decrement for every array bound in a helper (or taken out of a tuple), which
+# made the per-row and per-trajectory bookkeeping cost more than the env steps.
 #
 # lane: int64[W, 11], per lane: its group (-1: idle), the trajectory j being run, the group's
 # rows so far and the row where j started, j's snapshot (t, hidden state, stream, past part P),
@@ -197,15 +199,15 @@ L_G, L_J, L_ROW, L_ROW0, L_T, L_S, L_ST, L_P, L_POS, L_PARENT, L_CST = range(11)
 #   level-K code: KEY (-1: empty), CNT steps, FIRST row (while CNT == 1 its only one), N1 steps
 #   with t >= 1, HEAD / TAIL of the list of those rows in row order (linked by NXT), SIDX the
 #   slot's index d among the distinct slots DSLOT[:ND].
-# rows: int64[W, 7, cap_g + 1]: SLOT and NXT of each row, NCHILD branches taken from it (tree),
+# rows: int64[W, 8, cap_g + 1]: SLOT and NXT of each row, NCHILD branches taken from it (tree),
 #   DSLOT, ONES (rows with t >= 1 in row order: uniform and every fallback), DEEP (rows at the
-#   tree depths in row order), FEN a Fenwick tree over rows of the flag "t >= 1 and its slot's
-#   CNT == 1" (singleton).
+#   tree depths in row order), FLAGS one bit per row (64 to a word) of "t >= 1 and its slot's
+#   CNT == 1" (singleton), TIED scratch (hard).
 # sums: float64[W, 3, size]: SUM and SQ of the return-to-go over a slot's steps; VAR[d] the
 #   population variance of distinct slot d as the reference computes it, -inf when N1 == 0.
-# count: int64[W, 4]: ND, N_ONES, N_DEEP, N_SINGLE (set FEN flags).
+# count: int64[W, 4]: ND, N_ONES, N_DEEP, N_SINGLE (set FLAGS bits).
 KEY, CNT, FIRST, N1, HEAD, TAIL, SIDX = range(7)
-SLOT, NXT, NCHILD, DSLOT, ONES, DEEP, FEN = range(7)
+SLOT, NXT, NCHILD, DSLOT, ONES, DEEP, FLAGS, TIED = range(8)
 SUM, SQ, VAR = range(3)
 ND, N_ONES, N_DEEP, N_SINGLE = range(4)
 #
@@ -215,34 +217,47 @@ ND, N_ONES, N_DEEP, N_SINGLE = range(4)
 LENGTH, PARENT, FINAL, SUCCESS = range(4)
 
 
-@njit(cache=True)
-def _fen_add(rows, w, i, d):
-    """Add d to row i's flag in lane w's Fenwick tree."""
-    n = rows.shape[2] - 1
-    i += 1
-    while i <= n:
-        rows[w, FEN, i] += d
-        i += i & -i
+_M1 = np.uint64(0x5555555555555555)
+_M2 = np.uint64(0x3333333333333333)
+_M4 = np.uint64(0x0F0F0F0F0F0F0F0F)
+_H01 = np.uint64(0x0101010101010101)
+_ONE = np.uint64(1)
 
 
-@njit(cache=True)
-def _fen_find(rows, w, j):
-    """The row of the (j + 1)-th set flag in row order (binary descent over the tree)."""
-    n = rows.shape[2] - 1
-    bit = 1
-    while bit * 2 <= n:
-        bit *= 2
-    pos = 0
-    rem = j + 1
-    while bit > 0:
-        if pos + bit <= n and rows[w, FEN, pos + bit] < rem:
-            pos += bit
-            rem -= rows[w, FEN, pos]
-        bit //= 2
-    return pos
+@njit(cache=True, _nrt=False, inline="always")
+def _popcount(x):
+    """Set bits of a uint64 (SWAR)."""
+    x = x - ((x >> _ONE) & _M1)
+    x = (x & _M2) + ((x >> np.uint64(2)) & _M2)
+    x = (x + (x >> np.uint64(4))) & _M4
+    return np.int64((x * _H01) >> np.uint64(56))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
+def _flag(rows, w, r, on):
+    """Set (on) or clear row r's singleton flag: bit r % 64 of word r // 64 of FLAGS."""
+    x = np.uint64(rows[w, FLAGS, r >> 6])
+    bit = _ONE << np.uint64(r & 63)
+    rows[w, FLAGS, r >> 6] = np.int64(x | bit if on else x & ~bit)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _nth_flag(rows, w, j):
+    """The row of the (j + 1)-th set flag in row order: whole words by their popcount, then
+    the lowest set bits of the word that holds it."""
+    i = 0
+    while True:
+        x = np.uint64(rows[w, FLAGS, i])
+        c = _popcount(x)
+        if j < c:
+            for _ in range(j):
+                x &= x - _ONE
+            return i * 64 + _popcount((x & (~x + _ONE)) - _ONE)
+        j -= c
+        i += 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _slot(slots, rows, sums, count, w, code):
     """Slot of a level-K code in lane w's table (entered, with its index d, when new)."""
     mask = slots.shape[2] - 1
@@ -259,7 +274,7 @@ def _slot(slots, rows, sums, count, w, code):
     return h
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def _record_singleton(slots, rows, sums, count, w, base, r0, r1, K, o_step, o_keys):
     """Count rows r0..r1-1 in their level-K groups; a group's row is a singleton branch point
     while the group has one step and that step has t >= 1."""
@@ -269,15 +284,15 @@ def _record_singleton(slots, rows, sums, count, w, base, r0, r1, K, o_step, o_ke
         if c == 0:
             slots[w, FIRST, h] = r
             if o_step[base + r] >= 1:
-                _fen_add(rows, w, r, 1)
+                _flag(rows, w, r, True)
                 count[w, N_SINGLE] += 1
         elif c == 1 and o_step[base + slots[w, FIRST, h]] >= 1:
-            _fen_add(rows, w, slots[w, FIRST, h], -1)
+            _flag(rows, w, slots[w, FIRST, h], False)
             count[w, N_SINGLE] -= 1
         slots[w, CNT, h] = c + 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def _record_hard(slots, rows, sums, count, w, base, r0, r1, final, K, o_step, o_hidden,
                  o_action, o_keys, invalid, reward_enter):  # fmt: skip
     """Enter rows r0..r1-1's return-to-go G_t = sum_{j >= t} (r_j - 0.1 invalid_j) in their
@@ -309,7 +324,7 @@ def _record_hard(slots, rows, sums, count, w, base, r0, r1, final, K, o_step, o_
         sums[w, VAR, slots[w, SIDX, h]] = v if slots[w, N1, h] > 0 else -np.inf
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def record(slots, rows, sums, count, w, rule, base, r0, r1, final, K, at_depth, o_step,
            o_hidden, o_action, o_keys, invalid, reward_enter):  # fmt: skip
     """Enter the rows r0..r1-1 of lane w's trajectory that just ended (at padded rows base + r)
@@ -330,7 +345,7 @@ def record(slots, rows, sums, count, w, rule, base, r0, r1, final, K, at_depth, 
                      o_action, o_keys, invalid, reward_enter)  # fmt: skip
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def _choose_hard(slots, rows, sums, count, w, cst):
     """hard: (row, stream, True) drawn uniformly among the steps with t >= 1 of the level-K
     groups whose variance is within _TIE of the largest; (-1, stream, False) when the largest
@@ -356,19 +371,22 @@ def _choose_hard(slots, rows, sums, count, w, cst):
         for _ in range(j):
             r = rows[w, NXT, r]
         return r, cst, True
-    tied = np.empty(n, np.int64)  # tied groups: their rows merged in row order
-    m = 0
+    m = 0  # tied groups: their rows merged in row order (insertion sort into TIED)
     for d in range(nd):
         if sums[w, VAR, d] >= best - _TIE:
             r = slots[w, HEAD, rows[w, DSLOT, d]]
             while r >= 0:
-                tied[m] = r
+                i = m
+                while i > 0 and rows[w, TIED, i - 1] > r:
+                    rows[w, TIED, i] = rows[w, TIED, i - 1]
+                    i -= 1
+                rows[w, TIED, i] = r
                 m += 1
                 r = rows[w, NXT, r]
-    return np.sort(tied)[j], cst, True
+    return rows[w, TIED, j], cst, True
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def choose(slots, rows, sums, count, w, rule, cst):
     """The group's row to branch from by ``rule`` (-1: no step with t >= 1 yet, a new root),
     and the advanced choice stream. A rule with no eligible step falls back to uniform."""
@@ -386,7 +404,7 @@ def choose(slots, rows, sums, count, w, rule, cst):
     elif rule == SINGLETON and count[w, N_SINGLE] > 0:
         n = count[w, N_SINGLE]
         cst, u = kn.rng_uniform(cst)
-        return _fen_find(rows, w, min(np.int64(u * n), n - 1)), cst
+        return _nth_flag(rows, w, min(np.int64(u * n), n - 1)), cst
     elif rule == HARD:
         r, cst, ok = _choose_hard(slots, rows, sums, count, w, cst)
         if ok:
@@ -395,7 +413,7 @@ def choose(slots, rows, sums, count, w, rule, cst):
     return rows[w, ONES, min(np.int64(u * n_any), n_any - 1)], cst
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def clear(slots, rows, sums, count, w):
     """Empty lane w's structures for its next group (only the slots it used)."""
     for d in range(count[w, ND]):
@@ -407,11 +425,13 @@ def clear(slots, rows, sums, count, w):
         sums[w, SUM, h] = 0.0
         sums[w, SQ, h] = 0.0
     if count[w, N_SINGLE] > 0:
-        rows[w, FEN, :] = 0
-    count[w, :] = 0
+        for i in range(rows.shape[2] // 64 + 1):
+            rows[w, FLAGS, i] = 0
+    for i in range(count.shape[1]):
+        count[w, i] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def begin(lane, ring, rows, w, r, seed, starts, K, M, n_obs, powM, cap_g, o_hidden, o_keys,
           o_step, o_traj):  # fmt: skip
     """Start lane w's next trajectory j of its group g from stream (seed, g * 2^24 + j): a
@@ -439,7 +459,7 @@ def begin(lane, ring, rows, w, r, seed, starts, K, M, n_obs, powM, cap_g, o_hidd
         ring[w, k] = (P // powM[K - 1 - k]) % M
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM, cap_g,
                 o_hidden, o_keys, o_step, o_traj):  # fmt: skip
     """Give lane w the next group (its first root); False when none is left."""
@@ -455,7 +475,7 @@ def start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def end_trajectory(lane, ring, slots, rows, sums, count, trajs, groups, next_group, w, s2,
                    success, seed, starts, steps, root_steps, rule, at_depth, K, M, n_obs, powM,
                    cap_g, invalid, reward_enter, o_hidden, o_action, o_keys, o_step,
@@ -469,7 +489,8 @@ def end_trajectory(lane, ring, slots, rows, sums, count, trajs, groups, next_gro
     trajs[k, FINAL], trajs[k, SUCCESS] = s2, success
     base = g * cap_g
     if rule != INDEPENDENT:
-        o_traj[base + r0 : base + r1] = j  # the parent id of a branch from these rows
+        for r in range(base + r0, base + r1):  # the parent id of a branch from these rows
+            o_traj[r] = j
         record(slots, rows, sums, count, w, rule, base, r0, r1, s2, K, at_depth, o_step,
                o_hidden, o_action, o_keys, invalid, reward_enter)  # fmt: skip
     lane[w, L_J] = j + 1
@@ -500,8 +521,8 @@ def new_book(rule, cap_g):
     slots[:, CNT] = 0
     slots[:, N1] = 0
     slots[:, HEAD] = -1
-    rows = np.empty((W, 7, cap_g + 1), np.int64)
-    rows[:, FEN] = 0
+    rows = np.empty((W, 8, cap_g + 1), np.int64)
+    rows[:, FLAGS] = 0
     sums = np.zeros((W, 3, max(size, cap_g)))
     return slots, rows, sums, np.zeros((W, 4), np.int64)
 
@@ -616,7 +637,7 @@ def branch_kernel(
     )  # fmt: skip
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def compact(trajs, groups, steps, cap_g, K, n_obs, n_actions, powM, obs_of_state, invalid,
             reward_enter, o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action,
             o_invalid, o_hidden, o_ctx, o_keys, o_success):  # fmt: skip
@@ -640,8 +661,9 @@ def compact(trajs, groups, steps, cap_g, K, n_obs, n_actions, powM, obs_of_state
             k = g * steps + j
             L = trajs[k, LENGTH]
             parent = tr0 + trajs[k, PARENT] if trajs[k, PARENT] >= 0 else -1
-            o_traj[row : row + L] = tr
-            o_parent[row : row + L] = parent
+            for i in range(row, row + L):
+                o_traj[i] = tr
+                o_parent[i] = parent
             o_reward[row + L - 1] = reward_enter[trajs[k, FINAL]]
             o_success[tr] = trajs[k, SUCCESS] != 0
             row += L
@@ -651,7 +673,7 @@ def compact(trajs, groups, steps, cap_g, K, n_obs, n_actions, powM, obs_of_state
     return row, tr
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def fill_columns(n, K, n_obs, n_actions, powM, obs_of_state, invalid, reward_enter, o_traj,
                  o_reward, o_obs, o_action, o_invalid, o_hidden, o_keys):  # fmt: skip
     """Observation, invalid flag, reward (but a trajectory's last, already set: the reward of
