@@ -143,6 +143,7 @@ def branch_arrays(
     at_depth[list(scheme.depths)] = True
     cap = tasks.size * (steps + env.horizon)
     K = pol.K  # type: ignore[attr-defined]
+    pol.cover(env, tasks)  # type: ignore[attr-defined]  # a NeuralPolicy's table: every context
     out = {name: np.empty(cap, dtype) for name, dtype in _COLUMNS}
     keys = np.empty((K + 1, cap), np.int64)
     success = np.empty(cap, np.bool_)
@@ -195,7 +196,7 @@ _TIE = 1e-12  # hard: level-K groups whose variance is within this of the larges
 L_G, L_J, L_ROW, L_ROW0, L_T, L_S, L_ST, L_P, L_POS, L_PARENT, L_CST = range(11)
 #
 # The branch-point structures of each lane's group ("book"; rows are the group's local rows):
-# slots: int64[W, 7, size] an open-addressing table of the level-K groups met, keyed by the
+# slots: int64[W, size, 8] an open-addressing table of the level-K groups met, keyed by the
 #   level-K code: KEY (-1: empty), CNT steps, FIRST row (while CNT == 1 its only one), N1 steps
 #   with t >= 1, HEAD / TAIL of the list of those rows in row order (linked by NXT), SIDX the
 #   slot's index d among the distinct slots DSLOT[:ND].
@@ -203,7 +204,7 @@ L_G, L_J, L_ROW, L_ROW0, L_T, L_S, L_ST, L_P, L_POS, L_PARENT, L_CST = range(11)
 #   DSLOT, ONES (rows with t >= 1 in row order: uniform and every fallback), DEEP (rows at the
 #   tree depths in row order), FLAGS one bit per row (64 to a word) of "t >= 1 and its slot's
 #   CNT == 1" (singleton), TIED scratch (hard).
-# sums: float64[W, 3, size]: SUM and SQ of the return-to-go over a slot's steps; VAR[d] the
+# sums: float64[W, max(size, cap_g), 3]: SUM and SQ of the return-to-go over a slot's steps; VAR[d] the
 #   population variance of distinct slot d as the reference computes it, -inf when N1 == 0.
 # count: int64[W, 4]: ND, N_ONES, N_DEEP, N_SINGLE (set FLAGS bits).
 KEY, CNT, FIRST, N1, HEAD, TAIL, SIDX = range(7)
@@ -260,68 +261,71 @@ def _nth_flag(rows, w, j):
 @njit(cache=True, _nrt=False, inline="always")
 def _slot(slots, rows, sums, count, w, code):
     """Slot of a level-K code in lane w's table (entered, with its index d, when new)."""
-    mask = slots.shape[2] - 1
+    mask = slots.shape[1] - 1
     h = kn.slot_of(code, np.uint64(mask))
-    while slots[w, KEY, h] != -1 and slots[w, KEY, h] != code:
+    while slots[w, h, KEY] != -1 and slots[w, h, KEY] != code:
         h = (h + 1) & mask
-    if slots[w, KEY, h] == -1:
-        slots[w, KEY, h] = code
+    if slots[w, h, KEY] == -1:
+        slots[w, h, KEY] = code
         d = count[w, ND]
-        slots[w, SIDX, h] = d
+        slots[w, h, SIDX] = d
         rows[w, DSLOT, d] = h
-        sums[w, VAR, d] = -np.inf
+        sums[w, d, VAR] = -np.inf
         count[w, ND] = d + 1
     return h
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _record_singleton(slots, rows, sums, count, w, base, r0, r1, K, o_step, o_keys):
-    """Count rows r0..r1-1 in their level-K groups; a group's row is a singleton branch point
-    while the group has one step and that step has t >= 1."""
-    for r in range(r0, r1):
-        h = _slot(slots, rows, sums, count, w, o_keys[K, base + r])
-        c = slots[w, CNT, h]
-        if c == 0:
-            slots[w, FIRST, h] = r
-            if o_step[base + r] >= 1:
-                _flag(rows, w, r, True)
-                count[w, N_SINGLE] += 1
-        elif c == 1 and o_step[base + slots[w, FIRST, h]] >= 1:
-            _flag(rows, w, slots[w, FIRST, h], False)
-            count[w, N_SINGLE] -= 1
-        slots[w, CNT, h] = c + 1
+def _enter_step(slots, rows, sums, count, w, rule, r, t, code, base, o_step):
+    """Count row r (step t, level-K code) in its level-K group as it is taken (the step loop
+    interleaves these lookups across lanes; the rules read the counts only when the
+    trajectory has ended, so this is the reference's state at every branch point). singleton:
+    a group's row is a branch point while the group has one step and that step has t >= 1."""
+    h = _slot(slots, rows, sums, count, w, code)
+    rows[w, SLOT, r] = h
+    c = slots[w, h, CNT]
+    slots[w, h, CNT] = c + 1
+    if rule != SINGLETON:
+        return
+    if c == 0:
+        slots[w, h, FIRST] = r
+        if t >= 1:
+            _flag(rows, w, r, True)
+            count[w, N_SINGLE] += 1
+    elif c == 1 and o_step[base + slots[w, h, FIRST]] >= 1:
+        _flag(rows, w, slots[w, h, FIRST], False)
+        count[w, N_SINGLE] -= 1
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def _record_hard(slots, rows, sums, count, w, base, r0, r1, final, K, o_step, o_hidden,
                  o_action, o_keys, invalid, reward_enter):  # fmt: skip
     """Enter rows r0..r1-1's return-to-go G_t = sum_{j >= t} (r_j - 0.1 invalid_j) in their
-    level-K groups (last row first, the reference's order of summation), then append their
-    rows with t >= 1 to the groups' lists and refresh the touched groups' variances."""
+    level-K groups (slots found by :func:`_enter_step`; last row first, the reference's order
+    of summation), then append their rows with t >= 1 to the groups' lists and refresh the
+    touched groups' variances."""
     g = 0.0
     for r in range(r1 - 1, r0 - 1, -1):
         q = base + r
         s2 = o_hidden[q + 1] if r + 1 < r1 else final
         g += reward_enter[s2] - kn.INVALID_PENALTY * invalid[o_hidden[q], o_action[q]]
-        h = _slot(slots, rows, sums, count, w, o_keys[K, q])
-        rows[w, SLOT, r] = h
-        slots[w, CNT, h] += 1
-        sums[w, SUM, h] += g
-        sums[w, SQ, h] += g * g
+        h = rows[w, SLOT, r]
+        sums[w, h, SUM] += g
+        sums[w, h, SQ] += g * g
     for r in range(r0, r1):
         h = rows[w, SLOT, r]
         if o_step[base + r] >= 1:
             rows[w, NXT, r] = -1
-            if slots[w, HEAD, h] < 0:
-                slots[w, HEAD, h] = r
+            if slots[w, h, HEAD] < 0:
+                slots[w, h, HEAD] = r
             else:
-                rows[w, NXT, slots[w, TAIL, h]] = r
-            slots[w, TAIL, h] = r
-            slots[w, N1, h] += 1
-        c = slots[w, CNT, h]
-        m = sums[w, SUM, h] / c
-        v = sums[w, SQ, h] / c - m * m if c >= 2 else 0.0
-        sums[w, VAR, slots[w, SIDX, h]] = v if slots[w, N1, h] > 0 else -np.inf
+                rows[w, NXT, slots[w, h, TAIL]] = r
+            slots[w, h, TAIL] = r
+            slots[w, h, N1] += 1
+        c = slots[w, h, CNT]
+        m = sums[w, h, SUM] / c
+        v = sums[w, h, SQ] / c - m * m if c >= 2 else 0.0
+        sums[w, slots[w, h, SIDX], VAR] = v if slots[w, h, N1] > 0 else -np.inf
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -338,9 +342,7 @@ def record(slots, rows, sums, count, w, rule, base, r0, r1, final, K, at_depth, 
             if at_depth[t]:
                 rows[w, DEEP, count[w, N_DEEP]] = r
                 count[w, N_DEEP] += 1
-    if rule == SINGLETON:
-        _record_singleton(slots, rows, sums, count, w, base, r0, r1, K, o_step, o_keys)
-    elif rule == HARD:
+    if rule == HARD:
         _record_hard(slots, rows, sums, count, w, base, r0, r1, final, K, o_step, o_hidden,
                      o_action, o_keys, invalid, reward_enter)  # fmt: skip
 
@@ -353,28 +355,28 @@ def _choose_hard(slots, rows, sums, count, w, cst):
     nd = count[w, ND]
     best = -np.inf
     for d in range(nd):
-        best = max(best, sums[w, VAR, d])
+        best = max(best, sums[w, d, VAR])
     if not best > _TIE:
         return -1, cst, False
     n = 0
     n_slots = 0
     only = -1
     for d in range(nd):
-        if sums[w, VAR, d] >= best - _TIE:
+        if sums[w, d, VAR] >= best - _TIE:
             only = rows[w, DSLOT, d]
-            n += slots[w, N1, only]
+            n += slots[w, only, N1]
             n_slots += 1
     cst, u = kn.rng_uniform(cst)
     j = min(np.int64(u * n), n - 1)
-    r = slots[w, HEAD, only]
+    r = slots[w, only, HEAD]
     if n_slots == 1:  # the usual case: walk the one group's list
         for _ in range(j):
             r = rows[w, NXT, r]
         return r, cst, True
     m = 0  # tied groups: their rows merged in row order (insertion sort into TIED)
     for d in range(nd):
-        if sums[w, VAR, d] >= best - _TIE:
-            r = slots[w, HEAD, rows[w, DSLOT, d]]
+        if sums[w, d, VAR] >= best - _TIE:
+            r = slots[w, rows[w, DSLOT, d], HEAD]
             while r >= 0:
                 i = m
                 while i > 0 and rows[w, TIED, i - 1] > r:
@@ -418,12 +420,12 @@ def clear(slots, rows, sums, count, w):
     """Empty lane w's structures for its next group (only the slots it used)."""
     for d in range(count[w, ND]):
         h = rows[w, DSLOT, d]
-        slots[w, KEY, h] = -1
-        slots[w, CNT, h] = 0
-        slots[w, N1, h] = 0
-        slots[w, HEAD, h] = -1
-        sums[w, SUM, h] = 0.0
-        sums[w, SQ, h] = 0.0
+        slots[w, h, KEY] = -1
+        slots[w, h, CNT] = 0
+        slots[w, h, N1] = 0
+        slots[w, h, HEAD] = -1
+        sums[w, h, SUM] = 0.0
+        sums[w, h, SQ] = 0.0
     if count[w, N_SINGLE] > 0:
         for i in range(rows.shape[2] // 64 + 1):
             rows[w, FLAGS, i] = 0
@@ -516,14 +518,14 @@ def new_book(rule, cap_g):
         size *= 2
     if rule != SINGLETON and rule != HARD:
         size = 1
-    slots = np.empty((W, 7, size), np.int64)
-    slots[:, KEY] = -1
-    slots[:, CNT] = 0
-    slots[:, N1] = 0
-    slots[:, HEAD] = -1
+    slots = np.empty((W, size, 8), np.int64)  # a slot's fields in one cache line
+    slots[:, :, KEY] = -1
+    slots[:, :, CNT] = 0
+    slots[:, :, N1] = 0
+    slots[:, :, HEAD] = -1
     rows = np.empty((W, 8, cap_g + 1), np.int64)
     rows[:, FLAGS] = 0
-    sums = np.zeros((W, 3, max(size, cap_g)))
+    sums = np.zeros((W, max(size, cap_g), 3))
     return slots, rows, sums, np.zeros((W, 4), np.int64)
 
 
@@ -546,10 +548,6 @@ def branch_kernel(
     dense row, t and the full context code at the group's padded rows.
     """
     A = next_state.shape[1]
-    M = (n_obs + 1) * (A + 1)
-    top = powM[K - 1] if K > 0 else np.int64(0)
-    mask = np.uint64((htab.shape[0] >> 1) - 1)
-    imask = np.int64(mask)
     deterministic = True
     for x in next_prob[:, :, 0].ravel():
         if x < 1.0:
@@ -562,6 +560,38 @@ def branch_kernel(
     lane = np.zeros((W, 11), np.int64)
     ring = np.zeros((W, max(K, 1)), np.int64)
     next_group = np.zeros(1, np.int64)
+    if not run_lanes(
+        starts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob, invalid,
+        reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
+        init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, slots, rows,
+        sums, book_count, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action,
+        o_hidden, o_ctx, o_keys,
+    ):  # fmt: skip
+        return -1, 0
+    return compact(
+        trajs, groups, steps, cap_g, K, n_obs, A, powM, obs_of_state, invalid, reward_enter,
+        o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx,
+        o_keys, o_success,
+    )  # fmt: skip
+
+
+@njit(cache=True, _nrt=False)
+def run_lanes(
+    starts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob, invalid,
+    reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed, init_scale,
+    inv_temp, steps, root_steps, rule, at_depth, deterministic, slots, rows, sums, book_count,
+    trajs, groups, lane, ring, next_group, o_traj, o_step, o_action, o_hidden, o_ctx, o_keys,
+):  # fmt: skip
+    """The step loop of :func:`branch_kernel` over the lanes until every group is done;
+    False when the policy table filled up. Compiled without reference counting (it allocates
+    nothing), so the inlined bookkeeping costs no atomic operations."""
+    A = next_state.shape[1]
+    M = (n_obs + 1) * (A + 1)
+    top = powM[K - 1] if K > 0 else np.int64(0)
+    mask = np.uint64((htab.shape[0] >> 1) - 1)
+    imask = np.int64(mask)
+    cap_g = steps + horizon
+    counted = rule in (SINGLETON, HARD)
     active = 0
     for w in range(W):
         active += start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM,
@@ -592,7 +622,7 @@ def branch_kernel(
                     inv_temp,
                 )  # fmt: skip
                 if c < 0:
-                    return -1, 0
+                    return False
             # splitmix64 draw (as rng_uniform) and inverse-cdf action (as sample_action)
             st = np.uint64(lane[w, L_ST]) + kn.GOLD
             u = np.float64(kn.mix64(st) >> kn.SH11) * kn.TO_UNIT
@@ -610,6 +640,9 @@ def branch_kernel(
             o_ctx[q] = c
             o_step[q] = t
             o_keys[K, q] = code
+            if counted:
+                _enter_step(slots, rows, sums, book_count, w, rule, lane[w, L_ROW], t, code,
+                            g * cap_g, o_step)  # fmt: skip
             lane[w, L_ROW] += 1
             t += 1
             if terminal[s2] or t >= horizon:
@@ -630,11 +663,7 @@ def branch_kernel(
             lane[w, L_S] = s2
             lane[w, L_ST] = np.int64(st)
             lane[w, L_T] = t
-    return compact(
-        trajs, groups, steps, cap_g, K, n_obs, A, powM, obs_of_state, invalid, reward_enter,
-        o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx,
-        o_keys, o_success,
-    )  # fmt: skip
+    return True
 
 
 @njit(cache=True, _nrt=False)

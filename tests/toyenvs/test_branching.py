@@ -198,3 +198,12 @@ def test_branch_kernel_compiled_equals_python(scheme: str) -> None:
         b = _arrays(branch_kernel.py_func, "keydoor_slip", scheme, K=2)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_neural_policy_branches_without_an_earlier_rollout() -> None:
+    """The branched rollout covers a NeuralPolicy's table itself (as rollout_arrays does)."""
+    env = make_small("keydoor_slip")
+    pol = toyenvs.NeuralPolicy(env, K=2, arch="mlp", width=8)
+    rb = toyenvs.rollout(env, pol, seed=2, scheme="branch:hard", steps=30)
+    assert rb.batch.branches is not None and rb.batch.branches.n_branches > 0
+    np.testing.assert_array_equal(pol.codes[rb.context], rb.code)
