@@ -200,21 +200,23 @@ L_G, L_J, L_ROW, L_ROW0, L_T, L_S, L_ST, L_P, L_POS, L_PARENT, L_CST = range(11)
 #   level-K code: KEY (-1: empty), CNT steps, FIRST row (while CNT == 1 its only one), N1 steps
 #   with t >= 1, HEAD / TAIL of the list of those rows in row order (linked by NXT), SIDX the
 #   slot's index d among the distinct slots DSLOT[:ND].
-# rows: int64[W, 8, cap_g + 1]: SLOT and NXT of each row, NCHILD branches taken from it (tree),
+# rows: int64[W, 9, cap_g + 1]: SLOT and NXT of each row, NCHILD branches taken from it (tree),
 #   DSLOT, ONES (rows with t >= 1 in row order: uniform and every fallback), DEEP (rows at the
 #   tree depths in row order), FLAGS one bit per row (64 to a word) of "t >= 1 and its slot's
-#   CNT == 1" (singleton), TIED scratch (hard).
+#   CNT == 1" (singleton), TIED and MERGED scratch (hard: the tied slots, their rows).
 # sums: float64[W, max(size, cap_g), 3]: SUM and SQ of the return-to-go over a slot's steps; VAR[d] the
 #   population variance of distinct slot d as the reference computes it, -inf when N1 == 0.
 # count: int64[W, 4]: ND, N_ONES, N_DEEP, N_SINGLE (set FLAGS bits).
 KEY, CNT, FIRST, N1, HEAD, TAIL, SIDX = range(7)
-SLOT, NXT, NCHILD, DSLOT, ONES, DEEP, FLAGS, TIED = range(8)
+SLOT, NXT, NCHILD, DSLOT, ONES, DEEP, FLAGS, TIED, MERGED = range(9)
 SUM, SQ, VAR = range(3)
 ND, N_ONES, N_DEEP, N_SINGLE = range(4)
 #
-# trajs: int64[n_groups * steps, 4], trajectory j of group g at g * steps + j: its LENGTH,
-# PARENT j (-1: a root), FINAL hidden state and SUCCESS; groups: int64[n_groups, 2] its
-# trajectories and rows.
+# ltraj: int64[W, steps, 4], trajectory j of the lane's group: its LENGTH, PARENT j (-1: a
+# root), FINAL hidden state and SUCCESS; copied when the group is done to trajs: int64[n_groups
+# * steps, 4] (groups in the order they finish, so only its first pages are touched);
+# groups: int64[n_groups, 3] each group's trajectories, rows and first record in trajs;
+# next_group: int64[2] the next group to start and the records in trajs.
 LENGTH, PARENT, FINAL, SUCCESS = range(4)
 
 
@@ -352,17 +354,25 @@ def _choose_hard(slots, rows, sums, count, w, cst):
     """hard: (row, stream, True) drawn uniformly among the steps with t >= 1 of the level-K
     groups whose variance is within _TIE of the largest; (-1, stream, False) when the largest
     is <= _TIE (no draw: the caller falls back to uniform)."""
-    nd = count[w, ND]
-    best = -np.inf
-    for d in range(nd):
-        best = max(best, sums[w, d, VAR])
+    best = -np.inf  # one pass: the largest variance and the candidates within _TIE of it
+    nc = 0
+    for d in range(count[w, ND]):
+        v = sums[w, d, VAR]
+        if v >= best - _TIE:
+            if v > best + _TIE:  # every earlier candidate is now out of the band
+                nc = 0
+            rows[w, TIED, nc] = d
+            nc += 1
+            best = max(best, v)
     if not best > _TIE:
         return -1, cst, False
     n = 0
     n_slots = 0
     only = -1
-    for d in range(nd):
+    for i in range(nc):  # the candidates within _TIE of the final largest
+        d = rows[w, TIED, i]
         if sums[w, d, VAR] >= best - _TIE:
+            rows[w, TIED, n_slots] = d
             only = rows[w, DSLOT, d]
             n += slots[w, only, N1]
             n_slots += 1
@@ -373,19 +383,18 @@ def _choose_hard(slots, rows, sums, count, w, cst):
         for _ in range(j):
             r = rows[w, NXT, r]
         return r, cst, True
-    m = 0  # tied groups: their rows merged in row order (insertion sort into TIED)
-    for d in range(nd):
-        if sums[w, d, VAR] >= best - _TIE:
-            r = slots[w, rows[w, DSLOT, d], HEAD]
-            while r >= 0:
-                i = m
-                while i > 0 and rows[w, TIED, i - 1] > r:
-                    rows[w, TIED, i] = rows[w, TIED, i - 1]
-                    i -= 1
-                rows[w, TIED, i] = r
-                m += 1
-                r = rows[w, NXT, r]
-    return rows[w, TIED, j], cst, True
+    m = 0  # tied groups: their rows merged in row order (insertion sort into MERGED)
+    for k in range(n_slots):
+        r = slots[w, rows[w, DSLOT, rows[w, TIED, k]], HEAD]
+        while r >= 0:
+            i = m
+            while i > 0 and rows[w, MERGED, i - 1] > r:
+                rows[w, MERGED, i] = rows[w, MERGED, i - 1]
+                i -= 1
+            rows[w, MERGED, i] = r
+            m += 1
+            r = rows[w, NXT, r]
+    return rows[w, MERGED, j], cst, True
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -478,7 +487,7 @@ def start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM
 
 
 @njit(cache=True, _nrt=False)
-def end_trajectory(lane, ring, slots, rows, sums, count, trajs, groups, next_group, w, s2,
+def end_trajectory(lane, ring, slots, rows, sums, count, ltraj, trajs, groups, next_group, w, s2,
                    success, seed, starts, steps, root_steps, rule, at_depth, K, M, n_obs, powM,
                    cap_g, invalid, reward_enter, o_hidden, o_action, o_keys, o_step,
                    o_traj):  # fmt: skip
@@ -486,9 +495,8 @@ def end_trajectory(lane, ring, slots, rows, sums, count, trajs, groups, next_gro
     (roots until root_steps rows, then branches until steps) or the next group. Returns False
     when the lane has nothing left to run."""
     g, j, r0, r1 = lane[w, L_G], lane[w, L_J], lane[w, L_ROW0], lane[w, L_ROW]
-    k = g * steps + j
-    trajs[k, LENGTH], trajs[k, PARENT] = r1 - r0, lane[w, L_PARENT]
-    trajs[k, FINAL], trajs[k, SUCCESS] = s2, success
+    ltraj[w, j, LENGTH], ltraj[w, j, PARENT] = r1 - r0, lane[w, L_PARENT]
+    ltraj[w, j, FINAL], ltraj[w, j, SUCCESS] = s2, success
     base = g * cap_g
     if rule != INDEPENDENT:
         for r in range(base + r0, base + r1):  # the parent id of a branch from these rows
@@ -503,7 +511,12 @@ def end_trajectory(lane, ring, slots, rows, sums, count, trajs, groups, next_gro
         begin(lane, ring, rows, w, r, seed, starts, K, M, n_obs, powM, cap_g, o_hidden, o_keys,
               o_step, o_traj)  # fmt: skip
         return True
-    groups[g, 0], groups[g, 1] = j + 1, r1
+    n_done = next_group[1]  # the group's records, after those of the groups done before
+    groups[g, 0], groups[g, 1], groups[g, 2] = j + 1, r1, n_done
+    for i in range(j + 1):
+        for f in range(4):
+            trajs[n_done + i, f] = ltraj[w, i, f]
+    next_group[1] = n_done + j + 1
     clear(slots, rows, sums, count, w)
     return start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM, cap_g,
                        o_hidden, o_keys, o_step, o_traj)  # fmt: skip
@@ -523,7 +536,7 @@ def new_book(rule, cap_g):
     slots[:, :, CNT] = 0
     slots[:, :, N1] = 0
     slots[:, :, HEAD] = -1
-    rows = np.empty((W, 8, cap_g + 1), np.int64)
+    rows = np.empty((W, 9, cap_g + 1), np.int64)
     rows[:, FLAGS] = 0
     sums = np.zeros((W, max(size, cap_g), 3))
     return slots, rows, sums, np.zeros((W, 4), np.int64)
@@ -555,16 +568,17 @@ def branch_kernel(
     n_groups = starts.shape[0]
     cap_g = steps + horizon
     slots, rows, sums, book_count = new_book(rule, cap_g)
-    trajs = np.empty((n_groups * steps, 4), np.int64)
-    groups = np.empty((n_groups, 2), np.int64)
+    ltraj = np.empty((W, steps, 4), np.int64)
+    trajs = np.empty((n_groups * steps, 4), np.int64)  # touched from the start: few pages
+    groups = np.empty((n_groups, 3), np.int64)
     lane = np.zeros((W, 11), np.int64)
     ring = np.zeros((W, max(K, 1)), np.int64)
-    next_group = np.zeros(1, np.int64)
+    next_group = np.zeros(2, np.int64)
     if not run_lanes(
         starts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob, invalid,
         reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
         init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, slots, rows,
-        sums, book_count, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action,
+        sums, book_count, ltraj, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action,
         o_hidden, o_ctx, o_keys,
     ):  # fmt: skip
         return -1, 0
@@ -580,7 +594,8 @@ def run_lanes(
     starts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob, invalid,
     reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed, init_scale,
     inv_temp, steps, root_steps, rule, at_depth, deterministic, slots, rows, sums, book_count,
-    trajs, groups, lane, ring, next_group, o_traj, o_step, o_action, o_hidden, o_ctx, o_keys,
+    ltraj, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action, o_hidden, o_ctx,
+    o_keys,
 ):  # fmt: skip
     """The step loop of :func:`branch_kernel` over the lanes until every group is done;
     False when the policy table filled up. Compiled without reference counting (it allocates
@@ -648,7 +663,7 @@ def run_lanes(
             if terminal[s2] or t >= horizon:
                 success = terminal[s2] and reward_enter[s2] > 0.0
                 if not end_trajectory(
-                    lane, ring, slots, rows, sums, book_count, trajs, groups, next_group, w, s2,
+                    lane, ring, slots, rows, sums, book_count, ltraj, trajs, groups, next_group, w, s2,
                     success, seed, starts, steps, root_steps, rule, at_depth, K, M, n_obs, powM,
                     cap_g, invalid, reward_enter, o_hidden, o_action, o_keys, o_step, o_traj,
                 ):  # fmt: skip
@@ -687,7 +702,7 @@ def compact(trajs, groups, steps, cap_g, K, n_obs, n_actions, powM, obs_of_state
             o_group[row + i] = g
         tr0 = tr
         for j in range(groups[g, 0]):
-            k = g * steps + j
+            k = groups[g, 2] + j
             L = trajs[k, LENGTH]
             parent = tr0 + trajs[k, PARENT] if trajs[k, PARENT] >= 0 else -1
             for i in range(row, row + L):
