@@ -212,11 +212,11 @@ SLOT, NXT, NCHILD, DSLOT, ONES, DEEP, FLAGS, TIED, MERGED = range(9)
 SUM, SQ, VAR = range(3)
 ND, N_ONES, N_DEEP, N_SINGLE = range(4)
 #
-# ltraj: int64[W, steps, 4], trajectory j of the lane's group: its LENGTH, PARENT j (-1: a
-# root), FINAL hidden state and SUCCESS; copied when the group is done to trajs: int64[n_groups
-# * steps, 4] (groups in the order they finish, so only its first pages are touched);
-# groups: int64[n_groups, 3] each group's trajectories, rows and first record in trajs;
-# next_group: int64[2] the next group to start and the records in trajs.
+# trajs: int64[(W + n_groups) * steps, 4], trajectory j of lane w's group at w * steps + j: its
+# LENGTH, PARENT j (-1: a root), FINAL hidden state and SUCCESS; copied when the group is done
+# to the rows from W * steps on, in the order the groups finish (only the first pages of trajs
+# are touched); groups: int64[n_groups, 3] each group's trajectories, rows and first record;
+# next_group: int64[2] the next group to start and the next free record.
 LENGTH, PARENT, FINAL, SUCCESS = range(4)
 
 
@@ -487,7 +487,19 @@ def start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM
 
 
 @njit(cache=True, _nrt=False)
-def end_trajectory(lane, ring, slots, rows, sums, count, ltraj, trajs, groups, next_group, w, s2,
+def file_group(trajs, groups, next_group, w, g, n_traj, n_rows, steps):
+    """Lane w's group g is done: copy its trajectory records (at w * steps) to trajs after
+    those of the groups done before it (from W * steps on), and note where."""
+    n_done = next_group[1]
+    groups[g, 0], groups[g, 1], groups[g, 2] = n_traj, n_rows, n_done
+    for i in range(n_traj):
+        for f in range(4):
+            trajs[n_done + i, f] = trajs[w * steps + i, f]
+    next_group[1] = n_done + n_traj
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def end_trajectory(lane, ring, slots, rows, sums, count, trajs, groups, next_group, w, s2,
                    success, seed, starts, steps, root_steps, rule, at_depth, K, M, n_obs, powM,
                    cap_g, invalid, reward_enter, o_hidden, o_action, o_keys, o_step,
                    o_traj):  # fmt: skip
@@ -495,8 +507,9 @@ def end_trajectory(lane, ring, slots, rows, sums, count, ltraj, trajs, groups, n
     (roots until root_steps rows, then branches until steps) or the next group. Returns False
     when the lane has nothing left to run."""
     g, j, r0, r1 = lane[w, L_G], lane[w, L_J], lane[w, L_ROW0], lane[w, L_ROW]
-    ltraj[w, j, LENGTH], ltraj[w, j, PARENT] = r1 - r0, lane[w, L_PARENT]
-    ltraj[w, j, FINAL], ltraj[w, j, SUCCESS] = s2, success
+    k = w * steps + j  # the lane's records come first in trajs
+    trajs[k, LENGTH], trajs[k, PARENT] = r1 - r0, lane[w, L_PARENT]
+    trajs[k, FINAL], trajs[k, SUCCESS] = s2, success
     base = g * cap_g
     if rule != INDEPENDENT:
         for r in range(base + r0, base + r1):  # the parent id of a branch from these rows
@@ -511,12 +524,7 @@ def end_trajectory(lane, ring, slots, rows, sums, count, ltraj, trajs, groups, n
         begin(lane, ring, rows, w, r, seed, starts, K, M, n_obs, powM, cap_g, o_hidden, o_keys,
               o_step, o_traj)  # fmt: skip
         return True
-    n_done = next_group[1]  # the group's records, after those of the groups done before
-    groups[g, 0], groups[g, 1], groups[g, 2] = j + 1, r1, n_done
-    for i in range(j + 1):
-        for f in range(4):
-            trajs[n_done + i, f] = ltraj[w, i, f]
-    next_group[1] = n_done + j + 1
+    file_group(trajs, groups, next_group, w, g, j + 1, r1, steps)
     clear(slots, rows, sums, count, w)
     return start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM, cap_g,
                        o_hidden, o_keys, o_step, o_traj)  # fmt: skip
@@ -568,17 +576,16 @@ def branch_kernel(
     n_groups = starts.shape[0]
     cap_g = steps + horizon
     slots, rows, sums, book_count = new_book(rule, cap_g)
-    ltraj = np.empty((W, steps, 4), np.int64)
-    trajs = np.empty((n_groups * steps, 4), np.int64)  # touched from the start: few pages
+    trajs = np.empty(((W + n_groups) * steps, 4), np.int64)  # touched from the start: few pages
     groups = np.empty((n_groups, 3), np.int64)
     lane = np.zeros((W, 11), np.int64)
     ring = np.zeros((W, max(K, 1)), np.int64)
-    next_group = np.zeros(2, np.int64)
+    next_group = np.array([0, W * steps], np.int64)
     if not run_lanes(
         starts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob, invalid,
         reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
         init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, slots, rows,
-        sums, book_count, ltraj, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action,
+        sums, book_count, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action,
         o_hidden, o_ctx, o_keys,
     ):  # fmt: skip
         return -1, 0
@@ -594,8 +601,7 @@ def run_lanes(
     starts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob, invalid,
     reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed, init_scale,
     inv_temp, steps, root_steps, rule, at_depth, deterministic, slots, rows, sums, book_count,
-    ltraj, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action, o_hidden, o_ctx,
-    o_keys,
+    trajs, groups, lane, ring, next_group, o_traj, o_step, o_action, o_hidden, o_ctx, o_keys,
 ):  # fmt: skip
     """The step loop of :func:`branch_kernel` over the lanes until every group is done;
     False when the policy table filled up. Compiled without reference counting (it allocates
@@ -663,7 +669,7 @@ def run_lanes(
             if terminal[s2] or t >= horizon:
                 success = terminal[s2] and reward_enter[s2] > 0.0
                 if not end_trajectory(
-                    lane, ring, slots, rows, sums, book_count, ltraj, trajs, groups, next_group, w, s2,
+                    lane, ring, slots, rows, sums, book_count, trajs, groups, next_group, w, s2,
                     success, seed, starts, steps, root_steps, rule, at_depth, K, M, n_obs, powM,
                     cap_g, invalid, reward_enter, o_hidden, o_action, o_keys, o_step, o_traj,
                 ):  # fmt: skip
