@@ -170,15 +170,15 @@ def branch_arrays(
 # - Lanes. A group's trajectories run one after another (the next branch point depends on the
 #   finished ones), but groups are independent: LANES groups are in flight at once and step in
 #   turn, as in ``_kernels.rollout_kernel_fast``, so the table probes of different groups
-#   overlap in the CPU. Group g writes its rows at the padded rows g * cap_g + i and its
-#   trajectories at g * steps + j; :func:`compact` then moves them to their place in group order
-#   and fills the columns the step loop does not need.
-# - No scans. Each rule's eligible steps are kept up to date as a trajectory ends (the "book"
-#   of each lane, below), so a branch point costs O(1) (uniform), O(rows / 64) (singleton: a
-#   bit per row, words skipped by their popcount), one pass over the group's distinct level-K
-#   contexts (hard) or over its steps at the tree depths (tree), not a pass over all its rows. The draw
-#   is the reference's: u from the group's choice stream, the j = floor(u n)-th eligible row in
-#   row order.
+#   overlap in the CPU. Group g writes its rows at the padded rows g * cap_g + i; :func:`compact`
+#   then moves them to their place in group order and fills the columns the step loop does not
+#   need.
+# - No scans. Each rule's eligible steps are kept up to date (the "book" of each lane, below:
+#   level-K counts as each step is taken, the rest as a trajectory ends), so a branch point
+#   costs O(1) (uniform), O(rows / 64) (singleton: a bit per row, words skipped by their
+#   popcount), one pass over the group's distinct level-K contexts (hard) or over its steps at
+#   the tree depths (tree), not a pass over all its rows. The draw is the reference's: u from
+#   the group's choice stream, the j = floor(u n)-th eligible row in row order.
 
 W = kn.LANES  # groups in flight at once
 INDEPENDENT, UNIFORM, SINGLETON, HARD, TREE = range(5)  # rule codes, the order of RULES
@@ -204,8 +204,9 @@ L_G, L_J, L_ROW, L_ROW0, L_T, L_S, L_ST, L_P, L_POS, L_PARENT, L_CST = range(11)
 #   DSLOT, ONES (rows with t >= 1 in row order: uniform and every fallback), DEEP (rows at the
 #   tree depths in row order), FLAGS one bit per row (64 to a word) of "t >= 1 and its slot's
 #   CNT == 1" (singleton), TIED and MERGED scratch (hard: the tied slots, their rows).
-# sums: float64[W, max(size, cap_g), 3]: SUM and SQ of the return-to-go over a slot's steps; VAR[d] the
-#   population variance of distinct slot d as the reference computes it, -inf when N1 == 0.
+# sums: float64[W, max(size, cap_g), 3]: SUM and SQ of the return-to-go over a slot's steps;
+#   VAR[d] the population variance of distinct slot d as the reference computes it, -inf when
+#   N1 == 0.
 # count: int64[W, 4]: ND, N_ONES, N_DEEP, N_SINGLE (set FLAGS bits).
 KEY, CNT, FIRST, N1, HEAD, TAIL, SIDX = range(7)
 SLOT, NXT, NCHILD, DSLOT, ONES, DEEP, FLAGS, TIED, MERGED = range(9)
