@@ -133,11 +133,11 @@ def branch_layout(
     layout = BranchLayout(parent, b, vlen, first)
     p_row = layout.row_at(p, b[br])
     f_br = first[br]
-    diff = (group[p_row] != group[f_br]) | (state[p_row] != state[f_br])
-    if diff.any():
-        k = int(np.flatnonzero(diff)[0])
+    if ((group[p_row] != group[f_br]) | (state[p_row] != state[f_br])).any():
+        bad_group = group[p_row] != group[f_br]  # (error path) a group is named before a state
+        k = int(np.flatnonzero(bad_group if bad_group.any() else state[p_row] != state[f_br])[0])
         row = int(f_br[k])
-        if group[p_row[k]] != group[row]:
+        if bad_group.any():
             raise ValueError(
                 f"{_where(row, p_id[br[k]], traj)}: the parent lies in group "
                 f"{group[p_row[k]]}, not {group[row]}"
