@@ -98,12 +98,14 @@ def branch_layout(
         names no earlier trajectory, crosses a rollout group, or the branch step lies outside
         1..T_p - 1 or the branch's first state differs from the parent's state at that step.
     """
-    n_traj = traj_start.shape[0]
     first = traj_start
     p_id = parent_row[first]
-    changed = np.flatnonzero(parent_row != p_id[np.repeat(np.arange(n_traj), traj_len)])
-    if changed.size:
-        i = int(changed[0])
+    # A trajectory has one parent: the pointer may change only where a trajectory starts.
+    # Checked on shifted slices plus the few rows where it changes (this runs on every batch).
+    changed = np.flatnonzero(parent_row[1:] != parent_row[:-1]) + 1
+    inside = changed[first[np.minimum(np.searchsorted(first, changed), first.size - 1)] != changed]
+    if inside.size:
+        i = int(inside[0])
         raise ValueError(
             f"StepBatch.parent[{i}] is {parent_row[i]} but trajectory {traj[i]} started with "
             f"parent {parent_row[first[np.searchsorted(first, i, side='right') - 1]]}: "
@@ -130,21 +132,21 @@ def branch_layout(
         )
     layout = BranchLayout(parent, b, vlen, first)
     p_row = layout.row_at(p, b[br])
-    for col, what in ((group, "group"), (state, "state")):
-        diff = col[p_row] != col[first[br]]
-        if diff.any():
-            k = int(np.flatnonzero(diff)[0])
-            row = int(first[br[k]])
-            if what == "group":
-                raise ValueError(
-                    f"{_where(row, p_id[br[k]], traj)}: the parent lies in group "
-                    f"{group[p_row[k]]}, not {group[row]}"
-                )
+    f_br = first[br]
+    if ((group[p_row] != group[f_br]) | (state[p_row] != state[f_br])).any():
+        bad_group = group[p_row] != group[f_br]  # (error path) a group is named before a state
+        k = int(np.flatnonzero(bad_group if bad_group.any() else state[p_row] != state[f_br])[0])
+        row = int(f_br[k])
+        if bad_group.any():
             raise ValueError(
-                f"{_where(row, p_id[br[k]], traj)}: its first state {state[row]} differs from "
-                f"its parent's state {state[p_row[k]]} at step {b[br[k]]} (a branch restarts "
-                "from the parent's snapshot)"
+                f"{_where(row, p_id[br[k]], traj)}: the parent lies in group "
+                f"{group[p_row[k]]}, not {group[row]}"
             )
+        raise ValueError(
+            f"{_where(row, p_id[br[k]], traj)}: its first state {state[row]} differs from "
+            f"its parent's state {state[p_row[k]]} at step {b[br[k]]} (a branch restarts "
+            "from the parent's snapshot)"
+        )
     return layout
 
 
@@ -155,11 +157,16 @@ def _where(row: int, parent_id: int, traj: np.ndarray) -> str:
 def _dense_parents(p_id: np.ndarray, ids: np.ndarray, traj: np.ndarray) -> np.ndarray:
     """int64[n_traj] dense index of each parent id (-1 for a root); ValueError when a parent
     is not a trajectory listed earlier in the batch (so the pointers have no cycle)."""
-    order = np.argsort(ids, kind="stable")
-    pos = np.minimum(np.searchsorted(ids[order], p_id), ids.shape[0] - 1)
-    parent = np.where(ids[order][pos] == p_id, order[pos], ids.shape[0])
-    parent[p_id < 0] = -1
-    bad = (p_id >= 0) & (parent >= np.arange(ids.shape[0]))
+    n_traj = ids.shape[0]
+    if ids[0] == 0 and ids[-1] == n_traj - 1 and (ids[1:] > ids[:-1]).all():
+        # ids 0..n_traj-1 in order (every rollout kernel): the dense index is the id
+        parent = np.where(p_id >= n_traj, n_traj, np.maximum(p_id, -1))
+    else:
+        order = np.argsort(ids, kind="stable")
+        pos = np.minimum(np.searchsorted(ids[order], p_id), n_traj - 1)
+        parent = np.where(ids[order][pos] == p_id, order[pos], n_traj)
+        parent[p_id < 0] = -1
+    bad = (p_id >= 0) & (parent >= np.arange(n_traj))
     if bad.any():
         j = int(np.flatnonzero(bad)[0])
         raise ValueError(

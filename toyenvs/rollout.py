@@ -193,7 +193,7 @@ def rollout(
 
 def _branched(
     env: POMDP,
-    pol: TabularPolicy,
+    pol: TabularPolicy | NeuralPolicy,
     tasks: np.ndarray,
     n_rollouts: int,
     seed: int,

@@ -129,12 +129,29 @@ def test_hand_worked_branch():
         ({"group": [0, 0, 0, 0, 1, 1, 1]}, "lies in group 0"),
     ],
 )
-def test_bad_branches_are_named(change, message):
+@pytest.mark.parametrize("ids", [(0, 1, 2), (30, 10, 20)])
+def test_bad_branches_are_named(change, message, ids):
+    """Also with trajectory ids that are not 0..n-1 in order (the checks' general path)."""
     b = _example()
     fields = {k: getattr(b, k) for k in ("group", "traj", "step", "reward", "state", "parent")}
     fields.update({k: np.asarray(v) for k, v in change.items()})
+    relabel = {**dict(enumerate(ids)), -1: -1, 7: 7}
+    fields["traj"] = np.array([relabel[int(i)] for i in fields["traj"]])
+    fields["parent"] = np.array([relabel[int(i)] for i in fields["parent"]])
     with pytest.raises(ValueError, match=message):
         StepBatch(**fields)
+
+
+def test_relabelled_trajectory_ids_give_the_same_layout():
+    b = _example()
+    fields = {k: getattr(b, k) for k in ("group", "step", "reward", "state")}
+    relabel = {0: 30, 1: 10, 2: 20, -1: -1}
+    c = StepBatch(
+        traj=[relabel[int(i)] for i in b.traj], parent=[relabel[int(i)] for i in b.parent],
+        **fields,
+    )  # fmt: skip
+    for name in ("parent", "branch_step", "virtual_len", "first", "virtual_rows"):
+        np.testing.assert_array_equal(getattr(c.branches, name), getattr(b.branches, name))
 
 
 def test_parents_all_minus_one_is_the_unbranched_batch():

@@ -10,6 +10,8 @@ from conftest import make_small
 import toyenvs
 from hgpo import context_keys
 from hgpo.options import OptionError
+from tests.toyenvs import reference_branching
+from toyenvs.branching import branch_arrays, branch_kernel, parse_scheme
 
 SCHEMES = ["branch:uniform", "branch:singleton", "branch:hard", "tree:2,4", "independent"]
 
@@ -163,3 +165,45 @@ def test_bad_scheme_or_budget_is_named(kwargs: dict, message: str) -> None:
     with pytest.raises(OptionError, match=message):
         toyenvs.rollout(env, pol, **kwargs)
     assert pol.n_contexts == 0  # no work done
+
+
+def _arrays(kernel, key: str, scheme: str, K: int, budget: float = 0.5) -> dict:
+    env = make_small(key)
+    pol = toyenvs.TabularPolicy(env, K=K, init="random", seed=1)
+    tasks = np.resize(env.tasks, 11)  # more groups than lanes, some lanes run two or more
+    res = branch_arrays(env, pol, tasks, 4, parse_scheme(scheme, env.horizon), 37, budget,
+                        kernel=kernel)  # fmt: skip
+    res["codes"] = pol.codes[res.pop("context")]  # dense rows are numbered in meeting order
+    return res
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("K", [0, 1, 3])
+@pytest.mark.parametrize("key", ["keydoor_slip", "household", "random", "tmaze"])
+def test_lanes_kernel_equals_the_one_at_a_time_reference(key: str, K: int, scheme: str) -> None:
+    """Groups in lanes and maintained branch-point structures draw the same batch as the
+    reference that runs one trajectory at a time and scans the group's rows for each branch
+    point: every column, bit for bit."""
+    ref = _arrays(reference_branching.branch_kernel, key, scheme, K, budget=0.75)
+    fast = _arrays(None, key, scheme, K, budget=0.75)
+    assert ref.keys() == fast.keys()
+    for name in ref:
+        np.testing.assert_array_equal(fast[name], ref[name], err_msg=name)
+
+
+@pytest.mark.parametrize("scheme", ["branch:singleton", "branch:hard", "tree:2,4"])
+def test_branch_kernel_compiled_equals_python(scheme: str) -> None:
+    a = _arrays(None, "keydoor_slip", scheme, K=2)
+    with np.errstate(over="ignore"):  # splitmix64 wraps around on purpose
+        b = _arrays(branch_kernel.py_func, "keydoor_slip", scheme, K=2)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_neural_policy_branches_without_an_earlier_rollout() -> None:
+    """The branched rollout covers a NeuralPolicy's table itself (as rollout_arrays does)."""
+    env = make_small("keydoor_slip")
+    pol = toyenvs.NeuralPolicy(env, K=2, arch="mlp", width=8)
+    rb = toyenvs.rollout(env, pol, seed=2, scheme="branch:hard", steps=30)
+    assert rb.batch.branches is not None and rb.batch.branches.n_branches > 0
+    np.testing.assert_array_equal(pol.codes[rb.context], rb.code)
