@@ -170,6 +170,11 @@ def compare(
                 continue
             if np.ptp(np.concatenate([x, b])) == 0:
                 p = 1.0  # every run scored the same: no difference to test
+            elif np.ptp(x) == 0 and np.ptp(b) == 0:
+                # no spread within either side but different values (e.g. 100 vs 0 in every
+                # seed): Welch's t is infinite and statsmodels returns NaN, which would also
+                # turn Holm's adjustment of the whole env into NaN; p -> 0 is its limit
+                p = 0.0
             else:
                 p = float(ttest_ind(x, b, usevar="unequal")[1])
             tests.append({"env": env, "metric": metric, "label": label, "baseline": baseline,

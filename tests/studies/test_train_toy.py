@@ -296,3 +296,15 @@ def test_compare_and_orderings_on_known_numbers() -> None:
     assert not by["oracle"]["significant"] and by["oracle"]["diff"] == pytest.approx(-0.01)
     ords = {o["ordering"]: o["holds"] for o in orderings(rows, tests, "auc_train")}
     assert ords == {"HGPO > GiGPO > GRPO": True, "ablations below HGPO": True}
+
+
+def test_compare_without_spread_on_either_side() -> None:
+    # 100 in every seed against 0 in every seed: Welch's t is infinite (p = 0), and a NaN must
+    # not reach Holm's adjustment of the other labels of the env
+    rows = [{"env": "e", "label": lab, "auc_train": v}
+            for _ in range(4) for lab, v in (("hgpo", 0.0), ("gae", 1.0), ("grpo", 0.0))]  # fmt: skip
+    rows += [{"env": "e", "label": "gigpo", "auc_train": 0.1 * s} for s in range(4)]
+    by = {t["label"]: t for t in compare(rows, "auc_train")}
+    assert by["gae"]["p"] == 0.0 and by["gae"]["significant"] and by["gae"]["diff"] == 1.0
+    assert by["grpo"]["p"] == 1.0 and not by["grpo"]["significant"]
+    assert all(np.isfinite(t["p_holm"]) for t in by.values())
