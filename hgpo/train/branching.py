@@ -216,24 +216,10 @@ class _Game:
         out = Rollout(gen_tokens=gen_tokens, gen_seconds=gen_s, env_seconds=env_s)
         order = [k for grp in self.groups for k in grp.trajs]
         new_id = {k: n for n, k in enumerate(order)}
-        for n, k in enumerate(order):
+        for k in order:
             tr = self.trajs[k]
             out.parent.append(new_id[tr.parent] if tr.parent >= 0 else -1)
-            out.success.append(bool(tr.info.get("won", False)))
-            out.score.append(float(tr.info.get("task_score", 0.0)))
-            out.task_type.append(str(tr.info.get("task_type", "")))
-            out.length.append(tr.t)
-            for j, rec in enumerate(tr.steps):
-                out.prompt_ids.append(rec.prompt)
-                out.response_ids.append(rec.response)
-                out.group.append(tr.group)
-                out.traj.append(n)
-                out.step.append(tr.start + j)
-                out.reward.append(rec.reward)
-                out.invalid.append(rec.invalid)
-                out.key.append(rec.key)
-                out.engine_logprobs.append(rec.engine_logprobs)
-                out.hidden.append(rec.hidden)
+            out.add_trajectory(tr.steps, tr.group, tr.info, tr.start)
         return out
 
     def _hold(self, slot: int, traj: Traj) -> None:

@@ -220,6 +220,29 @@ class Rollout:
             [self.length[i] for i in roots],
         )
 
+    def add_trajectory(
+        self, records: Sequence[StepRecord], group: int, info: dict[str, Any], start: int = 0
+    ) -> None:
+        """Append one trajectory: its own step records (steps ``start``.. of its virtual
+        trajectory; 0 for a root) and, from its last ``info``, its success, score and task type.
+        Its length is that of the virtual trajectory; a branch's ``parent`` is the caller's."""
+        n = len(self.success)
+        self.success.append(bool(info.get("won", False)))
+        self.score.append(float(info.get("task_score", 0.0)))
+        self.task_type.append(str(info.get("task_type", "")))
+        self.length.append(start + len(records))
+        for j, rec in enumerate(records):
+            self.prompt_ids.append(rec.prompt)
+            self.response_ids.append(rec.response)
+            self.group.append(group)
+            self.traj.append(n)
+            self.step.append(start + j)
+            self.reward.append(rec.reward)
+            self.invalid.append(rec.invalid)
+            self.key.append(rec.key)
+            self.engine_logprobs.append(rec.engine_logprobs)
+            self.hidden.append(rec.hidden)
+
     def step_batch(self) -> StepBatch:
         """The estimator input: state = id of the raw-observation key within this batch; a
         branched rollout's batch has the ``parent`` column (hgpo.branching)."""
@@ -376,22 +399,7 @@ def _collect(
     """The per-slot step records as one :class:`Rollout`, trajectory by trajectory."""
     out = Rollout(gen_tokens=gen_tokens, gen_seconds=gen_s, env_seconds=env_s)
     for i, steps in enumerate(per):
-        info = last_info[i]
-        out.success.append(bool(info.get("won", False)))
-        out.score.append(float(info.get("task_score", 0.0)))
-        out.task_type.append(str(info.get("task_type", "")))
-        out.length.append(len(steps))
-        for t, s in enumerate(steps):
-            out.prompt_ids.append(s.prompt)
-            out.response_ids.append(s.response)
-            out.group.append(i // group_size)
-            out.traj.append(i)
-            out.step.append(t)
-            out.reward.append(s.reward)
-            out.invalid.append(s.invalid)
-            out.key.append(s.key)
-            out.engine_logprobs.append(s.engine_logprobs)
-            out.hidden.append(s.hidden)
+        out.add_trajectory(steps, i // group_size, last_info[i])
     return out
 
 
