@@ -303,7 +303,7 @@ def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
 
     if not labels:
         return
-    where = {(r["env_spec"], r["setting"], r["K"], r["seed"]): (r["env"], r["label"]) for r in rows}
+    runs_of = _runs_by_cell(results, rows)
     ncol = min(len(envs), 6)
     nrow = (len(envs) + ncol - 1) // ncol
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.4 * nrow + 0.4), squeeze=False)
@@ -311,8 +311,7 @@ def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
         ax.set_visible(False)
     for ax, env in zip(axes.flat, envs, strict=False):
         for lab in labels:
-            runs = [r for r in results
-                    if where[(r["env"], r["setting"], r["K"], r["seed"])] == (env, lab)]  # fmt: skip
+            runs = runs_of.get((env, lab), [])
             if not runs:
                 continue
             its = np.array([e["iteration"] for e in runs[0]["evals"]])
@@ -332,6 +331,18 @@ def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
     plt.close(fig)
 
 
+def _runs_by_cell(
+    results: list[dict[str, Any]], rows: list[dict[str, Any]]
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The finished runs of each (env label, setting label) cell of the report, in run order
+    (``rows`` names each run's cell by its env spec, setting, K and seed)."""
+    where = {(r["env_spec"], r["setting"], r["K"], r["seed"]): (r["env"], r["label"]) for r in rows}
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        out.setdefault(where[(r["env"], r["setting"], r["K"], r["seed"])], []).append(r)
+    return out
+
+
 def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
                   labels: list[str], env: str) -> None:  # fmt: skip
     import matplotlib
@@ -339,12 +350,11 @@ def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    where = {(r["env_spec"], r["setting"], r["K"], r["seed"]): (r["env"], r["label"]) for r in rows}
+    runs_of = _runs_by_cell(results, rows)
     fig, axes = plt.subplots(2, 3, figsize=(12, 6))
     for ax, (metric, title) in zip(axes.flat, CURVE_PLOT_METRICS, strict=True):
         for lab in labels:
-            runs = [r for r in results
-                    if where[(r["env"], r["setting"], r["K"], r["seed"])] == (env, lab)]  # fmt: skip
+            runs = runs_of.get((env, lab), [])
             if not runs:
                 continue
             Y = np.array([[c[metric] for c in r["curve"]] for r in runs], dtype=np.float64)
@@ -376,13 +386,12 @@ def _plot_truth(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    where = {(r["env_spec"], r["setting"], r["K"], r["seed"]): (r["env"], r["label"]) for r in rows}
+    runs_of = _runs_by_cell(results, rows)
     fig, axes = plt.subplots(len(envs), 3, figsize=(12, 3.2 * len(envs)), squeeze=False)
     for row_axes, env in zip(axes, envs, strict=True):
         for ax, (metric, title) in zip(row_axes, TRUTH_PLOT_METRICS, strict=True):
             for lab in labels:
-                runs = [r for r in results
-                        if where[(r["env"], r["setting"], r["K"], r["seed"])] == (env, lab)]  # fmt: skip
+                runs = runs_of.get((env, lab), [])
                 if not runs:
                     continue
                 Y = np.array([[c[metric] for c in r["curve"]] for r in runs], dtype=np.float64)
