@@ -196,20 +196,22 @@ _TIE = 1e-12  # hard: level-K groups whose variance is within this of the larges
 L_G, L_J, L_ROW, L_ROW0, L_T, L_S, L_ST, L_P, L_POS, L_PARENT, L_CST = range(11)
 #
 # The branch-point structures of each lane's group ("book"; rows are the group's local rows):
-# slots: int64[W, size, 8] an open-addressing table of the level-K groups met, keyed by the
-#   level-K code: KEY (-1: empty), CNT steps, FIRST row (while CNT == 1 its only one), N1 steps
-#   with t >= 1, HEAD / TAIL of the list of those rows in row order (linked by NXT), SIDX the
-#   slot's index d among the distinct slots DSLOT[:ND].
-# rows: int64[W, 9, cap_g + 1]: SLOT and NXT of each row, NCHILD branches taken from it (tree),
-#   DSLOT, ONES (rows with t >= 1 in row order: uniform and every fallback), DEEP (rows at the
+# The level-K group of a step is its full K-step context, which the step loop has already
+# looked up in the policy's table: its row c there names the group, so no second hash table.
+# dmap: int32[W, table capacity] the group's slot d of policy row c (-1: not met yet), slots
+#   numbered 0, 1, ... in the order they are met; clear() resets only the entries it set.
+# slots: int64[W, cap_g, 8] per slot d: CODE (the policy row c), CNT steps, FIRST row (while
+#   CNT == 1 its only one), N1 steps with t >= 1, HEAD / TAIL of the list of those rows in row
+#   order (linked by NXT); a slot's fields in one cache line.
+# rows: int64[W, 8, cap_g + 1]: SLOT and NXT of each row, NCHILD branches taken from it (tree),
+#   ONES (rows with t >= 1 in row order: uniform and every fallback), DEEP (rows at the
 #   tree depths in row order), FLAGS one bit per row (64 to a word) of "t >= 1 and its slot's
 #   CNT == 1" (singleton), TIED and MERGED scratch (hard: the tied slots, their rows).
-# sums: float64[W, max(size, cap_g), 3]: SUM and SQ of the return-to-go over a slot's steps;
-#   VAR[d] the population variance of distinct slot d as the reference computes it, -inf when
-#   N1 == 0.
-# count: int64[W, 4]: ND, N_ONES, N_DEEP, N_SINGLE (set FLAGS bits).
-KEY, CNT, FIRST, N1, HEAD, TAIL, SIDX = range(7)
-SLOT, NXT, NCHILD, DSLOT, ONES, DEEP, FLAGS, TIED, MERGED = range(9)
+# sums: float64[W, cap_g, 3]: SUM and SQ of the return-to-go over slot d's steps, VAR its
+#   population variance as the reference computes it, -inf when N1 == 0.
+# count: int64[W, 4]: ND (slots met), N_ONES, N_DEEP, N_SINGLE (set FLAGS bits).
+CODE, CNT, FIRST, N1, HEAD, TAIL = range(6)
+SLOT, NXT, NCHILD, ONES, DEEP, FLAGS, TIED, MERGED = range(8)
 SUM, SQ, VAR = range(3)
 ND, N_ONES, N_DEEP, N_SINGLE = range(4)
 #
@@ -262,29 +264,27 @@ def _nth_flag(rows, w, j):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _slot(slots, rows, sums, count, w, code):
-    """Slot of a level-K code in lane w's table (entered, with its index d, when new)."""
-    mask = slots.shape[1] - 1
-    h = kn.slot_of(code, np.uint64(mask))
-    while slots[w, h, KEY] != -1 and slots[w, h, KEY] != code:
-        h = (h + 1) & mask
-    if slots[w, h, KEY] == -1:
-        slots[w, h, KEY] = code
+def _slot(dmap, slots, sums, count, w, c):
+    """Slot d of the level-K group of policy row c in lane w's group (a new one, empty, when
+    the group meets c for the first time)."""
+    d = np.int64(dmap[w, c])
+    if d < 0:
         d = count[w, ND]
-        slots[w, h, SIDX] = d
-        rows[w, DSLOT, d] = h
-        sums[w, d, VAR] = -np.inf
         count[w, ND] = d + 1
-    return h
+        dmap[w, c] = d
+        slots[w, d, CODE], slots[w, d, CNT], slots[w, d, N1], slots[w, d, HEAD] = c, 0, 0, -1
+        sums[w, d, SUM], sums[w, d, SQ], sums[w, d, VAR] = 0.0, 0.0, -np.inf
+    return d
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _enter_step(slots, rows, sums, count, w, rule, r, t, code, base, o_step):
-    """Count row r (step t, level-K code) in its level-K group as it is taken (the step loop
-    interleaves these lookups across lanes; the rules read the counts only when the
-    trajectory has ended, so this is the reference's state at every branch point). singleton:
-    a group's row is a branch point while the group has one step and that step has t >= 1."""
-    h = _slot(slots, rows, sums, count, w, code)
+def _enter_step(dmap, slots, rows, sums, count, w, rule, r, t, c, base, o_step):
+    """Count row r (step t, policy row c) in its level-K group, in row order when its
+    trajectory has ended (the rules read the counts only then, so this is the reference's
+    state at every branch point; a tight loop over one trajectory's rows costs less than the
+    same lookups interleaved in the step loop). singleton: a group's row is a branch point
+    while the group has one step and that step has t >= 1."""
+    h = _slot(dmap, slots, sums, count, w, c)
     rows[w, SLOT, r] = h
     c = slots[w, h, CNT]
     slots[w, h, CNT] = c + 1
@@ -301,8 +301,8 @@ def _enter_step(slots, rows, sums, count, w, rule, r, t, code, base, o_step):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _record_hard(slots, rows, sums, count, w, base, r0, r1, final, K, o_step, o_hidden,
-                 o_action, o_keys, invalid, reward_enter):  # fmt: skip
+def _record_hard(slots, rows, sums, count, w, base, r0, r1, final, o_step, o_hidden,
+                 o_action, invalid, reward_enter):  # fmt: skip
     """Enter rows r0..r1-1's return-to-go G_t = sum_{j >= t} (r_j - 0.1 invalid_j) in their
     level-K groups (slots found by :func:`_enter_step`; last row first, the reference's order
     of summation), then append their rows with t >= 1 to the groups' lists and refresh the
@@ -328,14 +328,18 @@ def _record_hard(slots, rows, sums, count, w, base, r0, r1, final, K, o_step, o_
         c = slots[w, h, CNT]
         m = sums[w, h, SUM] / c
         v = sums[w, h, SQ] / c - m * m if c >= 2 else 0.0
-        sums[w, slots[w, h, SIDX], VAR] = v if slots[w, h, N1] > 0 else -np.inf
+        sums[w, h, VAR] = v if slots[w, h, N1] > 0 else -np.inf
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def record(slots, rows, sums, count, w, rule, base, r0, r1, final, K, at_depth, o_step,
-           o_hidden, o_action, o_keys, invalid, reward_enter):  # fmt: skip
+def record(dmap, slots, rows, sums, count, w, rule, base, r0, r1, final, at_depth, o_step,
+           o_hidden, o_action, o_ctx, invalid, reward_enter):  # fmt: skip
     """Enter the rows r0..r1-1 of lane w's trajectory that just ended (at padded rows base + r)
     in the structures its rule reads."""
+    if rule in (SINGLETON, HARD):
+        for r in range(r0, r1):
+            _enter_step(dmap, slots, rows, sums, count, w, rule, r, o_step[base + r],
+                        o_ctx[base + r], base, o_step)  # fmt: skip
     for r in range(r0, r1):
         t = o_step[base + r]
         rows[w, NCHILD, r] = 0
@@ -346,8 +350,8 @@ def record(slots, rows, sums, count, w, rule, base, r0, r1, final, K, at_depth, 
                 rows[w, DEEP, count[w, N_DEEP]] = r
                 count[w, N_DEEP] += 1
     if rule == HARD:
-        _record_hard(slots, rows, sums, count, w, base, r0, r1, final, K, o_step, o_hidden,
-                     o_action, o_keys, invalid, reward_enter)  # fmt: skip
+        _record_hard(slots, rows, sums, count, w, base, r0, r1, final, o_step, o_hidden,
+                     o_action, invalid, reward_enter)  # fmt: skip
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -374,7 +378,7 @@ def _choose_hard(slots, rows, sums, count, w, cst):
         d = rows[w, TIED, i]
         if sums[w, d, VAR] >= best - _TIE:
             rows[w, TIED, n_slots] = d
-            only = rows[w, DSLOT, d]
+            only = d
             n += slots[w, only, N1]
             n_slots += 1
     cst, u = kn.rng_uniform(cst)
@@ -386,7 +390,7 @@ def _choose_hard(slots, rows, sums, count, w, cst):
         return r, cst, True
     m = 0  # tied groups: their rows merged in row order (insertion sort into MERGED)
     for k in range(n_slots):
-        r = slots[w, rows[w, DSLOT, rows[w, TIED, k]], HEAD]
+        r = slots[w, rows[w, TIED, k], HEAD]
         while r >= 0:
             i = m
             while i > 0 and rows[w, MERGED, i - 1] > r:
@@ -426,16 +430,11 @@ def choose(slots, rows, sums, count, w, rule, cst):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def clear(slots, rows, sums, count, w):
-    """Empty lane w's structures for its next group (only the slots it used)."""
+def clear(dmap, slots, rows, count, w):
+    """Empty lane w's structures for its next group (the dmap entries it set; a slot's fields
+    are reset when it is met again)."""
     for d in range(count[w, ND]):
-        h = rows[w, DSLOT, d]
-        slots[w, h, KEY] = -1
-        slots[w, h, CNT] = 0
-        slots[w, h, N1] = 0
-        slots[w, h, HEAD] = -1
-        sums[w, h, SUM] = 0.0
-        sums[w, h, SQ] = 0.0
+        dmap[w, slots[w, d, CODE]] = -1
     if count[w, N_SINGLE] > 0:
         for i in range(rows.shape[2] // 64 + 1):
             rows[w, FLAGS, i] = 0
@@ -500,13 +499,15 @@ def file_group(trajs, groups, next_group, w, g, n_traj, n_rows, steps):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def end_trajectory(lane, ring, slots, rows, sums, count, trajs, groups, next_group, w, s2,
-                   success, seed, starts, steps, root_steps, rule, at_depth, K, M, n_obs, powM,
-                   cap_g, invalid, reward_enter, o_hidden, o_action, o_keys, o_step,
+def end_trajectory(lane, ring, dmap, slots, rows, sums, count, trajs, groups, next_group, w, s2,
+                   success, seed, starts, steps, root_steps, rule, at_depth, n_obs, powM,
+                   cap_g, invalid, reward_enter, o_hidden, o_action, o_ctx, o_keys, o_step,
                    o_traj):  # fmt: skip
     """Lane w's trajectory ended in s2: record it, then start the group's next trajectory
     (roots until root_steps rows, then branches until steps) or the next group. Returns False
     when the lane has nothing left to run."""
+    K = powM.shape[0] - 1  # K and M are not arguments: numba inlines calls of <= 30
+    M = (n_obs + 1) * (invalid.shape[1] + 1)
     g, j, r0, r1 = lane[w, L_G], lane[w, L_J], lane[w, L_ROW0], lane[w, L_ROW]
     k = w * steps + j  # the lane's records come first in trajs
     trajs[k, LENGTH], trajs[k, PARENT] = r1 - r0, lane[w, L_PARENT]
@@ -515,8 +516,8 @@ def end_trajectory(lane, ring, slots, rows, sums, count, trajs, groups, next_gro
     if rule != INDEPENDENT:
         for r in range(base + r0, base + r1):  # the parent id of a branch from these rows
             o_traj[r] = j
-        record(slots, rows, sums, count, w, rule, base, r0, r1, s2, K, at_depth, o_step,
-               o_hidden, o_action, o_keys, invalid, reward_enter)  # fmt: skip
+        record(dmap, slots, rows, sums, count, w, rule, base, r0, r1, s2, at_depth, o_step,
+               o_hidden, o_action, o_ctx, invalid, reward_enter)  # fmt: skip
     lane[w, L_J] = j + 1
     if r1 < steps:
         r = -1
@@ -526,29 +527,22 @@ def end_trajectory(lane, ring, slots, rows, sums, count, trajs, groups, next_gro
               o_step, o_traj)  # fmt: skip
         return True
     file_group(trajs, groups, next_group, w, g, j + 1, r1, steps)
-    clear(slots, rows, sums, count, w)
+    clear(dmap, slots, rows, count, w)
     return start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM, cap_g,
                        o_hidden, o_keys, o_step, o_traj)  # fmt: skip
 
 
 @njit(cache=True)
-def new_book(rule, cap_g):
-    """(slots, rows, sums, count) of every lane, empty; the level-K table only for the rules
-    that read it (its size: a power of two >= 2 cap_g)."""
-    size = 1
-    while size < 2 * cap_g:
-        size *= 2
-    if rule != SINGLETON and rule != HARD:
-        size = 1
-    slots = np.empty((W, size, 8), np.int64)  # a slot's fields in one cache line
-    slots[:, :, KEY] = -1
-    slots[:, :, CNT] = 0
-    slots[:, :, N1] = 0
-    slots[:, :, HEAD] = -1
-    rows = np.empty((W, 9, cap_g + 1), np.int64)
+def new_book(rule, cap_g, capacity):
+    """(dmap, slots, rows, sums, count) of every lane, empty; the level-K structures only for
+    the rules that read them (capacity: the policy table's rows)."""
+    counted = rule in (SINGLETON, HARD)
+    dmap = np.full((W, capacity if counted else 1), -1, np.int32)
+    slots = np.empty((W, cap_g if counted else 1, 8), np.int64)
+    rows = np.empty((W, 8, cap_g + 1), np.int64)
     rows[:, FLAGS] = 0
-    sums = np.zeros((W, max(size, cap_g), 3))
-    return slots, rows, sums, np.zeros((W, 4), np.int64)
+    sums = np.empty((W, cap_g if counted else 1, 3))
+    return dmap, slots, rows, sums, np.zeros((W, 4), np.int64)
 
 
 @njit(cache=True)
@@ -576,7 +570,7 @@ def branch_kernel(
             deterministic = False
     n_groups = starts.shape[0]
     cap_g = steps + horizon
-    slots, rows, sums, book_count = new_book(rule, cap_g)
+    dmap, slots, rows, sums, book_count = new_book(rule, cap_g, codes.shape[0])
     trajs = np.empty(((W + n_groups) * steps, 4), np.int64)  # touched from the start: few pages
     groups = np.empty((n_groups, 3), np.int64)
     lane = np.zeros((W, 11), np.int64)
@@ -585,8 +579,8 @@ def branch_kernel(
     if not run_lanes(
         starts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob, invalid,
         reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
-        init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, slots, rows,
-        sums, book_count, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action,
+        init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, dmap, slots,
+        rows, sums, book_count, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action,
         o_hidden, o_ctx, o_keys,
     ):  # fmt: skip
         return -1, 0
@@ -601,8 +595,9 @@ def branch_kernel(
 def run_lanes(
     starts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob, invalid,
     reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed, init_scale,
-    inv_temp, steps, root_steps, rule, at_depth, deterministic, slots, rows, sums, book_count,
-    trajs, groups, lane, ring, next_group, o_traj, o_step, o_action, o_hidden, o_ctx, o_keys,
+    inv_temp, steps, root_steps, rule, at_depth, deterministic, dmap, slots, rows, sums,
+    book_count, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action, o_hidden, o_ctx,
+    o_keys,
 ):  # fmt: skip
     """The step loop of :func:`branch_kernel` over the lanes until every group is done;
     False when the policy table filled up. Compiled without reference counting (it allocates
@@ -613,7 +608,6 @@ def run_lanes(
     mask = np.uint64((htab.shape[0] >> 1) - 1)
     imask = np.int64(mask)
     cap_g = steps + horizon
-    counted = rule in (SINGLETON, HARD)
     active = 0
     for w in range(W):
         active += start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM,
@@ -662,17 +656,15 @@ def run_lanes(
             o_ctx[q] = c
             o_step[q] = t
             o_keys[K, q] = code
-            if counted:
-                _enter_step(slots, rows, sums, book_count, w, rule, lane[w, L_ROW], t, code,
-                            g * cap_g, o_step)  # fmt: skip
             lane[w, L_ROW] += 1
             t += 1
             if terminal[s2] or t >= horizon:
                 success = terminal[s2] and reward_enter[s2] > 0.0
                 if not end_trajectory(
-                    lane, ring, slots, rows, sums, book_count, trajs, groups, next_group, w, s2,
-                    success, seed, starts, steps, root_steps, rule, at_depth, K, M, n_obs, powM,
-                    cap_g, invalid, reward_enter, o_hidden, o_action, o_keys, o_step, o_traj,
+                    lane, ring, dmap, slots, rows, sums, book_count, trajs, groups, next_group, w, s2,
+                    success, seed, starts, steps, root_steps, rule, at_depth, n_obs, powM,
+                    cap_g, invalid, reward_enter, o_hidden, o_action, o_ctx, o_keys, o_step,
+                    o_traj,
                 ):  # fmt: skip
                     active -= 1
                 continue
