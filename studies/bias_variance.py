@@ -226,11 +226,111 @@ def _stage_policies(
     return out
 
 
+@dataclass(frozen=True)
+class _Variant:
+    """One estimator configuration a cell measures on every batch."""
+
+    label: str
+    """Its row's ``estimator`` name: the estimator, or "alpha=a" / "K=k" for HGPO's sweeps."""
+    estimator: str
+    config: Any
+    """Its hgpo.EstimatorConfig."""
+    figures: bool
+    """True for the (estimator x norm) grid: sign, Spearman and gradient figures per batch;
+    False for a sweep point, measured for bias/variance only."""
+
+
+@dataclass(frozen=True)
+class _CellPolicy:
+    """The cell's environment, its policy at the stage, and that policy's exact truth."""
+
+    env: Any
+    family: str
+    pol: Any
+    success: float
+    """Success rate of ``pol`` (studies.tabular.evaluate_success)."""
+    gt: Any
+    """toyenvs.exact_ground_truth of ``pol``: V, Q, A* and the exact gradients."""
+    gt_seconds: float
+    probs: np.ndarray
+    """float[n_contexts, n_actions]: pi(a | context) of ``pol``."""
+
+
+@dataclass
+class _Draws:
+    """What a cell's batches produced, batch by batch (filled by :func:`_draw_batches`)."""
+
+    K: int
+    samples: dict[tuple[str, str], list[np.ndarray]] = field(default_factory=dict)
+    """(label, norm) -> each batch's advantages, for every variant and sweep point."""
+    per_batch: dict[tuple[str, str], dict[str, list[float]]] = field(default_factory=dict)
+    """(label, norm) -> figure name -> its value on each batch (the grid variants only)."""
+    keys: list[np.ndarray] = field(default_factory=list)
+    """int[n_steps] per batch: node * n_actions + action, the (z, a) of each step."""
+    truths: list[np.ndarray] = field(default_factory=list)
+    """float[n_steps] per batch: A*(z, a) of each step."""
+    batch_ids: list[np.ndarray] = field(default_factory=list)
+    levels_est: list[list[np.ndarray]] = field(init=False)
+    """Per level k, each batch's level-k advantages of hgpo (mean norm)."""
+    level_sizes: list[list[np.ndarray]] = field(init=False)
+    """Per level k, each batch's level-k group sizes."""
+    util: list[list[float]] = field(init=False)
+    """Per level k, each batch's step utilisation."""
+    level_support: list[np.ndarray] = field(default_factory=list)
+    """bool[n_steps] per batch: the step's level-K group has >= 2 members."""
+
+    def __post_init__(self) -> None:  # one list per level k = 0..K
+        self.levels_est = [[] for _ in range(self.K + 1)]
+        self.level_sizes = [[] for _ in range(self.K + 1)]
+        self.util = [[] for _ in range(self.K + 1)]
+
+    def steps(self) -> _Steps:
+        """The batches' steps concatenated, (z, a) keys renumbered 0..n-1."""
+        _, key = np.unique(np.concatenate(self.keys), return_inverse=True)
+        support = np.concatenate(self.level_support) if self.level_support else np.zeros(0, bool)
+        return _Steps(
+            key=key,
+            truth=np.concatenate(self.truths),
+            batch=np.concatenate(self.batch_ids),
+            support=support,
+        )
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """Every step of a cell's batches, one entry a step (batches in order)."""
+
+    key: np.ndarray
+    """int[n]: the step's (z, a), numbered 0..n_keys-1."""
+    truth: np.ndarray
+    """float[n]: A*(z, a)."""
+    batch: np.ndarray
+    """int[n]: the batch the step came from."""
+    support: np.ndarray
+    """bool[n] (empty without hgpo/mean): the common support of the per-level figures."""
+
+
 def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int) -> dict[str, Any]:
     """Measure every estimator on one (environment, K, policy stage). Returns rows + levels."""
+    cell = _cell_policy(cfg, env_spec, K, stage, cell_seed)
+    draws = _draw_batches(cfg, cell, K, _cell_variants(cfg, K), cell_seed)
+    steps = draws.steps()
+    common = dict(env=env_spec, family=cell.family, K=K, stage=stage, success=cell.success,
+                  policy=cfg.policy,
+                  gt_nodes=cell.gt.n_nodes, gt_seconds=cell.gt_seconds, seed=cell_seed,
+                  n_batches=cfg.n_batches, groups=cfg.groups, rollouts=cfg.rollouts,
+                  steps=int(steps.key.size))  # fmt: skip
+    rows = _estimator_rows(common, draws, steps)
+    level_rows = _level_rows(common, draws, steps)
+    prop = _cell_proposition_41(cfg, env_spec, stage, draws, steps, level_rows)
+    return {"rows": rows, "levels": level_rows, "prop41": prop}
+
+
+def _cell_policy(
+    cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
+) -> _CellPolicy:
+    """Build the cell's environment and its policy at ``stage``, then solve its exact truth."""
     import toyenvs
-    from hgpo import EstimatorConfig, compute_advantages
-    from studies import metrics as M
     from studies.tabular import evaluate_success
 
     name, params = parse_env(env_spec)
@@ -247,9 +347,14 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
     gt = toyenvs.exact_ground_truth(env, pol, gamma=cfg.gamma, max_nodes=cfg.max_nodes)
     gt_seconds = time.perf_counter() - t0
     probs = pol.probs(np.arange(pol.n_contexts))
-    base = cfg.estimator_config(K)
+    return _CellPolicy(env, name, pol, success, gt, gt_seconds, probs)
 
-    variants: list[tuple[str, str, EstimatorConfig]] = []  # (label, estimator, config)
+
+def _cell_variants(cfg: StudyConfig, K: int) -> list[_Variant]:
+    """The grid (every estimator x norm; gae: mean norm, lambda = 1), then HGPO's alpha and K
+    sweeps (mean norm). Their order is the rows' order."""
+    base = cfg.estimator_config(K)
+    variants: list[_Variant] = []
     for est in cfg.estimators:
         for norm in cfg.norms:
             if est == "gae" and norm != "mean":
@@ -257,90 +362,116 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
             opts: dict[str, Any] = {"norm": norm}
             if est == "gae":
                 opts["gae_lambda"] = 1.0
-            variants.append((est, est, base.replace(**opts)))
-    sweeps: list[tuple[str, str, EstimatorConfig]] = []
+            variants.append(_Variant(est, est, base.replace(**opts), figures=True))
     for a in ALPHAS:
-        sweeps.append((f"alpha={a:g}", "hgpo", base.replace(norm="mean", alpha=a)))
+        config = base.replace(norm="mean", alpha=a)
+        variants.append(_Variant(f"alpha={a:g}", "hgpo", config, figures=False))
     for k in range(0, K + 1):
-        sweeps.append((f"K={k}", "hgpo", base.replace(norm="mean", K=k)))
+        config = base.replace(norm="mean", K=k)
+        variants.append(_Variant(f"K={k}", "hgpo", config, figures=False))
+    return variants
 
+
+def _draw_batches(
+    cfg: StudyConfig, cell: _CellPolicy, K: int, variants: list[_Variant], cell_seed: int
+) -> _Draws:
+    """Draw ``cfg.n_batches`` independent batches (groups x rollouts) and run every variant
+    on each; the truth of each step is A*(z, a) = Q(z, a) - V(z) at its hidden node z."""
+    import toyenvs
+
+    env, gt = cell.env, cell.gt
     rng = np.random.default_rng(cell_seed)
-    samples: dict[tuple[str, str], list[np.ndarray]] = {}
-    per_batch: dict[tuple[str, str], dict[str, list[float]]] = {}
-    levels_est: list[list[np.ndarray]] = [[] for _ in range(K + 1)]
-    level_support: list[np.ndarray] = []
-    level_sizes: list[list[np.ndarray]] = [[] for _ in range(K + 1)]
-    util: list[list[float]] = [[] for _ in range(K + 1)]
-    keys, truths, batch_ids = [], [], []
-    n_actions = env.n_actions
+    draws = _Draws(K)
     for b in range(cfg.n_batches):
         tasks = rng.choice(env.tasks, cfg.groups)
-        rb = toyenvs.rollout(env, pol, tasks, cfg.rollouts, int(rng.integers(2**31)))
+        rb = toyenvs.rollout(env, cell.pol, tasks, cfg.rollouts, int(rng.integers(2**31)))
         node = gt.node_index(rb)
         A_true = gt.Q[node, rb.batch.action] - gt.V[node]
-        keys.append(node * n_actions + rb.batch.action)
-        truths.append(A_true)
-        batch_ids.append(np.full(rb.n_steps, b))
-        V = gt.V[node]
-        for j, (label, est, ecfg) in enumerate(variants + sweeps):
-            is_variant = j < len(variants)
-            out = compute_advantages(est, rb.batch, ecfg, values=V if est == "gae" else None)
-            adv = out.advantages
-            norm = ecfg.norm
-            samples.setdefault((label, norm), []).append(adv)
-            if is_variant:
-                fig = per_batch.setdefault((label, norm), {})
-                for gname, (cos, rel) in _gradient_figures(pol, rb, adv, probs, gt).items():
-                    fig.setdefault(f"{gname}_cos", []).append(cos)
-                    fig.setdefault(f"{gname}_relerr", []).append(rel)
-                fig.setdefault("sign", []).append(M.sign_agreement(adv, A_true))
-                fig.setdefault("spearman", []).append(M.spearman(adv, A_true))
-                fig.setdefault("mse_batch", []).append(float(np.mean((adv - A_true) ** 2)))
-                if est == "hgpo" and norm == "mean":
-                    for k in range(K + 1):
-                        levels_est[k].append(out.level_advantages[k])
-                        gr = out.level_groups[k]
-                        sizes = np.bincount(gr[gr >= 0])
-                        level_sizes[k].append(sizes)
-                        util[k].append(out.diagnostics["levels"][k]["utilisation"])
-                    size_K = np.bincount(out.level_groups[K][out.level_groups[K] >= 0])
-                    level_support.append(
-                        (out.level_groups[K] >= 0)
-                        & (size_K[np.maximum(out.level_groups[K], 0)] >= 2)
-                    )
-    key = np.concatenate(keys)
-    _, key = np.unique(key, return_inverse=True)
-    truth = np.concatenate(truths)
-    bid = np.concatenate(batch_ids)
-    common = dict(env=env_spec, family=name, K=K, stage=stage, success=success,
-                  policy=cfg.policy,
-                  gt_nodes=gt.n_nodes, gt_seconds=gt_seconds, seed=cell_seed,
-                  n_batches=cfg.n_batches, groups=cfg.groups, rollouts=cfg.rollouts,
-                  steps=int(key.size))  # fmt: skip
+        draws.keys.append(node * env.n_actions + rb.batch.action)
+        draws.truths.append(A_true)
+        draws.batch_ids.append(np.full(rb.n_steps, b))
+        for v in variants:
+            _measure_variant(draws, cell, rb, gt.V[node], A_true, v)
+    return draws
+
+
+def _measure_variant(
+    draws: _Draws, cell: _CellPolicy, rb: Any, V: np.ndarray, A_true: np.ndarray, v: _Variant
+) -> None:
+    """Run one variant on batch ``rb`` (gae with the exact V as its critic) and record its
+    advantages, its per-batch figures (grid variants) and, for hgpo/mean, its levels."""
+    from hgpo import compute_advantages
+    from studies import metrics as M
+
+    out = compute_advantages(
+        v.estimator, rb.batch, v.config, values=V if v.estimator == "gae" else None
+    )
+    adv = out.advantages
+    norm = v.config.norm
+    draws.samples.setdefault((v.label, norm), []).append(adv)
+    if not v.figures:
+        return
+    fig = draws.per_batch.setdefault((v.label, norm), {})
+    for gname, (cos, rel) in _gradient_figures(cell.pol, rb, adv, cell.probs, cell.gt).items():
+        fig.setdefault(f"{gname}_cos", []).append(cos)
+        fig.setdefault(f"{gname}_relerr", []).append(rel)
+    fig.setdefault("sign", []).append(M.sign_agreement(adv, A_true))
+    fig.setdefault("spearman", []).append(M.spearman(adv, A_true))
+    fig.setdefault("mse_batch", []).append(float(np.mean((adv - A_true) ** 2)))
+    if v.estimator == "hgpo" and norm == "mean":
+        _record_levels(draws, out)
+
+
+def _record_levels(draws: _Draws, out: Any) -> None:
+    """Keep hgpo's per-level advantages, group sizes and utilisation of one batch, and which
+    steps are on the common support (level-K group of >= 2 members)."""
+    K = draws.K
+    for k in range(K + 1):
+        draws.levels_est[k].append(out.level_advantages[k])
+        gr = out.level_groups[k]
+        draws.level_sizes[k].append(np.bincount(gr[gr >= 0]))
+        draws.util[k].append(out.diagnostics["levels"][k]["utilisation"])
+    size_K = np.bincount(out.level_groups[K][out.level_groups[K] >= 0])
+    draws.level_support.append(
+        (out.level_groups[K] >= 0) & (size_K[np.maximum(out.level_groups[K], 0)] >= 2)
+    )
+
+
+def _estimator_rows(common: dict[str, Any], draws: _Draws, steps: _Steps) -> list[dict[str, Any]]:
+    """One row per (variant, norm): bias^2 / variance / MSE with intervals (mean norm, reward
+    units) and the mean and interval of every per-batch figure."""
+    from studies import metrics as M
+
     rows = []
-    for (label, norm), arrs in samples.items():
+    for (label, norm), arrs in draws.samples.items():
         est_all = np.concatenate(arrs)
         row = dict(common, estimator=label, norm=norm)
         if norm == "mean":
-            bv = M.bias_variance(key, est_all, truth, bid)
+            bv = M.bias_variance(steps.key, est_all, steps.truth, steps.batch)
             row.update(bias2=bv.bias2, bias2_lo=bv.bias2_ci[0], bias2_hi=bv.bias2_ci[1],
                        variance=bv.variance, variance_lo=bv.variance_ci[0],
                        variance_hi=bv.variance_ci[1], mse=bv.mse, mse_lo=bv.mse_ci[0],
                        mse_hi=bv.mse_ci[1], coverage=bv.coverage)  # fmt: skip
-        for metric, vals in per_batch.get((label, norm), {}).items():
+        for metric, vals in draws.per_batch.get((label, norm), {}).items():
             m, lo, hi = M.mean_ci(np.asarray(vals))
             row.update({metric: m, f"{metric}_lo": lo, f"{metric}_hi": hi})
         rows.append(row)
-    # Per level k of the hierarchy (mean norm): over all steps, and on the common support
-    # (steps whose level-K group has >= 2 members, hence every level's too: Prop. 4.1's setting).
-    level_rows = []
-    support = np.concatenate(level_support) if level_support else np.zeros(0, bool)
-    hgpo_mean = samples.get(("hgpo", "mean"))
-    for k in range(K + 1):
-        if not levels_est[k]:
+    return rows
+
+
+def _level_rows(common: dict[str, Any], draws: _Draws, steps: _Steps) -> list[dict[str, Any]]:
+    """Per level k of the hierarchy (hgpo, mean norm): bias/variance over all steps and on the
+    common support (steps whose level-K group has >= 2 members, hence every level's too:
+    Prop. 4.1's setting), utilisation, group sizes, and v_k - v_{k-1} with a paired interval."""
+    from studies import metrics as M
+
+    key, truth, bid, support = steps.key, steps.truth, steps.batch, steps.support
+    level_rows: list[dict[str, Any]] = []
+    for k in range(draws.K + 1):
+        if not draws.levels_est[k]:
             break
-        Ak = np.concatenate(levels_est[k])
-        sizes = np.concatenate(level_sizes[k])
+        Ak = np.concatenate(draws.levels_est[k])
+        sizes = np.concatenate(draws.level_sizes[k])
         hist = np.bincount(sizes, weights=sizes)
         allbv = M.bias_variance(key, Ak, truth, bid)
         sup = (
@@ -348,7 +479,7 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
             if support.any()
             else None
         )
-        level_rows.append(dict(common, level=k, utilisation=float(np.mean(util[k])),
+        level_rows.append(dict(common, level=k, utilisation=float(np.mean(draws.util[k])),
                                mean_group_size=float(sizes.mean()),
                                size_hist=(hist / hist.sum()).tolist(),
                                bias2_all=allbv.bias2, variance_all=allbv.variance, mse_all=allbv.mse,
@@ -359,19 +490,36 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
                                mse=sup.mse if sup else np.nan,
                                support=float(support.mean())))  # fmt: skip
         if k > 0 and sup:  # v_k - v_{k-1} with a paired interval: does the variance rise?
-            prev = np.concatenate(levels_est[k - 1])[support]
+            prev = np.concatenate(draws.levels_est[k - 1])[support]
             d, lo, hi = M.variance_difference(key[support], prev, Ak[support], truth[support],
                                               bid[support])  # fmt: skip
             level_rows[-1].update(dvar=d, dvar_lo=lo, dvar_hi=hi)
-    prop = None
-    if hgpo_mean is not None and level_rows and support.any():
-        H = np.concatenate(hgpo_mean)
-        hb = M.bias_variance(key[support], H[support], truth[support], bid[support])
-        prop = proposition_41([r["bias2"] for r in level_rows], [r["variance"] for r in level_rows],
-                              hb.bias2, hb.variance, K, cfg.alpha)  # fmt: skip
-        prop.update(env=env_spec, K=K, stage=stage,
-                    dvar=[[r["dvar"], r["dvar_lo"], r["dvar_hi"]] for r in level_rows[1:]])  # fmt: skip
-    return {"rows": rows, "levels": level_rows, "prop41": prop}
+    return level_rows
+
+
+def _cell_proposition_41(
+    cfg: StudyConfig,
+    env_spec: str,
+    stage: str,
+    draws: _Draws,
+    steps: _Steps,
+    level_rows: list[dict[str, Any]],
+) -> dict[str, Any] | None:
+    """Proposition 4.1 checked on the common support (:func:`proposition_41`); None when hgpo
+    (mean norm) was not measured or no step is on the support."""
+    from studies import metrics as M
+
+    hgpo_mean = draws.samples.get(("hgpo", "mean"))
+    support = steps.support
+    if hgpo_mean is None or not level_rows or not support.any():
+        return None
+    H = np.concatenate(hgpo_mean)
+    hb = M.bias_variance(steps.key[support], H[support], steps.truth[support], steps.batch[support])
+    prop = proposition_41([r["bias2"] for r in level_rows], [r["variance"] for r in level_rows],
+                          hb.bias2, hb.variance, draws.K, cfg.alpha)  # fmt: skip
+    prop.update(env=env_spec, K=draws.K, stage=stage,
+                dvar=[[r["dvar"], r["dvar_lo"], r["dvar_hi"]] for r in level_rows[1:]])  # fmt: skip
+    return prop
 
 
 def _cos_rel(g: np.ndarray, t: np.ndarray) -> tuple[float, float]:

@@ -398,13 +398,69 @@ def _collect(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class _RunSetup:
+    """One run's environment, estimator, policy and trainers, built before its first iteration."""
+
+    env: Any
+    estimator: str
+    config: Any
+    """The setting's hgpo.EstimatorConfig with the run's K."""
+    pol: Any
+    """The policy being trained (TabularPolicy or NeuralPolicy), updated in place."""
+    ppo: Any
+    """studies.tabular_ppo.TabularPPO or studies.neural_ppo.NeuralPPO on ``pol``."""
+    critic: Any | None
+    """studies.tabular_ppo.ValueTable for ``gae``, else None."""
+    train_tasks: np.ndarray
+    """int64[n]: the tasks trained on (and evaluated as "train")."""
+    held_tasks: np.ndarray
+    """int64[m]: held-out tasks, evaluated only."""
+
+
+@dataclass(frozen=True)
+class _IterationAdvantages:
+    """One iteration's advantages as PPO receives them, and the critic's figures (gae)."""
+
+    A: np.ndarray
+    """float[n_steps]: the estimator's advantages (gae: whitened over the batch)."""
+    util_top: float
+    """Step utilisation of the deepest level (HGPO-family diagnostics), else nan."""
+    critic_loss: float
+    critic_ev: float
+    """Explained variance of the returns by the critic before its update; nan without one."""
+
+
 def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
     """Train one (env, setting, K, seed); returns its per-iteration curve and evaluations."""
+    t_start = time.perf_counter()
+    setup = _setup_run(cfg, run)
+    # The same seed gives every setting the same task draws and rollout seeds (paired runs).
+    rng = np.random.default_rng([cfg.seed, run["seed"], 0])
+    upd_rng = np.random.default_rng([cfg.seed, run["seed"], 1])
+    curve: list[dict[str, Any]] = []
+    evals = [_evaluation(cfg, setup, 0)]
+    for it in range(1, cfg.iterations + 1):
+        curve.append(_train_iteration(cfg, setup, it, run.get("scheme"), rng, upd_rng))
+        if it % cfg.eval_every == 0 or it == cfg.iterations:
+            evals.append(_evaluation(cfg, setup, it))
+    return {
+        **run,
+        "estimator": setup.estimator,
+        "curve": curve,
+        "evals": evals,
+        "seconds": time.perf_counter() - t_start,
+        "n_train_tasks": int(setup.train_tasks.size),
+        "n_heldout_tasks": int(setup.held_tasks.size),
+    }
+
+
+def _setup_run(cfg: TrainToyConfig, run: dict[str, Any]) -> _RunSetup:
+    """The run's environment, setting (its K on the estimator config), starting policy, PPO
+    trainer of cfg.policy, and the value table when the estimator is ``gae``."""
     import toyenvs
-    from hgpo import compute_advantages
     from studies.tabular_ppo import PPOSettings, TabularPPO, ValueTable
 
-    t_start = time.perf_counter()
     fam, params, start = split_env(run["env"])
     env = toyenvs.make(fam, **params)
     est, _, ec = parse_setting(run["setting"], cfg)
@@ -427,81 +483,109 @@ def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
         ),
     )  # fmt: skip
     critic = ValueTable(pol, cfg.critic_lr) if est == "gae" else None
-    # The same seed gives every setting the same task draws and rollout seeds (paired runs).
-    rng = np.random.default_rng([cfg.seed, run["seed"], 0])
-    upd_rng = np.random.default_rng([cfg.seed, run["seed"], 1])
-    train_tasks = np.asarray(env.train_tasks, dtype=np.int64)
-    held_tasks = np.asarray(env.heldout_tasks, dtype=np.int64)
-    curve: list[dict[str, Any]] = []
-    evals: list[dict[str, Any]] = []
+    return _RunSetup(
+        env=env,
+        estimator=est,
+        config=ec,
+        pol=pol,
+        ppo=ppo,
+        critic=critic,
+        train_tasks=np.asarray(env.train_tasks, dtype=np.int64),
+        held_tasks=np.asarray(env.heldout_tasks, dtype=np.int64),
+    )
 
-    def evaluate(it: int) -> None:
-        evals.append(
-            {
-                "iteration": it,
-                "train_success": _evaluate(env, pol, train_tasks, cfg, 10**6 + it),
-                "heldout_success": _evaluate(env, pol, held_tasks, cfg, 2 * 10**6 + it),
-            }
-        )
 
-    evaluate(0)
-    for it in range(1, cfg.iterations + 1):
-        tasks = rng.choice(train_tasks, size=cfg.groups, replace=True)
-        rb = _collect(env, pol, tasks, int(rng.integers(2**31)), run.get("scheme"), cfg)
-        b = rb.batch
-        values = critic.values(rb.context) if critic is not None else None
-        adv = compute_advantages(est, b, config=ec, values=values)
-        A = adv.advantages
-        critic_loss = critic_ev = float("nan")
-        if critic is not None:
-            targets = A + values
-            # explained variance of the returns by the critic, before this update
-            critic_ev = float(1.0 - np.var(targets - values) / max(np.var(targets), 1e-12))
-            critic_loss = critic.update(rb.context, targets, cfg.minibatches, cfg.epochs, upd_rng)
-            A = (A - A.mean()) / (A.std() + 1e-8)  # verl whitens GAE advantages per batch
-        truth = (
-            _truth_figures(env, pol, rb, A, train_tasks, cfg)
-            if cfg.truth_every and (it == 1 or it % cfg.truth_every == 0)
-            else {}
-        )
-        old_lp = ppo.old_log_probs(rb.context, b.action)
-        st = ppo.update(rb.context, b.action, A, old_lp, upd_rng)
-        ep_reward = np.bincount(b.traj, weights=rb.true_reward, minlength=b.n_traj)
-        levels = adv.diagnostics.get("levels", [])
-        util = [lv.get("utilisation", np.nan) for lv in levels if lv.get("level", "").isdigit()]
-        curve.append(
-            {
-                "iteration": it,
-                "success": float(rb.success.mean()),
-                "reward": float(ep_reward.mean()),
-                "episode_length": float(b.n_steps / b.n_traj),
-                "env_steps": int(b.n_steps),
-                "invalid_rate": float(b.invalid.mean()),
-                "adv_mean": float(A.mean()),
-                "adv_abs": float(np.abs(A).mean()),
-                "pg_loss": st.pg_loss,
-                "kl": st.kl,
-                "clip_frac": st.clip_frac,
-                "entropy": st.entropy,
-                "grad_norm": st.grad_norm,
-                "critic_loss": critic_loss,
-                "critic_ev": critic_ev,
-                "util_top": float(util[-1]) if util else float("nan"),
-                "n_contexts": pol.n_contexts,
-                **(dict.fromkeys(TRUTH_KEYS, float("nan")) if cfg.truth_every else {}),
-                **truth,
-            }
-        )
-        if it % cfg.eval_every == 0 or it == cfg.iterations:
-            evaluate(it)
+def _evaluation(cfg: TrainToyConfig, setup: _RunSetup, it: int) -> dict[str, Any]:
+    """Success of the current policy at cfg.eval_temperature on the training and held-out
+    tasks (seeds fixed per iteration, so every setting meets the same episodes)."""
     return {
-        **run,
-        "estimator": est,
-        "curve": curve,
-        "evals": evals,
-        "seconds": time.perf_counter() - t_start,
-        "n_train_tasks": int(train_tasks.size),
-        "n_heldout_tasks": int(held_tasks.size),
+        "iteration": it,
+        "train_success": _evaluate(setup.env, setup.pol, setup.train_tasks, cfg, 10**6 + it),
+        "heldout_success": _evaluate(setup.env, setup.pol, setup.held_tasks, cfg, 2 * 10**6 + it),
+    }
+
+
+def _train_iteration(
+    cfg: TrainToyConfig,
+    setup: _RunSetup,
+    it: int,
+    scheme: str | None,
+    rng: np.random.Generator,
+    upd_rng: np.random.Generator,
+) -> dict[str, Any]:
+    """Iteration ``it``: collect a batch, its advantages (and the critic's update), the exact
+    figures every cfg.truth_every iterations (before the update), one PPO update; returns the
+    curve's row."""
+    tasks = rng.choice(setup.train_tasks, size=cfg.groups, replace=True)
+    rb = _collect(setup.env, setup.pol, tasks, int(rng.integers(2**31)), scheme, cfg)
+    adv = _iteration_advantages(cfg, setup, rb, upd_rng)
+    truth = (
+        _truth_figures(setup.env, setup.pol, rb, adv.A, setup.train_tasks, cfg)
+        if cfg.truth_every and (it == 1 or it % cfg.truth_every == 0)
+        else {}
+    )
+    old_lp = setup.ppo.old_log_probs(rb.context, rb.batch.action)
+    st = setup.ppo.update(rb.context, rb.batch.action, adv.A, old_lp, upd_rng)
+    return _curve_row(cfg, it, rb, adv, st, setup.pol.n_contexts, truth)
+
+
+def _iteration_advantages(
+    cfg: TrainToyConfig, setup: _RunSetup, rb: Any, upd_rng: np.random.Generator
+) -> _IterationAdvantages:
+    """The setting's advantages of batch ``rb``; with a critic (gae) its values feed the
+    estimator, it is then fitted to the returns A + V, and the advantages are whitened."""
+    from hgpo import compute_advantages
+
+    critic = setup.critic
+    values = critic.values(rb.context) if critic is not None else None
+    adv = compute_advantages(setup.estimator, rb.batch, config=setup.config, values=values)
+    A = adv.advantages
+    critic_loss = critic_ev = float("nan")
+    if critic is not None:
+        targets = A + values
+        # explained variance of the returns by the critic, before this update
+        critic_ev = float(1.0 - np.var(targets - values) / max(np.var(targets), 1e-12))
+        critic_loss = critic.update(rb.context, targets, cfg.minibatches, cfg.epochs, upd_rng)
+        A = (A - A.mean()) / (A.std() + 1e-8)  # verl whitens GAE advantages per batch
+    levels = adv.diagnostics.get("levels", [])
+    util = [lv.get("utilisation", np.nan) for lv in levels if lv.get("level", "").isdigit()]
+    util_top = float(util[-1]) if util else float("nan")
+    return _IterationAdvantages(A, util_top, critic_loss, critic_ev)
+
+
+def _curve_row(
+    cfg: TrainToyConfig,
+    it: int,
+    rb: Any,
+    adv: _IterationAdvantages,
+    st: Any,
+    n_contexts: int,
+    truth: dict[str, float],
+) -> dict[str, Any]:
+    """The curve's row of iteration ``it``: the batch's episodes, the advantages, PPO's
+    statistics ``st`` (UpdateStats), the critic's figures and the exact ones (nan if not run)."""
+    b, A = rb.batch, adv.A
+    ep_reward = np.bincount(b.traj, weights=rb.true_reward, minlength=b.n_traj)
+    return {
+        "iteration": it,
+        "success": float(rb.success.mean()),
+        "reward": float(ep_reward.mean()),
+        "episode_length": float(b.n_steps / b.n_traj),
+        "env_steps": int(b.n_steps),
+        "invalid_rate": float(b.invalid.mean()),
+        "adv_mean": float(A.mean()),
+        "adv_abs": float(np.abs(A).mean()),
+        "pg_loss": st.pg_loss,
+        "kl": st.kl,
+        "clip_frac": st.clip_frac,
+        "entropy": st.entropy,
+        "grad_norm": st.grad_norm,
+        "critic_loss": adv.critic_loss,
+        "critic_ev": adv.critic_ev,
+        "util_top": adv.util_top,
+        "n_contexts": n_contexts,
+        **(dict.fromkeys(TRUTH_KEYS, float("nan")) if cfg.truth_every else {}),
+        **truth,
     }
 
 

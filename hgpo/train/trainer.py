@@ -15,13 +15,14 @@ import math
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from hgpo import compute_advantages
+from hgpo import Advantages, compute_advantages
 from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
 from hgpo.train.branching import BranchPlan, branch_figures, play_branched
@@ -70,6 +71,15 @@ def _maybe_die(point: str, iteration: int) -> None:
 NAN_ENV = "HGPO_TRAIN_NAN_AT"
 """Test hook: "N" makes iteration N's advantages NaN, so its PPO loss is NaN (the run must stop
 before that iteration's checkpoint)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One iteration's advantages: the estimator's output (its per-level diagnostics feed the
+    metrics) and the targets the PPO update fits."""
+
+    output: Advantages
+    targets: Targets
 
 
 class NonFiniteError(RuntimeError):
@@ -349,65 +359,85 @@ class Trainer:
 
         Returns its metrics (merged over ranks) on rank 0, {} on the other ranks.
         """
-        cfg = self.cfg
-        torch.manual_seed(cfg.seed * 1_000_003 + it * 1_009 + self.rank)
+        torch.manual_seed(self.cfg.seed * 1_000_003 + it * 1_009 + self.rank)
         times = PhaseTimes()
-
         # 1. rollout: group_size episodes of each of this rank's tasks
         with times.timing("rollout"):
             roll = self._rollout(it)
-
         # 2. score: log-probs of the sampled tokens under the rollout's weights (and the
         #    reference's), the critic's values
         with times.timing("score"):
             scored = self._score(roll)
-
         # 3. advantages: the estimator by name, on the rollout's step batch
         with times.timing("advantage"):
-            est = compute_advantages(
-                cfg.estimator,
-                roll.step_batch(),
-                cfg.estimator_config(),
-                values=scored.value_array(),
-            )
-            adv = est.advantages
-            if os.environ.get(NAN_ENV) == str(it):
-                adv = adv * np.nan
-            targets = Targets(adv, est.returns if cfg.use_critic else None)
-
+            estimate = self._estimate(roll, scored, it)
         # 3b. every --truth-every iterations (toy envs): every estimator against the exact
         #     advantages of the weights that played this rollout, so before the update
         truth: dict[str, float] = {}
-        if self.truth is not None and it % cfg.truth_every == 0:
+        if self.truth is not None and it % self.cfg.truth_every == 0:
             with times.timing("truth"):
                 truth = self.truth.measure(roll, self.engine)
-
         # 4. PPO update over mini-batches, then 5. the rollout engine samples from the new weights
         with times.timing("update"):
-            stats = UpdateStats()
-            n_minibatches = dist.all_max(
-                count_minibatches(len(roll), cfg.micro_batch_size * self.grad_accum)
-            )
-            rng = np.random.default_rng([cfg.seed, it, self.rank, 7])
-            lengths = [len(r) for r in roll.response_ids]
-            for _ in range(cfg.ppo_epochs):
-                plan = plan_epoch(
-                    lengths, n_minibatches, cfg.micro_batch_size, self.grad_accum, rng
-                )
-                for m, minibatch in enumerate(plan):
-                    for micro in minibatch:
-                        self._micro_step(roll, scored, targets, micro, stats)
-                    stats.add_grad_norm(self._last_grad_norm())
-                    if m == 0:
-                        _maybe_die("update", it)
-            stats.optimizer_steps = n_minibatches * cfg.ppo_epochs
-            stats.lr = float(self.actor.optimizer.param_groups[0]["lr"])
-            stop_unless_finite(stats, it)
+            stats = self._update(roll, scored, estimate.targets, it)
             self.engine_sync()
+        # 6. the iteration's figures, merged over ranks
+        parts = dist.gather(self._rank_figures(roll, scored, estimate, stats, times))
+        return {**merge_metrics(parts), **truth} if self.rank == 0 else {}
 
-        # 6. the iteration's figures, merged over ranks (episodes: the roots of a branched one)
+    def _estimate(self, roll: Rollout, scored: Scored, it: int) -> Estimate:
+        """The configured estimator's advantages of the rollout's step batch (``gae``: on the
+        critic's values), and the targets the update fits (the returns too with a critic)."""
+        cfg = self.cfg
+        est = compute_advantages(
+            cfg.estimator,
+            roll.step_batch(),
+            cfg.estimator_config(),
+            values=scored.value_array(),
+        )
+        adv = est.advantages
+        if os.environ.get(NAN_ENV) == str(it):
+            adv = adv * np.nan
+        return Estimate(est, Targets(adv, est.returns if cfg.use_critic else None))
+
+    def _update(self, roll: Rollout, scored: Scored, targets: Targets, it: int) -> UpdateStats:
+        """``ppo_epochs`` passes of PPO over mini-batches planned from the response lengths
+        (shuffled by (seed, iteration, rank)); every rank takes the same number of optimizer
+        steps, the most any rank needs. Raises NonFiniteError (on every rank) when a loss or
+        gradient norm is not finite, before the weights reach the rollout engine."""
+        cfg = self.cfg
+        stats = UpdateStats()
+        n_minibatches = dist.all_max(
+            count_minibatches(len(roll), cfg.micro_batch_size * self.grad_accum)
+        )
+        rng = np.random.default_rng([cfg.seed, it, self.rank, 7])
+        lengths = [len(r) for r in roll.response_ids]
+        for _ in range(cfg.ppo_epochs):
+            plan = plan_epoch(lengths, n_minibatches, cfg.micro_batch_size, self.grad_accum, rng)
+            for m, minibatch in enumerate(plan):
+                for micro in minibatch:
+                    self._micro_step(roll, scored, targets, micro, stats)
+                stats.add_grad_norm(self._last_grad_norm())
+                if m == 0:
+                    _maybe_die("update", it)
+        stats.optimizer_steps = n_minibatches * cfg.ppo_epochs
+        stats.lr = float(self.actor.optimizer.param_groups[0]["lr"])
+        stop_unless_finite(stats, it)
+        return stats
+
+    def _rank_figures(
+        self,
+        roll: Rollout,
+        scored: Scored,
+        estimate: Estimate,
+        stats: UpdateStats,
+        times: PhaseTimes,
+    ) -> RankFigures:
+        """This rank's figures of the iteration, for merge_metrics (episodes: the roots of a
+        branched rollout)."""
+        adv = estimate.targets.advantages
         episodes = roll.root_episodes()
-        mine = RankFigures(
+        return RankFigures(
             n_steps=len(roll),
             adv_sum=float(adv.sum()),
             adv_sq=float((adv**2).sum()),
@@ -427,14 +457,12 @@ class Trainer:
                     d.get("mean_group_size", 0.0),
                     d.get("n_groups", 0),
                 )
-                for d in est.diagnostics.get("levels", [])
+                for d in estimate.output.diagnostics.get("levels", [])
             ],
             update=stats.metrics(),
             times=times,
             branching=branch_figures(roll) if self.branching is not None else None,
         )
-        parts = dist.gather(mine)
-        return {**merge_metrics(parts), **truth} if self.rank == 0 else {}
 
     def _rollout(self, it: int) -> Rollout:
         """This rank's training rollout of iteration ``it``: independent episodes, or branched
