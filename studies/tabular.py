@@ -170,11 +170,17 @@ def neural_expert_stages(
     the network is fitted to F[c] / sum F[c] (:func:`_fit_frequencies`) and beta scales its
     output layer (beta * logits exactly); beta grows over the rounds (0, 2, 4, ...), then
     bisection on beta meets each success target. The policy is a fresh ``make_policy()``.
+
+    The rounds and the bisection only roll out, so the network is evaluated on the contexts the
+    rollouts visit (``evaluate = "visited"``: the same probabilities; at K = 4 the reachable
+    contexts can outnumber the visited ones a hundredfold); the stages keep the mode of
+    ``make_policy()``.
     """
     import torch
 
     Qs = expert_q(env, gamma)
     pol = make_policy()
+    mode, pol.evaluate = pol.evaluate, "visited"
     pol.cover(env, env.tasks)
     counts = np.zeros((pol.n_contexts, env.n_actions))
     head = pol.net.head
@@ -198,4 +204,7 @@ def neural_expert_stages(
         best = Qs[rb.batch.step, rb.hidden].argmax(axis=1)
         np.add.at(counts, (rb.context, best), 1.0)
 
-    return _stages_by_beta(env, pol, set_beta, targets, rounds)
+    stages = _stages_by_beta(env, pol, set_beta, targets, rounds)
+    for st in stages:
+        st.policy.evaluate = mode
+    return stages

@@ -114,6 +114,11 @@ class TrainToyConfig:
     """Width of the mlp / transformer."""
     layers: int = 2
     """Hidden layers of the mlp / blocks of the transformer."""
+    network_eval: str = "table"
+    """Where a network policy is evaluated after each update: "table", on every context the
+    environment can reach (one batched forward); "visited", on the contexts its rollouts
+    visit (toyenvs.NeuralPolicy.evaluate): the same probabilities up to float64 rounding, far
+    less work where the reachable contexts outnumber the visited ones (shop at K = 4)."""
     truth_every: int = 0
     """Every N iterations, log against the exact truth of the current policy: the advantage
     MSE of the estimator being trained and the cosine of its parameter gradient to dJ/dtheta
@@ -148,6 +153,7 @@ class TrainToyConfig:
         check_choice("--policy", self.policy, POLICIES)
         check_int("--width", self.width, lo=1)
         check_int("--layers", self.layers, lo=1)
+        check_choice("--network-eval", self.network_eval, ("table", "visited"))
         check_int("--truth-every", self.truth_every, lo=0)
         check_number("--branch-budget", self.branch_budget, lo=0.0, hi=1.0, lo_open=True)
         if not self.envs or not self.settings or not self.Ks:
@@ -166,6 +172,7 @@ class TrainToyConfig:
     def run_fields(self) -> dict[str, Any]:
         """The fields that change a run's result (not envs/settings lists, workers or out)."""
         skip = {"envs", "settings", "Ks", "seeds", "workers", "backend", "ray_address", "out"}
+        skip.add("network_eval")  # how the same probabilities are computed, not which
         # A run's scheme is in its run dict; without --scheme the branch share changes nothing,
         # and leaving both out keeps the keys (and resumable runs) of earlier studies.
         skip.add("schemes")
@@ -302,8 +309,9 @@ def _new_policy(cfg: TrainToyConfig, env: Any, K: int, seed: int) -> Any:
     if cfg.policy == "tabular":
         return toyenvs.TabularPolicy(env, K=K)
     return toyenvs.NeuralPolicy(
-        env, K=K, arch=cfg.policy, width=cfg.width, layers=cfg.layers, seed=seed
-    )
+        env, K=K, arch=cfg.policy, width=cfg.width, layers=cfg.layers, seed=seed,
+        evaluate=cfg.network_eval,
+    )  # fmt: skip
 
 
 def _start_policy(
@@ -315,7 +323,7 @@ def _start_policy(
     cfg = cfg or TrainToyConfig()
     if start == "uniform":
         return _new_policy(cfg, env, K, seed)
-    key = (env_spec, K, start, seed, cfg.policy, cfg.width, cfg.layers)
+    key = (env_spec, K, start, seed, cfg.policy, cfg.width, cfg.layers, cfg.network_eval)
     if key not in _START_CACHE:
         if cfg.policy == "tabular":
             (stage,) = expert_stages(env, K, (float(start),), seed=seed)

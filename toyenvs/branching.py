@@ -156,7 +156,7 @@ def branch_arrays(
             *out.values(), keys, success,
         )  # fmt: skip
 
-    n, n_traj = pol.run_growing(call)  # type: ignore[attr-defined]
+    n, n_traj = pol.run_visited(call, lambda got: out["context"][: got[0]])  # type: ignore[attr-defined]
     res = {k: v[:n] for k, v in out.items()}
     res["context_keys"] = np.ascontiguousarray(keys[:, :n])
     res["success"] = success[:n_traj]

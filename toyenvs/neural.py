@@ -46,6 +46,7 @@ from toyenvs.policy import context_radix, decode_context, encode_context
 __all__ = ["ARCHS", "ContextNet", "NeuralPolicy", "check_neural"]
 
 ARCHS = ("mlp", "transformer")
+EVALUATE = ("table", "visited")
 _CHUNK = 8192  # rows per forward pass: bounds the memory of a transformer over a large table
 
 
@@ -169,15 +170,17 @@ class NeuralPolicy:
     def __init__(
         self, env: POMDP, K: int = 2, arch: str = "mlp", width: int = 64, layers: int = 2,
         seed: int = 0, temperature: float = 1.0, init_scale: float = 0.0,
+        evaluate: str = "table",
     ) -> None:  # fmt: skip
         check_neural(env, K, arch, width, layers, seed)
+        check_choice("NeuralPolicy.evaluate", evaluate, EVALUATE)
         check_number("NeuralPolicy.temperature", temperature, lo=0, lo_open=True)
         check_number("NeuralPolicy.init_scale", init_scale, lo=0)
         meta = {
             "n_obs": env.n_obs, "n_actions": env.n_actions, "K": int(K), "arch": arch,
             "width": int(width), "layers": int(layers), "seed": int(seed),
             "temperature": float(temperature), "init_scale": float(init_scale),
-            "env_name": env.name,
+            "env_name": env.name, "evaluate": evaluate,
         }  # fmt: skip
         self._setup(meta)
         self.cover(env, env.tasks)
@@ -194,6 +197,7 @@ class NeuralPolicy:
         self.M, self.n_codes = context_radix(self.n_obs, self.n_actions, self.K)
         self.powM = np.array([self.M**k for k in range(self.K + 1)], dtype=np.int64)
         self._temperature = float(meta["temperature"])
+        self.meta.setdefault("evaluate", "table")  # snapshots from before the option
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             net = ContextNet(self.n_obs, self.n_actions, self.K, self.arch, self.width,
@@ -215,7 +219,9 @@ class NeuralPolicy:
         self._obs_tok, self._act_tok = torch.from_numpy(obs), torch.from_numpy(act)
         self._logits = np.zeros((n, self.n_actions))
         self._cdf = np.zeros((n, self.n_actions))
-        self._synced: tuple | None = None
+        self._synced: tuple | None = None  # the version every row was evaluated at
+        self._fresh = np.zeros(n, dtype=np.bool_)  # "visited": rows evaluated at _fresh_of
+        self._fresh_of: tuple | None = None
 
     def _version(self) -> tuple:
         # In-place updates (optimizer steps, load_state_dict, copy_) bump a tensor's version.
@@ -229,7 +235,8 @@ class NeuralPolicy:
         if out:
             self._logits[:] = torch.cat(out).numpy()
         kn.fill_cdf(self._logits, self._cdf, self.n_contexts, 1.0 / self._temperature)
-        self._synced = self._version()
+        self._synced = self._fresh_of = self._version()
+        self._fresh[:] = True
 
     def _sync(self) -> None:
         if self._synced != self._version():
@@ -265,6 +272,9 @@ class NeuralPolicy:
     def kernel_tables(self) -> tuple[Any, ...]:
         """The kernels' table arguments (same layout as TabularPolicy), refreshed if stale."""
         self._sync()
+        return self._tables()
+
+    def _tables(self) -> tuple[Any, ...]:
         return (
             self._htab, self._codes, self._logits, self._cdf, self._count, kn.INIT_UNIFORM,
             self.seed, 0.0, 1.0 / self._temperature,
@@ -272,7 +282,11 @@ class NeuralPolicy:
 
     def run_growing(self, call: Callable[[tuple], Any]) -> Any:
         """Run ``call(tables)`` once; a full-table signal means a context was never enumerated."""
-        out = call(self.kernel_tables())
+        return self._run(call, self.kernel_tables())
+
+    @staticmethod
+    def _run(call: Callable[[tuple], Any], tables: tuple) -> Any:
+        out = call(tables)
         ok = out[0] if isinstance(out, tuple) else out
         if ok is False or (isinstance(ok, (int, np.integer)) and ok == -1):
             raise RuntimeError(
@@ -280,6 +294,63 @@ class NeuralPolicy:
                 "pol.cover(env, tasks) with the start states first"
             )
         return out
+
+    @property
+    def evaluate(self) -> str:
+        """Where the network is evaluated after its parameters change: "table", every row at
+        once (the kernels' tables are always whole); "visited", for rollouts only the rows
+        they visit (:meth:`run_visited`), any other reader of the whole table still gets it
+        whole. The same probabilities either way, up to float64 rounding (a forward over a
+        different set of rows can differ in the last bit)."""
+        return self.meta["evaluate"]
+
+    @evaluate.setter
+    def evaluate(self, value: str) -> None:
+        self.meta["evaluate"] = check_choice("NeuralPolicy.evaluate", value, EVALUATE)
+
+    def run_visited(
+        self, call: Callable[[tuple], Any], rows_of: Callable[[Any], np.ndarray]
+    ) -> Any:
+        """Run a rollout kernel ``call(tables)``; ``rows_of(out)``: the table rows it visited.
+
+        "table": :meth:`run_growing`. "visited": the rows not evaluated at the current
+        parameters hold NaN probabilities (the kernel then draws action 0, a wrong step); after
+        each run the visited rows among them are evaluated in one batched forward and the
+        rollout is run again, until it visits no unevaluated row. Trajectories draw from their
+        own streams, so each run repeats the previous one up to the first unevaluated row of
+        each trajectory and goes at least one step further: at most horizon + 1 runs, and the
+        last one is the rollout of the whole table's probabilities.
+        """
+        if self.evaluate == "table" or self._synced == self._version():
+            return self.run_growing(call)
+        self._start_visited()
+        tables = self._tables()
+        while True:
+            out = self._run(call, tables)
+            if not self._evaluate_rows(rows_of(out)):
+                return out
+
+    def _start_visited(self) -> None:
+        """Mark every row unevaluated (NaN) when the parameters changed since the last marking."""
+        if self._fresh_of != self._version():
+            self._fresh[:] = False
+            self._logits[:] = np.nan
+            self._cdf[:] = np.nan
+            self._fresh_of, self._synced = self._version(), None
+
+    def _evaluate_rows(self, rows: np.ndarray) -> int:
+        """Evaluate the unevaluated rows among ``rows`` (one batched forward); how many."""
+        rows = np.unique(rows)
+        rows = rows[~self._fresh[rows]]
+        if rows.size:
+            with torch.no_grad():
+                z = torch.cat([self.forward_rows(rows[i : i + _CHUNK])
+                               for i in range(0, rows.size, _CHUNK)]).numpy()  # fmt: skip
+            cdf = np.empty_like(z)
+            kn.fill_cdf(z, cdf, rows.size, 1.0 / self._temperature)
+            self._logits[rows], self._cdf[rows] = z, cdf
+            self._fresh[rows] = True
+        return int(rows.size)
 
     def cover(self, env: POMDP, tasks: np.ndarray) -> None:
         """Add rows for every context reachable from the start states ``tasks`` of ``env``."""
@@ -315,9 +386,14 @@ class NeuralPolicy:
         return ids
 
     def logits_of(self, context_ids: np.ndarray) -> np.ndarray:
-        """float64[..., A] logits of table rows."""
-        self._sync()
-        return self._logits[self._rows(context_ids)]
+        """float64[..., A] logits of table rows ("visited": only these rows are evaluated)."""
+        rows = self._rows(context_ids)
+        if self.evaluate == "table":
+            self._sync()
+        else:
+            self._start_visited()
+            self._evaluate_rows(rows.ravel())
+        return self._logits[rows]
 
     def log_probs(self, context_ids: np.ndarray) -> np.ndarray:
         z = self.logits_of(context_ids) / self.temperature
@@ -371,6 +447,7 @@ class NeuralPolicy:
             nn.utils.vector_to_parameters(torch.as_tensor(vec, dtype=torch.float64),
                                           self.net.parameters())  # fmt: skip
         self._synced = None  # vector_to_parameters assigns .data: versions do not move
+        self._fresh_of = None
 
     # ---- contexts, copies, persistence ------------------------------------------------------
     def encode(self, past_obs: Sequence[int], past_actions: Sequence[int], obs: int) -> int:

@@ -221,6 +221,10 @@ class TabularPolicy:
                 return out
             self._grow()
 
+    def run_visited(self, call: Any, rows_of: Any) -> Any:
+        """:meth:`run_growing` (the table is the parameters: nothing to evaluate)."""
+        return self.run_growing(call)
+
     def cover(self, env: POMDP, tasks: np.ndarray) -> None:
         """Nothing to do: the table adds a row when a kernel first meets a context."""
 

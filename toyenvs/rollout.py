@@ -139,7 +139,7 @@ def rollout_arrays(
             *tables, *(b[k] for k in names), b["context_keys"], b["success"], b["length"],
         )  # fmt: skip
 
-    n = pol.run_growing(call)
+    n = pol.run_visited(call, lambda n: b["context"][:n])
     res = {k: b[k][:n] for k in names}
     res["context_keys"] = b["context_keys"][:, :n]
     res["success"] = b["success"][:n_traj]

@@ -89,6 +89,10 @@ def test_tabular_run_keys_do_not_change_with_the_neural_options(tmp_path) -> Non
     wide = tt.TrainToyConfig(out=str(tmp_path), width=8)
     assert tt._run_key(plain, run) == tt._run_key(wide, run)
     assert tt._run_key(plain, run) != tt._run_key(tt.TrainToyConfig(policy="mlp"), run)
+    # where the network is evaluated changes how, not what: runs resume across it
+    mlp = tt.TrainToyConfig(policy="mlp")
+    visited = tt.TrainToyConfig(policy="mlp", network_eval="visited")
+    assert tt._run_key(mlp, run) == tt._run_key(visited, run)
 
 
 @pytest.mark.parametrize(
@@ -98,6 +102,7 @@ def test_tabular_run_keys_do_not_change_with_the_neural_options(tmp_path) -> Non
         (["--width", "0"], "--width: must be an integer >= 1, got 0"),
         (["--layers", "-2"], "--layers: must be an integer >= 1, got -2"),
         (["--truth-every", "-1"], "--truth-every: must be an integer >= 0, got -1"),
+        (["--network-eval", "lazy"], "--network-eval: must be one of 'table', 'visited'"),
     ],
 )
 def test_cli_rejects_bad_neural_options_before_any_work(tmp_path, capsys, argv, match) -> None:
@@ -134,3 +139,4 @@ def test_neural_imitation_reaches_its_target() -> None:
     )  # fmt: skip
     assert isinstance(stage.policy, toyenvs.NeuralPolicy)
     assert abs(stage.success - 0.5) < 0.1
+    assert stage.policy.evaluate == "table"  # the imitation's "visited" does not leak out

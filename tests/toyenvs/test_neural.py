@@ -28,6 +28,7 @@ def tmaze() -> toyenvs.POMDP:
         ({"K": 40}, r"NeuralPolicy.K: must be small enough .* fits in int64, got 40"),
         ({"K": 1.5}, r"NeuralPolicy.K: must be an integer >= 0, got 1.5"),
         ({"temperature": float("nan")}, r"NeuralPolicy.temperature: must be a finite number"),
+        ({"evaluate": "lazy"}, r"NeuralPolicy.evaluate: must be one of 'table', 'visited', got"),
     ],
 )
 def test_bad_arguments_are_named_errors(tmaze: toyenvs.POMDP, kw: dict, match: str) -> None:
@@ -154,3 +155,44 @@ def test_new_start_states_are_covered_on_first_use() -> None:
     others = np.setdiff1d(np.flatnonzero(~env.terminal), env.tasks)[:3]
     rb = toyenvs.rollout(env, pol, tasks=others, n_rollouts=4, seed=0)
     assert pol.n_contexts >= n and rb.n_steps > 0
+
+
+@pytest.mark.parametrize("arch", ["mlp", "transformer"])
+@pytest.mark.parametrize("scheme", ["independent", "branch:singleton"])
+def test_visited_evaluation_rolls_out_the_table_s_trajectories(arch: str, scheme: str) -> None:
+    # "visited" evaluates only the rows its rollouts visit, re-running the rollout until no
+    # visited row is unevaluated; the probabilities are the table's up to float64 rounding, so
+    # the trajectories are the same (a last-bit difference flipping a draw has probability
+    # ~1e-16 per draw), before and after a parameter update.
+    env = toyenvs.make("keydoor", size=4)
+    table = toyenvs.NeuralPolicy(env, K=4, arch=arch, width=16, init_scale=2.0, seed=1)
+    visited = table.copy()
+    visited.evaluate = "visited"
+    kw = {} if scheme == "independent" else {"scheme": scheme, "steps": 30}
+    for it in range(2):
+        a = toyenvs.rollout(env, table, n_rollouts=8, seed=it, **kw)
+        b = toyenvs.rollout(env, visited, n_rollouts=8, seed=it, **kw)
+        for f in ("traj", "step", "state", "action"):
+            assert np.array_equal(getattr(a.batch, f), getattr(b.batch, f))
+        assert np.array_equal(a.context, b.context)
+        assert visited._fresh.sum() < table.n_contexts / 2  # far fewer rows evaluated
+        assert np.isnan(visited._cdf[~visited._fresh]).all()  # the rest cannot be sampled
+        np.testing.assert_allclose(
+            visited.log_probs(b.context), table.log_probs(a.context), rtol=0, atol=1e-12
+        )
+        for pol in (table, visited):  # the same update on both: every row is stale again
+            opt = torch.optim.SGD(pol.parameters(), lr=0.5)
+            pol.forward_rows(np.arange(40))[:, 0].sum().backward()
+            opt.step()
+
+
+def test_visited_evaluation_gives_whole_tables_to_other_readers(tmaze: toyenvs.POMDP) -> None:
+    # The exact solver, the logits property and a copy read the whole table (equal up to
+    # float64 rounding: rows evaluated in a different batch can differ in the last bit).
+    pol = toyenvs.NeuralPolicy(tmaze, K=2, init_scale=1.0, evaluate="visited")
+    ref = toyenvs.NeuralPolicy(tmaze, K=2, init_scale=1.0)
+    toyenvs.rollout(tmaze, pol, n_rollouts=2, seed=0)
+    assert pol.evaluate == pol.copy().evaluate == "visited"
+    J, J_ref = toyenvs.exact_ground_truth(tmaze, pol).J, toyenvs.exact_ground_truth(tmaze, ref).J
+    assert abs(J - J_ref) <= 1e-12 * abs(J_ref)
+    assert pol._fresh.all() and np.array_equal(pol.logits, ref.logits)
