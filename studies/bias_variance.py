@@ -390,16 +390,24 @@ def _draw_batches(
         draws.keys.append(node * env.n_actions + rb.batch.action)
         draws.truths.append(A_true)
         draws.batch_ids.append(np.full(rb.n_steps, b))
-        for v in variants:
-            _measure_variant(draws, cell, rb, gt.V[node], A_true, v)
+        graded = [(v, adv) for v in variants
+                  if (adv := _measure_variant(draws, cell, rb, gt.V[node], A_true, v)) is not None]  # fmt: skip
+        figs = _gradient_figures(cell.pol, rb, [adv for _, adv in graded], cell.probs, cell.gt)
+        for (v, _), f in zip(graded, figs, strict=True):
+            fig = draws.per_batch[(v.label, v.config.norm)]
+            for gname, (cos, rel) in f.items():
+                fig[f"{gname}_cos"].append(cos)
+                fig[f"{gname}_relerr"].append(rel)
     return draws
 
 
 def _measure_variant(
     draws: _Draws, cell: _CellPolicy, rb: Any, V: np.ndarray, A_true: np.ndarray, v: _Variant
-) -> None:
+) -> np.ndarray | None:
     """Run one variant on batch ``rb`` (gae with the exact V as its critic) and record its
-    advantages, its per-batch figures (grid variants) and, for hgpo/mean, its levels."""
+    advantages, its per-batch figures (grid variants) and, for hgpo/mean, its levels.
+    Returns the advantages of a grid variant, whose gradient figures the caller adds (all of
+    the batch's variants at once: one forward pass of a network policy for all of them)."""
     from hgpo import compute_advantages
     from studies import metrics as M
 
@@ -410,16 +418,17 @@ def _measure_variant(
     norm = v.config.norm
     draws.samples.setdefault((v.label, norm), []).append(adv)
     if not v.figures:
-        return
+        return None
     fig = draws.per_batch.setdefault((v.label, norm), {})
-    for gname, (cos, rel) in _gradient_figures(cell.pol, rb, adv, cell.probs, cell.gt).items():
-        fig.setdefault(f"{gname}_cos", []).append(cos)
-        fig.setdefault(f"{gname}_relerr", []).append(rel)
+    for gname in ("grad", "grad_J"):  # filled by the caller; first, as the columns' order
+        fig.setdefault(f"{gname}_cos", [])
+        fig.setdefault(f"{gname}_relerr", [])
     fig.setdefault("sign", []).append(M.sign_agreement(adv, A_true))
     fig.setdefault("spearman", []).append(M.spearman(adv, A_true))
     fig.setdefault("mse_batch", []).append(float(np.mean((adv - A_true) ** 2)))
     if v.estimator == "hgpo" and norm == "mean":
         _record_levels(draws, out)
+    return adv
 
 
 def _record_levels(draws: _Draws, out: Any) -> None:
@@ -530,32 +539,36 @@ def _cos_rel(g: np.ndarray, t: np.ndarray) -> tuple[float, float]:
 
 
 def _gradient_figures(
-    pol: Any, rb: Any, adv: np.ndarray, probs: np.ndarray, gt: Any
-) -> dict[str, tuple[float, float]]:
-    """(cosine, relative error) of the batch gradient against the exact ones, "grad" (no
-    gamma^t, what stepwise estimators target) and "grad_J" (dJ/dtheta).
+    pol: Any, rb: Any, advs: list[np.ndarray], probs: np.ndarray, gt: Any
+) -> list[dict[str, tuple[float, float]]]:
+    """Per advantage vector of ``advs`` (one batch): (cosine, relative error) of the batch
+    gradient against the exact ones, "grad" (no gamma^t, what stepwise estimators target) and
+    "grad_J" (dJ/dtheta).
 
-    Tabular: on the logits (the parameters), visited rows only. Neural: the logit estimate
+    Tabular: on the logits (the parameters), visited rows only. Neural: the logit estimates
     (studies.metrics.gradient_estimate / temperature) pushed to the parameters by
-    ``pol.pullback``, against ``gt.parameter_gradient(_undiscounted)``.
+    ``pol.pullbacks`` (one forward pass for all), against ``gt.parameter_gradient(_undiscounted)``.
     """
     import toyenvs
     from studies import metrics as M
 
     b = rb.batch
+    exact = (("grad", gt.policy_gradient_undiscounted), ("grad_J", gt.policy_gradient))
     if isinstance(pol, toyenvs.TabularPolicy):
-        return {
-            name: M.gradient_compare(rb.context, b.action, adv, probs, b.n_traj, g)
-            for name, g in (("grad", gt.policy_gradient_undiscounted),
-                            ("grad_J", gt.policy_gradient))
-        }  # fmt: skip
-    g_hat = pol.pullback(
-        M.gradient_estimate(rb.context, b.action, adv, probs, b.n_traj) / pol.temperature
-    )
-    return {
-        "grad": _cos_rel(g_hat, gt.parameter_gradient_undiscounted),
-        "grad_J": _cos_rel(g_hat, gt.parameter_gradient),
-    }
+        return [
+            {name: M.gradient_compare(rb.context, b.action, adv, probs, b.n_traj, g)
+             for name, g in exact}
+            for adv in advs
+        ]  # fmt: skip
+    g_hats = pol.pullbacks(
+        [M.gradient_estimate(rb.context, b.action, adv, probs, b.n_traj) / pol.temperature
+         for adv in advs]
+    )  # fmt: skip
+    return [
+        {"grad": _cos_rel(g_hat, gt.parameter_gradient_undiscounted),
+         "grad_J": _cos_rel(g_hat, gt.parameter_gradient)}
+        for g_hat in g_hats
+    ]  # fmt: skip
 
 
 def proposition_41(

@@ -23,7 +23,7 @@ inventing logits).
 The exact gradient of J with respect to the parameters is the exact gradient with respect to
 the logits pushed through the network: dJ/dtheta = sum_{c, b} dJ/dl_b(c) dl_b(c)/dtheta
 (:meth:`NeuralPolicy.pullback`, one backward pass over the rows with a non-zero logit
-gradient).
+gradient; :meth:`NeuralPolicy.pullbacks` shares the forward pass among several gradients).
 """
 
 from __future__ import annotations
@@ -425,18 +425,32 @@ class NeuralPolicy:
         ``logit_grad``: float64[n_rows, A] over the first n_rows table rows (dJ/dlogits gives
         dJ/dtheta). Parameters in ``net.parameters()`` order, flattened.
         """
-        G = np.asarray(logit_grad, dtype=np.float64)
-        rows = np.flatnonzero(np.any(G != 0, axis=1))
+        return self.pullbacks([logit_grad])[0]
+
+    def pullbacks(self, logit_grads: Sequence[np.ndarray]) -> np.ndarray:
+        """float64[len(logit_grads), n_parameters]: :meth:`pullback` of each, over the union of
+        their non-zero rows with one forward pass per chunk of rows and one backward per
+        gradient (the graph is kept between them): a forward costs about what a backward does.
+        """
+        Gs = [np.asarray(G, dtype=np.float64) for G in logit_grads]
+        if not Gs:
+            return np.zeros((0, self.n_parameters))
+        rows = np.flatnonzero(np.any([np.any(G != 0, axis=1) for G in Gs], axis=0))
         params = self.parameters()
-        total = [torch.zeros_like(p) for p in params]
+        total = torch.zeros((len(Gs), self.n_parameters), dtype=torch.float64)
         for i in range(0, rows.size, _CHUNK):
             r = rows[i : i + _CHUNK]
-            out = (self.forward_rows(r) * torch.from_numpy(G[r])).sum()
-            grads = torch.autograd.grad(out, params, allow_unused=True)
-            for t, g in zip(total, grads, strict=True):
-                if g is not None:
-                    t += g
-        return torch.cat([t.reshape(-1) for t in total]).numpy()
+            z = self.forward_rows(r)
+            for j, G in enumerate(Gs):
+                grads = torch.autograd.grad(
+                    z, params, torch.from_numpy(G[r]), retain_graph=j + 1 < len(Gs),
+                    allow_unused=True,
+                )  # fmt: skip
+                total[j] += torch.cat([
+                    torch.zeros(p.numel(), dtype=torch.float64) if g is None else g.reshape(-1)
+                    for p, g in zip(params, grads, strict=True)
+                ])  # fmt: skip
+        return total.numpy()
 
     def flat_parameters(self) -> np.ndarray:
         return nn.utils.parameters_to_vector(self.net.parameters()).detach().numpy().copy()

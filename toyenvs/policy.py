@@ -232,6 +232,10 @@ class TabularPolicy:
         """float64[n_contexts * A]: the parameters are the logits, so dJ/dtheta = dJ/dlogits."""
         return np.asarray(logit_grad, dtype=np.float64).reshape(-1).copy()
 
+    def pullbacks(self, logit_grads: Sequence[np.ndarray]) -> np.ndarray:
+        """float64[len(logit_grads), n_contexts * A]: :meth:`pullback` of each."""
+        return np.stack([self.pullback(G) for G in logit_grads])
+
     # ---- lookups -----------------------------------------------------------------------
     def index_of(self, codes: np.ndarray, insert: bool = True) -> np.ndarray:
         """int64 dense rows of context codes; new codes get a row (or -1 when ``insert=False``)."""

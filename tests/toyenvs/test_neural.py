@@ -196,3 +196,18 @@ def test_visited_evaluation_gives_whole_tables_to_other_readers(tmaze: toyenvs.P
     J, J_ref = toyenvs.exact_ground_truth(tmaze, pol).J, toyenvs.exact_ground_truth(tmaze, ref).J
     assert abs(J - J_ref) <= 1e-12 * abs(J_ref)
     assert pol._fresh.all() and np.array_equal(pol.logits, ref.logits)
+
+
+@pytest.mark.parametrize("arch", ["mlp", "transformer"])
+def test_pullbacks_share_one_forward_and_equal_pullback(tmaze: toyenvs.POMDP, arch: str) -> None:
+    # Several logit gradients pushed to the parameters at once (over the union of their
+    # non-zero rows) equal each one's own pullback up to float64 rounding.
+    pol = toyenvs.NeuralPolicy(tmaze, K=2, arch=arch, width=16, init_scale=1.0)
+    rng = np.random.default_rng(0)
+    G1, G2 = rng.normal(size=(2, pol.n_contexts, tmaze.n_actions))
+    G1[: pol.n_contexts // 2] = 0.0  # different non-zero rows
+    both = pol.pullbacks([G1, G2])
+    assert both.shape == (2, pol.n_parameters)
+    for got, G in zip(both, (G1, G2), strict=True):
+        np.testing.assert_allclose(got, pol.pullback(G), rtol=1e-12, atol=1e-13)
+    assert pol.pullbacks([]).shape == (0, pol.n_parameters)
