@@ -627,6 +627,15 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m studies.bias_variance", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
     )  # fmt: skip
+    _add_grid_options(p, d)
+    _add_policy_options(p, d)
+    _add_run_options(p, d)
+    _add_scheme_options(p)
+    return p
+
+
+def _add_grid_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
+    """The cells (envs x K x stages) and what each measures."""
     p.add_argument(
         "--envs",
         nargs="+",
@@ -664,6 +673,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rollouts", type=int, default=d.rollouts, help="rollouts per group (default: %(default)s)"
     )
+
+
+def _add_policy_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
+    """The policy: a table or a network (and its imitation)."""
     p.add_argument(
         "--policy", default=d.policy, help="tabular, mlp or transformer (default: %(default)s)"
     )
@@ -679,6 +692,10 @@ def _parser() -> argparse.ArgumentParser:
         default=d.fit_steps,
         help="Adam steps per imitation fit of a network policy (default: %(default)s; --quick 50)",
     )
+
+
+def _add_run_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
+    """Seed, estimator options, where the cells run, the output, --quick."""
     p.add_argument("--seed", type=int, default=d.seed, help="(>= 0, default: %(default)s)")
     p.add_argument(
         "--estimator-options",
@@ -696,7 +713,10 @@ def _parser() -> argparse.ArgumentParser:
         "keep their values)",
     )
     p.add_argument("--no-progress", action="store_true")
-    # [branching] studies/branching_study.py
+
+
+def _add_scheme_options(p: argparse.ArgumentParser) -> None:
+    """Rollout schemes compared at equal env-step cost (studies/branching_study.py)."""
     p.add_argument("--scheme", nargs="+", default=None,
                    help="compare rollout schemes at equal env-step cost instead (independent, "
                         "branch:uniform, branch:singleton, branch:hard, tree:D1,D2,...)")  # fmt: skip
@@ -709,7 +729,6 @@ def _parser() -> argparse.ArgumentParser:
         default=0.5,
         help="with --scheme: share of the steps spent on branches, in (0, 1]",
     )
-    return p
 
 
 # fit_steps: the transformer's imitation fits were most of --quick's time (62 s at 150 steps)

@@ -412,10 +412,37 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     """Write curves.csv, evals.csv, final.csv, tests.csv, results.json, report.md and plots."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    default_K = cfg.Ks[0] if len(cfg.Ks) == 1 else None
-    rows = summarise(results, default_K)
+    rows = summarise(results, cfg.Ks[0] if len(cfg.Ks) == 1 else None)
     envs = list(dict.fromkeys(r["env"] for r in rows))
     labels = list(dict.fromkeys(r["label"] for r in rows))
+    _write_run_tables(out, results, rows)
+    tests, scheme_md, schemes_text = _all_tests(results, rows)
+    write_csv(out / "tests.csv", tests)
+    ords_auc = orderings(rows, tests, "auc_train")
+    ords = ords_auc + orderings(rows, tests, "final_train")
+    abl_labels = [lab for lab in labels if lab.split(" [")[0] in ABLATIONS or lab == "hgpo"]
+    main_labels = [lab for lab in labels if lab not in abl_labels or lab == "hgpo"]
+    orderings_text = _orderings_text(ords)
+    md = _report_lines(cfg, results, rows, tests, scheme_md, orderings_text, envs, labels,
+                       main_labels, abl_labels)  # fmt: skip
+    (out / "report.md").write_text("\n".join(md))
+    summary = {
+        "config": asdict(cfg), "final": rows, "tests": tests, "orderings": ords,
+        "notes": SETTING_NOTES, "table": _console_table(rows, labels, envs),
+        "orderings_text": orderings_text, "orderings_text_auc": _orderings_text(ords_auc),
+        "schemes_text": schemes_text,
+    }  # fmt: skip
+    (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
+    _plot(results, rows, out, main_labels, envs, "learning_curves.png",
+          "methods: mean ± 95% CI over seeds")  # fmt: skip
+    _plot(results, rows, out, abl_labels, envs, "ablations.png", "ablations of HGPO")
+    _plot_metrics(results, rows, out, main_labels, envs[0])
+    _plot_truth(results, rows, out, labels, envs)
+    return summary
+
+
+def _write_run_tables(out: Path, results: list[dict[str, Any]], rows: list[dict]) -> None:
+    """curves.csv and evals.csv (every run's logged rows, keyed), final.csv (one row a run)."""
     curve_rows, eval_rows = [], []
     for r in results:
         key = {"env": r["env"], "setting": r["setting"], "K": r["K"], "seed": r["seed"]}
@@ -424,24 +451,32 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     write_csv(out / "curves.csv", curve_rows)
     write_csv(out / "evals.csv", eval_rows)
     write_csv(out / "final.csv", rows)
+
+
+def _all_tests(
+    results: list[dict[str, Any]], rows: list[dict]
+) -> tuple[list[dict], list[str], str]:
+    """Welch + Holm against hgpo (and the :norm=mean settings against hgpo:norm=mean) on
+    three metrics, then the rollout schemes' tests when the runs have schemes; with the
+    schemes' report section and console text."""
     tests = []
     for metric in ("auc_train", "final_train", "final_heldout"):
         tests += compare(rows, metric)
         tests += compare(rows, metric, "hgpo:norm=mean", ":norm=mean")
-    write_csv(out / "tests.csv", tests)
-    scheme_md, schemes_text = [], ""
-    if any("scheme" in r for r in results):
-        span = add_step_auc(results, rows)
-        s_tests = scheme_tests(rows)
-        scheme_md, schemes_text = _scheme_section(rows, s_tests, span)
-        tests += s_tests
-        write_csv(out / "tests.csv", tests)
-    ords_auc = orderings(rows, tests, "auc_train")
-    ords = ords_auc + orderings(rows, tests, "final_train")
-    abl_labels = [lab for lab in labels if lab.split(" [")[0] in ABLATIONS or lab == "hgpo"]
-    main_labels = [lab for lab in labels if lab not in abl_labels or lab == "hgpo"]
-    table = _console_table(rows, labels, envs)
-    orderings_text = _orderings_text(ords)
+    if not any("scheme" in r for r in results):
+        return tests, [], ""
+    span = add_step_auc(results, rows)
+    s_tests = scheme_tests(rows)
+    scheme_md, schemes_text = _scheme_section(rows, s_tests, span)
+    return tests + s_tests, scheme_md, schemes_text
+
+
+def _report_lines(
+    cfg: Any, results: list[dict[str, Any]], rows: list[dict], tests: list[dict],
+    scheme_md: list[str], orderings_text: str, envs: list[str], labels: list[str],
+    main_labels: list[str], abl_labels: list[str],
+) -> list[str]:  # fmt: skip
+    """report.md: settings, Table 1, learning speed, Table 2, orderings, the tests."""
     secs = sum(r["seconds"] for r in rows)
     md = [
         "# train_toy: do better advantages train better policies?",
@@ -483,16 +518,4 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
         )
     truth = " truth_curves.png (--truth-every)." if getattr(cfg, "truth_every", 0) else ""
     md += ["", f"Plots: learning_curves.png, ablations.png, training_metrics.png.{truth}", ""]
-    (out / "report.md").write_text("\n".join(md))
-    summary = {
-        "config": asdict(cfg), "final": rows, "tests": tests, "orderings": ords,
-        "notes": SETTING_NOTES, "table": table, "orderings_text": orderings_text,
-        "orderings_text_auc": _orderings_text(ords_auc), "schemes_text": schemes_text,
-    }  # fmt: skip
-    (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
-    _plot(results, rows, out, main_labels, envs, "learning_curves.png",
-          "methods: mean ± 95% CI over seeds")  # fmt: skip
-    _plot(results, rows, out, abl_labels, envs, "ablations.png", "ablations of HGPO")
-    _plot_metrics(results, rows, out, main_labels, envs[0])
-    _plot_truth(results, rows, out, labels, envs)
-    return summary
+    return md
