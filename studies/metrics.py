@@ -181,8 +181,9 @@ def gradient_estimate(
     g = np.zeros_like(probs)
     np.add.at(g, (context, action), advantage)
     per_context = np.bincount(context, weights=advantage, minlength=probs.shape[0])
-    g -= per_context[:, None] * probs
-    return g / n_traj
+    rows = np.unique(context)  # the other rows stay 0: only the visited ones are touched
+    g[rows] = (g[rows] - per_context[rows, None] * probs[rows]) / n_traj
+    return g
 
 
 def gradient_compare(
