@@ -159,7 +159,7 @@ def test_new_start_states_are_covered_on_first_use() -> None:
 
 @pytest.mark.parametrize("arch", ["mlp", "transformer"])
 @pytest.mark.parametrize("scheme", ["independent", "branch:singleton"])
-def test_visited_evaluation_rolls_out_the_table_s_trajectories(arch: str, scheme: str) -> None:
+def test_visited_evaluation_rolls_out_the_same_trajectories(arch: str, scheme: str) -> None:
     # "visited" evaluates only the rows its rollouts visit, re-running the rollout until no
     # visited row is unevaluated; the probabilities are the table's up to float64 rounding, so
     # the trajectories are the same (a last-bit difference flipping a draw has probability
