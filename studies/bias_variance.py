@@ -390,10 +390,14 @@ def _draw_batches(
         draws.keys.append(node * env.n_actions + rb.batch.action)
         draws.truths.append(A_true)
         draws.batch_ids.append(np.full(rb.n_steps, b))
-        graded = [(v, adv) for v in variants
-                  if (adv := _measure_variant(draws, cell, rb, gt.V[node], A_true, v)) is not None]  # fmt: skip
-        figs = _gradient_figures(cell.pol, rb, [adv for _, adv in graded], cell.probs, cell.gt)
-        for (v, _), f in zip(graded, figs, strict=True):
+        graded, advs = [], []  # the grid variants: their gradient figures come in one go
+        for v in variants:
+            adv = _measure_variant(draws, cell, rb, gt.V[node], A_true, v)
+            if adv is not None:
+                graded.append(v)
+                advs.append(adv)
+        figs = _gradient_figures(cell.pol, rb, advs, cell.probs, cell.gt)
+        for v, f in zip(graded, figs, strict=True):
             fig = draws.per_batch[(v.label, v.config.norm)]
             for gname, (cos, rel) in f.items():
                 fig[f"{gname}_cos"].append(cos)

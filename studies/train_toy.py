@@ -55,6 +55,7 @@ FULL_ENVS = (
 
 
 POLICIES = ("tabular", "mlp", "transformer")
+NETWORK_EVALS = ("table", "visited")  # toyenvs.neural.EVALUATE, without importing torch
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ class TrainToyConfig:
         check_choice("--policy", self.policy, POLICIES)
         check_int("--width", self.width, lo=1)
         check_int("--layers", self.layers, lo=1)
-        check_choice("--network-eval", self.network_eval, ("table", "visited"))
+        check_choice("--network-eval", self.network_eval, NETWORK_EVALS)
         check_int("--truth-every", self.truth_every, lo=0)
         check_number("--branch-budget", self.branch_budget, lo=0.0, hi=1.0, lo_open=True)
         if not self.envs or not self.settings or not self.Ks:
