@@ -36,7 +36,7 @@ from studies.backend import (
     check_backend,
     run_tasks,
 )
-from studies.cli import apply_preset, check_out_dir, given_dests
+from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
 
 __all__ = ["StudyConfig", "main", "parse_env", "run_cell", "run_study"]
 
@@ -93,6 +93,10 @@ class StudyConfig:
     layers: int = 2
     fit_steps: int = 150
     """Adam steps of each imitation fit of a network policy (neural_expert_stages); --quick: 50."""
+    net_dtype: str = "float32"
+    """A network policy's precision (toyenvs.NeuralPolicy dtype). The table its rollouts and
+    its exact truth read holds float64 logits either way; float32 makes the forward and
+    backward passes over every reachable context about 3x faster (docs/bias_variance.md)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -118,6 +122,7 @@ class StudyConfig:
             raise ValueError("--envs, --K, --stages, --estimators and --norms each need a value")
         check_choice("--backend", self.backend, BACKENDS)
         check_choice("--policy", self.policy, ("tabular", "mlp", "transformer"))
+        check_choice("--net-dtype", self.net_dtype, NET_DTYPES)
         for spec in self.envs:
             parse_env(spec)
         for alpha in (self.alpha, *ALPHAS):  # every config a cell makes, at its deepest K
@@ -202,7 +207,9 @@ def _stage_policies(
     def fresh() -> Any:
         if cfg.policy == "tabular":
             return toyenvs.TabularPolicy(env, K=K)
-        return toyenvs.NeuralPolicy(env, K, cfg.policy, cfg.width, cfg.layers, seed=cfg.seed)
+        return toyenvs.NeuralPolicy(
+            env, K, cfg.policy, cfg.width, cfg.layers, seed=cfg.seed, dtype=cfg.net_dtype
+        )
 
     targets = tuple(float(s) for s in stages if s != "untrained" and not Path(s).is_file())
     if not targets:
@@ -550,8 +557,9 @@ def _gradient_figures(
     "grad_J" (dJ/dtheta).
 
     Tabular: on the logits (the parameters), visited rows only. Neural: the logit estimates
-    (studies.metrics.gradient_estimate / temperature) pushed to the parameters by
-    ``pol.pullbacks`` (one forward pass for all), against ``gt.parameter_gradient(_undiscounted)``.
+    (studies.metrics.visited_gradient_estimate / temperature, on the batch's rows) pushed to the
+    parameters by ``pol.pullbacks`` (one forward pass for all), against
+    ``gt.parameter_gradient(_undiscounted)``.
     """
     import toyenvs
     from studies import metrics as M
@@ -564,10 +572,9 @@ def _gradient_figures(
              for name, g in exact}
             for adv in advs
         ]  # fmt: skip
-    g_hats = pol.pullbacks(
-        [M.gradient_estimate(rb.context, b.action, adv, probs, b.n_traj) / pol.temperature
-         for adv in advs]
-    )  # fmt: skip
+    estimates = [M.visited_gradient_estimate(rb.context, b.action, adv, probs, b.n_traj)
+                 for adv in advs]  # fmt: skip
+    g_hats = pol.pullbacks([g / pol.temperature for _, g in estimates], rows=estimates[0][0])
     return [
         {"grad": _cos_rel(g_hat, gt.parameter_gradient_undiscounted),
          "grad_J": _cos_rel(g_hat, gt.parameter_gradient)}
@@ -611,8 +618,8 @@ def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
     ]
     by_key: dict[str, dict[str, Any]] = {}
     sweep = run_tasks(
-        run_cell, tasks, by_key.__setitem__, backend=cfg.backend, workers=cfg.workers,
-        ray_address=cfg.ray_address, progress=progress, desc="cells",
+        run_cell, _longest_first(tasks), by_key.__setitem__, backend=cfg.backend,
+        workers=cfg.workers, ray_address=cfg.ray_address, progress=progress, desc="cells",
     )  # fmt: skip
     if sweep.failures:
         raise SweepError(sweep.failures, len(tasks))
@@ -620,6 +627,13 @@ def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
     from studies.bias_variance_report import write_results
 
     return write_results(cfg, results)
+
+
+def _longest_first(tasks: list[Task]) -> list[Task]:
+    """The cells in the order they are handed to the workers: the likely longest first (larger
+    K, then an imitated stage before the untrained one), so that no worker is left with a long
+    cell at the end while the others idle. Seeds and the rows' order stay the grid's."""
+    return sorted(tasks, key=lambda t: (-t.args[2], t.args[3] == "untrained"))
 
 
 # ---------------------------------------------------------------------------- command line
@@ -695,6 +709,11 @@ def _add_policy_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
         type=int,
         default=d.fit_steps,
         help="Adam steps per imitation fit of a network policy (default: %(default)s; --quick 50)",
+    )
+    p.add_argument(
+        "--net-dtype",
+        default=d.net_dtype,
+        help="a network's precision, float32 or float64 (default: %(default)s)",
     )
 
 

@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["apply_preset", "check_out_dir", "given_dests"]
+__all__ = ["NET_DTYPES", "apply_preset", "check_out_dir", "given_dests"]
+
+NET_DTYPES = ("float32", "float64")
+"""A network policy's precisions (toyenvs.neural.DTYPES), named here without importing torch."""
 
 
 def given_dests(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:

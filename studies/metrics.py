@@ -22,6 +22,7 @@ __all__ = [
     "sign_agreement",
     "spearman",
     "variance_difference",
+    "visited_gradient_estimate",
 ]
 
 
@@ -178,12 +179,23 @@ def gradient_estimate(
         advantage: float64[m]; probs: float64[n_contexts, n_actions] pi(. | c); n_traj: the
         number of trajectories (the estimate is per trajectory, like the exact gradient).
     """
+    rows, g_rows = visited_gradient_estimate(context, action, advantage, probs, n_traj)
     g = np.zeros_like(probs)
-    np.add.at(g, (context, action), advantage)
-    per_context = np.bincount(context, weights=advantage, minlength=probs.shape[0])
-    rows = np.unique(context)  # the other rows stay 0: only the visited ones are touched
-    g[rows] = (g[rows] - per_context[rows, None] * probs[rows]) / n_traj
+    g[rows] = g_rows
     return g
+
+
+def visited_gradient_estimate(
+    context: np.ndarray, action: np.ndarray, advantage: np.ndarray, probs: np.ndarray, n_traj: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, g[rows]): :func:`gradient_estimate` on the visited rows (sorted), 0 elsewhere, at
+    a cost that does not grow with the table."""
+    rows, local = np.unique(context, return_inverse=True)
+    g = np.zeros((rows.size, probs.shape[1]))
+    np.add.at(g, (local, action), advantage)
+    g -= np.bincount(local, weights=advantage, minlength=rows.size)[:, None] * probs[rows]
+    g /= n_traj
+    return rows, g
 
 
 def gradient_compare(
@@ -200,11 +212,7 @@ def gradient_compare(
     estimate is 0 elsewhere), so a large table costs nothing per call:
     ||g_hat - g||^2 = ||g_hat||^2 - 2 g_hat . g + ||g||^2.
     """
-    rows, local = np.unique(context, return_inverse=True)
-    g = np.zeros((rows.size, probs.shape[1]))
-    np.add.at(g, (local, action), advantage)
-    g -= np.bincount(local, weights=advantage, minlength=rows.size)[:, None] * probs[rows]
-    g /= n_traj
+    rows, g = visited_gradient_estimate(context, action, advantage, probs, n_traj)
     inside = rows < g_true.shape[0]
     t = g_true[rows[inside]]
     dot = float((g[inside] * t).sum())

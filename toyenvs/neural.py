@@ -16,7 +16,7 @@ uses, so ``rollout``, ``exact_ground_truth`` and ``mc_ground_truth`` run unchang
 rollout step costs what a tabular one costs. One forward per iteration over a few hundred to a
 few thousand contexts costs less than a batched forward per time step would (one per step of
 the horizon, each paying torch's per-call overhead), and the sampling probabilities are the
-network's own, computed in float64. The table is full by construction: a kernel that met a
+network's own, held in float64 (the network computes in ``dtype``, float64 by default). The table is full by construction: a kernel that met a
 context outside it could not insert one (:meth:`NeuralPolicy.run_growing` raises instead of
 inventing logits).
 
@@ -43,10 +43,11 @@ from toyenvs import _kernels as kn
 from toyenvs.core import POMDP
 from toyenvs.policy import context_radix, decode_context, encode_context
 
-__all__ = ["ARCHS", "ContextNet", "NeuralPolicy", "check_neural"]
+__all__ = ["ARCHS", "DTYPES", "ContextNet", "NeuralPolicy", "check_neural"]
 
 ARCHS = ("mlp", "transformer")
 EVALUATE = ("table", "visited")
+DTYPES = ("float64", "float32")
 _CHUNK = 8192  # rows per forward pass: bounds the memory of a transformer over a large table
 
 
@@ -61,12 +62,30 @@ class _Block(nn.Module):
         self.proj = nn.Linear(width, width)
         self.ff = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, qkv: torch.Tensor | None = None) -> torch.Tensor:
+        """x [n, L, w] -> [n, L, w]; ``qkv``: qkv(LN x) when the caller already has it."""
         n, L, w = x.shape
-        qkv = self.qkv(self.ln1(x)).view(n, L, 3, self.heads, w // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        if qkv is None:
+            qkv = self.qkv(self.ln1(x))
+        q, k, v = qkv.view(n, L, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v)  # (n, heads, L, w / heads)
         x = x + self.proj(y.transpose(1, 2).reshape(n, L, w))
+        return x + self.ff(self.ln2(x))
+
+    def last(self, x: torch.Tensor, qkv: torch.Tensor | None = None) -> torch.Tensor:
+        """``forward(x, qkv)[:, -1]`` at a third of the cost: every token's key and value, but
+        only the last token's query, projection and MLP (the head reads nothing else)."""
+        n, L, w = x.shape
+        if qkv is None:
+            h = self.ln1(x)
+            wq, wkv = self.qkv.weight.split([w, 2 * w])
+            bq, bkv = self.qkv.bias.split([w, 2 * w])
+            q, kv = F.linear(h[:, -1], wq, bq), F.linear(h, wkv, bkv)
+        else:
+            q, kv = qkv[:, -1, :w], qkv[:, :, w:]
+        k, v = kv.reshape(n, L, 2, self.heads, -1).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q.reshape(n, self.heads, 1, -1), k, v)
+        x = x[:, -1] + self.proj(y.reshape(n, w))  # y: (n, heads, 1, w / heads)
         return x + self.ff(self.ln2(x))
 
 
@@ -78,6 +97,12 @@ class ContextNet(nn.Module):
     divides ``width``), attention over the whole window, the head reads the last token (o_t).
     The head's weights are N(0, init_scale^2 / width) and its bias 0: init_scale = 0 starts at
     the uniform policy, like TabularPolicy's default.
+
+    ``last_token_only`` (transformer): compute only what the head reads, the same function up
+    to rounding in about 0.6x the time (:meth:`forward`). Off, every block runs over every
+    token: the computation behind the documented float64 runs, which it keeps bit for bit
+    (NeuralPolicy turns it on with float32 only: a changed rounding sends a long training
+    run down another path).
     """
 
     def __init__(
@@ -86,6 +111,7 @@ class ContextNet(nn.Module):
     ) -> None:  # fmt: skip
         super().__init__()
         self.K, self.arch = K, arch
+        self.last_token_only = False
         L = 2 * K + 1
         self.obs_emb = nn.Embedding(n_obs + 1, width)  # id n_obs = padding
         self.act_emb = nn.Embedding(n_actions + 1, width)  # id n_actions = padding
@@ -105,14 +131,43 @@ class ContextNet(nn.Module):
             self.head.bias.zero_()
 
     def forward(self, obs_tok: torch.Tensor, act_tok: torch.Tensor) -> torch.Tensor:
-        """obs_tok int64[n, K + 1] (oldest first, o_t last), act_tok int64[n, K] -> logits[n, A]."""
+        """obs_tok int64[n, K + 1] (oldest first, o_t last), act_tok int64[n, K] -> logits[n, A].
+
+        With ``last_token_only``, the transformer's first block reads its LayerNorm and
+        query/key/value projections of token j from a table over (j, token id), computed once
+        per call (:meth:`window_table`), and its last block computes the last token only."""
         n, K = obs_tok.shape[0], self.K
         eo, ea = self.obs_emb(obs_tok), self.act_emb(act_tok)
-        pairs = torch.stack([eo[:, :K], ea], dim=2).reshape(n, 2 * K, -1)
+        pairs = torch.stack([eo[:, :K], ea], dim=2).reshape(n, 2 * K, eo.shape[2])
         x = torch.cat([pairs, eo[:, K:]], dim=1) + self.pos_emb
         if self.arch == "mlp":
             return self.head(self.trunk(x.reshape(n, -1)))
-        return self.head(self.ln_f(self.trunk(x))[:, -1])
+        if not self.last_token_only:
+            return self.head(self.ln_f(self.trunk(x))[:, -1])
+        first, *rest = self.trunk
+        qkv = first.qkv(first.ln1(self.window_table()))[self.window_rows(obs_tok, act_tok)]
+        if not rest:
+            return self.head(self.ln_f(first.last(x, qkv)))
+        x = first(x, qkv)
+        *middle, last = rest
+        for block in middle:
+            x = block(x)
+        return self.head(self.ln_f(last.last(x)))
+
+    def window_table(self) -> torch.Tensor:
+        """[L V, w]: row j V + i is the input (embedding + position embedding) of token id i at
+        position j; ids 0..n_obs are observations, n_obs + 1 + a is action a (V = n_obs +
+        n_actions + 2, the paddings included)."""
+        emb = torch.cat([self.obs_emb.weight, self.act_emb.weight])
+        return (emb[None] + self.pos_emb[:, None]).reshape(-1, emb.shape[1])
+
+    def window_rows(self, obs_tok: torch.Tensor, act_tok: torch.Tensor) -> torch.Tensor:
+        """int64[n, L] rows of :meth:`window_table` of each context's tokens."""
+        n_o = self.obs_emb.num_embeddings
+        V = n_o + self.act_emb.num_embeddings
+        ids = torch.empty((obs_tok.shape[0], 2 * self.K + 1), dtype=torch.int64)
+        ids[:, 0::2], ids[:, 1::2] = obs_tok, act_tok + n_o
+        return ids + V * torch.arange(2 * self.K + 1)
 
 
 def check_neural(env: Any, K: Any, arch: Any, width: Any, layers: Any, seed: Any) -> None:
@@ -158,29 +213,35 @@ class NeuralPolicy:
             embedding width). layers: hidden layers (mlp) or blocks (transformer).
         seed: seed of the initial parameters. temperature: > 0, divides the logits.
         init_scale: standard deviation of the initial logits (0: the uniform policy).
+        evaluate: "table" or "visited" (:attr:`evaluate`).
+        dtype: the network's precision, "float64" or "float32" (about 3x faster on CPU). The
+            table holds its logits in float64 either way, and the kernels and the exact truth
+            read that table: the truth is exact for the policy the rollouts sample. Only the
+            parameter gradients (:meth:`pullbacks`, training) carry the network's rounding.
 
     Raises:
         hgpo.options.OptionError (a ValueError) naming the argument, before any work.
 
     Attributes:
-        net: the torch module (float64). logits / codes: float64[n_contexts, A] / int64 views of
+        net: the torch module (in ``dtype``). logits / codes: float64[n_contexts, A] / int64 views of
         the table the kernels sample from (read-only; refreshed when the parameters change).
     """
 
     def __init__(
         self, env: POMDP, K: int = 2, arch: str = "mlp", width: int = 64, layers: int = 2,
         seed: int = 0, temperature: float = 1.0, init_scale: float = 0.0,
-        evaluate: str = "table",
+        evaluate: str = "table", dtype: str = "float64",
     ) -> None:  # fmt: skip
         check_neural(env, K, arch, width, layers, seed)
         check_choice("NeuralPolicy.evaluate", evaluate, EVALUATE)
+        check_choice("NeuralPolicy.dtype", dtype, DTYPES)
         check_number("NeuralPolicy.temperature", temperature, lo=0, lo_open=True)
         check_number("NeuralPolicy.init_scale", init_scale, lo=0)
         meta = {
             "n_obs": env.n_obs, "n_actions": env.n_actions, "K": int(K), "arch": arch,
             "width": int(width), "layers": int(layers), "seed": int(seed),
             "temperature": float(temperature), "init_scale": float(init_scale),
-            "env_name": env.name, "evaluate": evaluate,
+            "env_name": env.name, "evaluate": evaluate, "dtype": dtype,
         }  # fmt: skip
         self._setup(meta)
         self.cover(env, env.tasks)
@@ -197,12 +258,14 @@ class NeuralPolicy:
         self.M, self.n_codes = context_radix(self.n_obs, self.n_actions, self.K)
         self.powM = np.array([self.M**k for k in range(self.K + 1)], dtype=np.int64)
         self._temperature = float(meta["temperature"])
-        self.meta.setdefault("evaluate", "table")  # snapshots from before the option
+        self.meta.setdefault("evaluate", "table")  # snapshots from before these options
+        self.meta.setdefault("dtype", "float64")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             net = ContextNet(self.n_obs, self.n_actions, self.K, self.arch, self.width,
                              self.layers, self.init_scale)  # fmt: skip
-        self.net = net.double()
+        self.net = net.to(getattr(torch, self.meta["dtype"]))
+        self.net.last_token_only = self.meta["dtype"] == "float32"  # see ContextNet
         self._covered: dict[int, set[int]] = {}
         self._set_table(np.zeros(0, dtype=np.int64))
 
@@ -300,7 +363,7 @@ class NeuralPolicy:
         """Where the network is evaluated after its parameters change: "table", every row at
         once (the kernels' tables are always whole); "visited", for rollouts only the rows
         they visit (:meth:`run_visited`), any other reader of the whole table still gets it
-        whole. The same probabilities either way, up to float64 rounding (a forward over a
+        whole. The same probabilities either way, up to rounding (a forward over a
         different set of rows can differ in the last bit)."""
         return self.meta["evaluate"]
 
@@ -345,7 +408,7 @@ class NeuralPolicy:
         if rows.size:
             with torch.no_grad():
                 z = torch.cat([self.forward_rows(rows[i : i + _CHUNK])
-                               for i in range(0, rows.size, _CHUNK)]).numpy()  # fmt: skip
+                               for i in range(0, rows.size, _CHUNK)]).double().numpy()  # fmt: skip
             cdf = np.empty_like(z)
             kn.fill_cdf(z, cdf, rows.size, 1.0 / self._temperature)
             self._logits[rows], self._cdf[rows] = z, cdf
@@ -405,7 +468,7 @@ class NeuralPolicy:
         return np.exp(self.log_probs(context_ids))
 
     def forward_rows(self, context_ids: np.ndarray, net: ContextNet | None = None) -> torch.Tensor:
-        """float64[n, A] logits of table rows as a torch tensor with autograd (for training).
+        """[n, A] logits of table rows as a torch tensor (the network's dtype) with autograd.
 
         ``net``: another network of the same shape to evaluate on these rows (a reference copy).
         """
@@ -427,38 +490,48 @@ class NeuralPolicy:
         """
         return self.pullbacks([logit_grad])[0]
 
-    def pullbacks(self, logit_grads: Sequence[np.ndarray]) -> np.ndarray:
+    def pullbacks(
+        self, logit_grads: Sequence[np.ndarray], rows: np.ndarray | None = None
+    ) -> np.ndarray:
         """float64[len(logit_grads), n_parameters]: :meth:`pullback` of each, over the union of
         their non-zero rows with one forward pass per chunk of rows and one backward per
         gradient (the graph is kept between them): a forward costs about what a backward does.
+
+        ``rows``: int64[m] the table rows the gradients are given on (each [m, A]; zero on the
+        other rows), so a gradient on a few visited rows of a large table costs no full array;
+        default the first rows 0..m-1 (a gradient over the table).
         """
         Gs = [np.asarray(G, dtype=np.float64) for G in logit_grads]
         if not Gs:
             return np.zeros((0, self.n_parameters))
-        rows = np.flatnonzero(np.any([np.any(G != 0, axis=1) for G in Gs], axis=0))
+        at = np.arange(Gs[0].shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
+        keep = np.flatnonzero(np.any([np.any(G != 0, axis=1) for G in Gs], axis=0))
         params = self.parameters()
         total = torch.zeros((len(Gs), self.n_parameters), dtype=torch.float64)
-        for i in range(0, rows.size, _CHUNK):
-            r = rows[i : i + _CHUNK]
-            z = self.forward_rows(r)
+        for i in range(0, keep.size, _CHUNK):
+            k = keep[i : i + _CHUNK]
+            z = self.forward_rows(at[k])
             for j, G in enumerate(Gs):
                 grads = torch.autograd.grad(
-                    z, params, torch.from_numpy(G[r]), retain_graph=j + 1 < len(Gs),
+                    z, params, torch.from_numpy(G[k]).to(z.dtype), retain_graph=j + 1 < len(Gs),
                     allow_unused=True,
                 )  # fmt: skip
-                total[j] += torch.cat([
-                    torch.zeros(p.numel(), dtype=torch.float64) if g is None else g.reshape(-1)
+                total[j] += torch.cat([  # chunks summed in float64
+                    torch.zeros(p.numel(), dtype=p.dtype) if g is None else g.reshape(-1)
                     for p, g in zip(params, grads, strict=True)
                 ])  # fmt: skip
         return total.numpy()
 
     def flat_parameters(self) -> np.ndarray:
-        return nn.utils.parameters_to_vector(self.net.parameters()).detach().numpy().copy()
+        """float64[n_parameters] (``net.parameters()`` order, flattened)."""
+        vec = nn.utils.parameters_to_vector(self.net.parameters()).detach()
+        return vec.double().numpy().copy()
 
     def set_flat_parameters(self, vec: np.ndarray) -> None:
         """Overwrite the parameters from a flat vector (``flat_parameters`` order)."""
         with torch.no_grad():
-            nn.utils.vector_to_parameters(torch.as_tensor(vec, dtype=torch.float64),
+            dtype = next(self.net.parameters()).dtype  # the network keeps its precision
+            nn.utils.vector_to_parameters(torch.as_tensor(vec, dtype=dtype),
                                           self.net.parameters())  # fmt: skip
         self._synced = None  # vector_to_parameters assigns .data: versions do not move
         self._fresh_of = None

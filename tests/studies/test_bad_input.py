@@ -88,6 +88,7 @@ def test_check_out_dir_creates_a_writable_folder(tmp_path):
         (dict(seed=-1), r"^--seed: must be an integer >= 0, got -1$"),
         (dict(workers=0), r"^--workers: must be an integer >= 1, got 0$"),
         (dict(fit_steps=0), r"^--fit-steps: must be an integer >= 1, got 0$"),
+        (dict(net_dtype="half"), r"^--net-dtype: must be one of 'float32', 'float64', got 'half'$"),
         (dict(alpha=math.inf), r"^--alpha: must be a finite number >= 0\.0, got inf$"),
         (dict(alpha=-1.0), r"^--alpha: must be a finite number >= 0\.0, got -1\.0$"),
         (dict(alpha=1e6), r"^--alpha: EstimatorConfig: the level weights"),

@@ -93,6 +93,26 @@ def test_tabular_run_keys_do_not_change_with_the_neural_options(tmp_path) -> Non
     mlp = tt.TrainToyConfig(policy="mlp")
     visited = tt.TrainToyConfig(policy="mlp", network_eval="visited")
     assert tt._run_key(mlp, run) == tt._run_key(visited, run)
+    # float64 (the default) keeps the keys of the runs before --net-dtype; float32 is new
+    assert "net_dtype" not in mlp.run_fields()
+    f32 = tt.TrainToyConfig(policy="mlp", net_dtype="float32")
+    assert tt._run_key(mlp, run) != tt._run_key(f32, run)
+
+
+def test_float32_network_run_trains_and_logs_the_truth(tmp_path) -> None:
+    from studies import train_toy as tt
+
+    cfg = tt.TrainToyConfig(
+        envs=("tmaze:length=2",), settings=("hgpo",), seeds=1, iterations=3, eval_every=3,
+        eval_rollouts=4, workers=1, policy="transformer", width=8, layers=1, truth_every=3,
+        net_dtype="float32", out=str(tmp_path / "o"),
+    )  # fmt: skip
+    run = {"env": "tmaze:length=2", "setting": "hgpo", "K": 2, "seed": 0}
+    a, b = tt.run_one(cfg, run), tt.run_one(cfg, run)
+    assert json.dumps(a["curve"]) == json.dumps(b["curve"])
+    logged = [c for c in a["curve"] if np.isfinite(c["truth_grad_cos"])]
+    assert logged and all(-1 <= c["truth_grad_cos"] <= 1 for c in logged)
+    assert all(np.isfinite(c["pg_loss"]) for c in a["curve"])
 
 
 @pytest.mark.parametrize(
@@ -103,6 +123,7 @@ def test_tabular_run_keys_do_not_change_with_the_neural_options(tmp_path) -> Non
         (["--layers", "-2"], "--layers: must be an integer >= 1, got -2"),
         (["--truth-every", "-1"], "--truth-every: must be an integer >= 0, got -1"),
         (["--network-eval", "lazy"], "--network-eval: must be one of 'table', 'visited'"),
+        (["--net-dtype", "float16"], "--net-dtype: must be one of 'float32', 'float64'"),
     ],
 )
 def test_cli_rejects_bad_neural_options_before_any_work(tmp_path, capsys, argv, match) -> None:

@@ -29,6 +29,7 @@ def tmaze() -> toyenvs.POMDP:
         ({"K": 1.5}, r"NeuralPolicy.K: must be an integer >= 0, got 1.5"),
         ({"temperature": float("nan")}, r"NeuralPolicy.temperature: must be a finite number"),
         ({"evaluate": "lazy"}, r"NeuralPolicy.evaluate: must be one of 'table', 'visited', got"),
+        ({"dtype": "float16"}, r"NeuralPolicy.dtype: must be one of 'float64', 'float32', got"),
     ],
 )
 def test_bad_arguments_are_named_errors(tmaze: toyenvs.POMDP, kw: dict, match: str) -> None:
@@ -211,3 +212,56 @@ def test_pullbacks_share_one_forward_and_equal_pullback(tmaze: toyenvs.POMDP, ar
     for got, G in zip(both, (G1, G2), strict=True):
         np.testing.assert_allclose(got, pol.pullback(G), rtol=1e-12, atol=1e-13)
     assert pol.pullbacks([]).shape == (0, pol.n_parameters)
+    # given on a few rows (zero elsewhere): the same, bit for bit
+    rows = np.array([1, 4, 5, 9])
+    G3 = np.zeros_like(G2)
+    G3[rows] = G2[rows]
+    np.testing.assert_array_equal(pol.pullbacks([G2[rows]], rows=rows)[0], pol.pullback(G3))
+
+
+@pytest.mark.parametrize(("K", "layers"), [(3, 3), (2, 1), (0, 2)])
+def test_last_token_only_transformer_computes_the_same_logits(K: int, layers: int) -> None:
+    # Only what the head reads (a table for the first block's projections, the last token in
+    # the last block) against every block over every token, and the same parameter gradient.
+    env = toyenvs.make("keydoor", size=4)
+    pol = toyenvs.NeuralPolicy(env, K=K, arch="transformer", width=16, layers=layers,
+                               init_scale=1.0)  # fmt: skip
+    net, obs, act = pol.net, pol._obs_tok, pol._act_tok
+    G = torch.from_numpy(np.random.default_rng(0).normal(size=(obs.shape[0], env.n_actions)))
+    out = {}
+    for fast in (False, True):
+        net.last_token_only = fast
+        z = net(obs, act)
+        out[fast] = z.detach().numpy(), torch.autograd.grad(z, list(net.parameters()), G)
+    np.testing.assert_allclose(out[True][0], out[False][0], rtol=0, atol=1e-13)
+    for a, b in zip(out[True][1], out[False][1], strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.parametrize("arch", ["mlp", "transformer"])
+def test_float32_network_keeps_a_float64_table_and_close_gradients(
+    tmaze: toyenvs.POMDP, arch: str, tmp_path
+) -> None:
+    # Same initial parameters (rounded to float32); the table the kernels and the truth read
+    # stays float64, its logits within float32 rounding of the float64 network's; the exact
+    # parameter gradient within float32 rounding too (cosine 1 - 1e-9). The precision
+    # survives copies, snapshots and set_flat_parameters.
+    kw = dict(K=2, arch=arch, width=16, init_scale=1.0, seed=3)
+    p64 = toyenvs.NeuralPolicy(tmaze, **kw)
+    p32 = toyenvs.NeuralPolicy(tmaze, dtype="float32", **kw)
+    assert all(p.dtype == torch.float32 for p in p32.parameters())
+    assert p32.net.last_token_only and not p64.net.last_token_only
+    assert p32.logits.dtype == np.float64
+    np.testing.assert_allclose(p32.logits, p64.logits, rtol=0, atol=1e-5)
+    g64 = toyenvs.exact_ground_truth(tmaze, p64, gamma=0.9).parameter_gradient
+    g32 = toyenvs.exact_ground_truth(tmaze, p32, gamma=0.9).parameter_gradient
+    assert g32.dtype == np.float64
+    assert g32 @ g64 / np.linalg.norm(g32) / np.linalg.norm(g64) > 1 - 1e-9
+    path = tmp_path / "p32.npz"
+    p32.snapshot(path)
+    theta = p32.flat_parameters()
+    for other in (toyenvs.NeuralPolicy.load(path), p32.copy()):
+        assert other.meta["dtype"] == "float32"
+        other.set_flat_parameters(theta)
+        assert all(p.dtype == torch.float32 for p in other.parameters())
+        np.testing.assert_array_equal(other.logits, p32.logits)
