@@ -103,20 +103,32 @@ def _stages_by_beta(
     set_beta: Callable[[float], None],
     targets: tuple[float, ...],
     rounds: int,
+    also_try: tuple[float, ...] = (),
 ) -> list[Stage]:
     """For each success target, the policy at the beta (bisection on [0, 64], 14 halvings) whose
-    success rate first meets it; a target above the success at beta = 64 gets that policy."""
+    success rate first meets it; a target above the success at beta = 64 gets that policy.
+
+    ``also_try``: betas tried too when a target lies above the success at beta = 64; the one
+    that succeeds most often (the first of equals) takes 64's place, as the bisection's upper
+    end or as the policy of a target still out of reach."""
 
     def success_at(beta: float) -> float:
         set_beta(beta)
         return evaluate_success(env, pol)
 
     stages = []
-    hi_beta, hi_succ = 64.0, success_at(64.0)
+    top_beta, top_succ = 64.0, success_at(64.0)
+    best_beta, best_succ = top_beta, top_succ
+    if top_succ < max(targets):
+        for beta in also_try:
+            succ = success_at(beta)
+            if succ > best_succ:
+                best_beta, best_succ = beta, succ
     for target in sorted(targets):
-        if hi_succ < target:
-            set_beta(hi_beta)
-            stages.append(Stage(target, hi_succ, rounds, pol.copy()))
+        hi_beta = top_beta if top_succ >= target else best_beta
+        if best_succ < target:
+            set_beta(best_beta)
+            stages.append(Stage(target, best_succ, rounds, pol.copy()))
             continue
         lo, hi = 0.0, hi_beta
         for _ in range(14):
@@ -127,6 +139,9 @@ def _stages_by_beta(
                 lo = mid
         stages.append(Stage(target, success_at(hi), rounds, pol.copy()))
     return stages
+
+
+_ALSO_TRY = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 
 def _fit_frequencies(pol: Any, counts: np.ndarray, steps: int, lr: float) -> None:
@@ -170,6 +185,8 @@ def neural_expert_stages(
     the network is fitted to F[c] / sum F[c] (:func:`_fit_frequencies`) and beta scales its
     output layer (beta * logits exactly); beta grows over the rounds (0, 2, 4, ...), then
     bisection on beta meets each success target. The policy is a fresh ``make_policy()``.
+    Unlike a table's, a network's success need not grow with beta, so a target above the
+    success at beta = 64 also tries beta = 1, 2, ..., 32 and takes the best.
 
     The rounds and the bisection only roll out, so the network is evaluated on the contexts the
     rollouts visit (``evaluate = "visited"``: the same probabilities; at K = 4 the reachable
@@ -204,7 +221,10 @@ def neural_expert_stages(
         best = Qs[rb.batch.step, rb.hidden].argmax(axis=1)
         np.add.at(counts, (rb.context, best), 1.0)
 
-    stages = _stages_by_beta(env, pol, set_beta, targets, rounds)
+    # A table's success grows with beta (its logits sharpen towards the expert's counts); a
+    # network's need not (sharper logits also sharpen its guesses on unlabelled contexts), so
+    # a target above the success at beta = 64 gets the best of a few smaller betas too.
+    stages = _stages_by_beta(env, pol, set_beta, targets, rounds, also_try=_ALSO_TRY)
     for st in stages:
         st.policy.evaluate = mode
     return stages

@@ -161,3 +161,30 @@ def test_neural_imitation_reaches_its_target() -> None:
     assert isinstance(stage.policy, toyenvs.NeuralPolicy)
     assert abs(stage.success - 0.5) < 0.1
     assert stage.policy.evaluate == "table"  # the imitation's "visited" does not leak out
+
+
+def test_stage_out_of_reach_takes_the_best_beta_tried(monkeypatch) -> None:
+    # success(beta) peaks at beta = 8 (0.4) and falls to 0.1 at beta = 64, as a network's can.
+    # Without also_try (the table's rule) a 0.7 target gets beta = 64; with it, beta = 8. A
+    # 0.3 target (above 64's 0.1, below 8's 0.4) is bisected on [0, 8]; a 0.05 target on
+    # [0, 64] as before.
+    from studies import tabular
+
+    def success(beta: float) -> float:
+        return 0.4 * beta / 8 if beta <= 8 else 0.4 - 0.3 * (beta - 8) / 56
+
+    beta = {"now": 0.0}
+
+    class Pol:
+        def copy(self) -> float:
+            return beta["now"]
+
+    monkeypatch.setattr(tabular, "evaluate_success", lambda env, pol: success(beta["now"]))
+    set_beta = lambda b: beta.__setitem__("now", b)  # noqa: E731
+    (plain,) = tabular._stages_by_beta(None, Pol(), set_beta, (0.7,), 1)
+    assert plain.policy == 64.0 and plain.success == pytest.approx(0.1)
+    got = tabular._stages_by_beta(None, Pol(), set_beta, (0.05, 0.3, 0.7), 1, (2.0, 8.0, 16.0))
+    assert [st.target for st in got] == [0.05, 0.3, 0.7]
+    assert got[0].policy == pytest.approx(1.0, abs=1e-3)  # 0.4 b / 8 = 0.05 on [0, 64]
+    assert got[1].policy == pytest.approx(6.0, abs=1e-3) and got[1].success >= 0.3
+    assert got[2].policy == 8.0 and got[2].success == pytest.approx(0.4)
