@@ -265,3 +265,12 @@ def test_float32_network_keeps_a_float64_table_and_close_gradients(
         other.set_flat_parameters(theta)
         assert all(p.dtype == torch.float32 for p in other.parameters())
         np.testing.assert_array_equal(other.logits, p32.logits)
+
+
+def test_precision_benchmark_measures_float32_rounding_only() -> None:
+    from benchmarks.neural_precision import measure
+
+    r = measure("tmaze:length=2:1:0.5:transformer")
+    assert r["contexts"] > 0 and 0 < r["success"] <= 1
+    assert 0 < r["logits"] < 1e-4 and r["A*"] < 1e-4 and abs(r["J32"] - r["J64"]) < 1e-5
+    assert r["grad rel"] < 1e-3 and r["1-cos"] < 1e-6
