@@ -2,6 +2,7 @@
 
     python -m benchmarks.neural_precision                     # the cells below, one core
     python -m benchmarks.neural_precision --cells keydoor:size=5:2:0.3:transformer
+    python -m benchmarks.neural_precision --speed             # forward / backward seconds
 
 For each cell (env spec : K : success target : arch) the stage is made as the study makes it
 (``neural_expert_stages`` with a float32 network, seed 0); then the same parameters are loaded
@@ -11,6 +12,10 @@ would sample from, of A* over every chain node, J of each, and the relative erro
 of the float32 parameter gradients (discounted dJ/dtheta and undiscounted) against the
 float64 ones. The table, the chain and the solver are float64 in both; the differences are
 the network's float32 rounding, in its logits and in the gradients' pullback.
+
+``--speed``: CPU seconds of a forward, and of a forward plus a backward, over 65,536 contexts
+of the household at K = 4 (chunks of 8,192 rows, one thread), per arch and precision (the
+float32 transformer computes only what its head reads, ``ContextNet.last_token_only``).
 """
 
 from __future__ import annotations
@@ -68,10 +73,40 @@ def measure(cell: str) -> dict[str, float | str | int]:
     }  # fmt: skip
 
 
+def speed(n: int = 65536, chunk: int = 8192) -> None:
+    """Print the --speed figures (module docstring)."""
+    import torch
+
+    import toyenvs
+
+    torch.set_num_threads(1)
+    env = toyenvs.make("household", n_rooms=1, receptacles_per_room=5, n_tasks=4, horizon=8)
+    for arch in ("mlp", "transformer"):
+        for dtype in ("float64", "float32"):
+            pol = toyenvs.NeuralPolicy(env, 4, arch, init_scale=1.0, dtype=dtype)
+            rows = [np.arange(i, i + chunk) for i in range(0, n, chunk)]
+            G = torch.ones((chunk, env.n_actions), dtype=getattr(torch, dtype))
+            with torch.no_grad():
+                pol.forward_rows(rows[0])  # warm
+                t0 = time.process_time()
+                for r in rows:
+                    pol.forward_rows(r)
+                fwd = time.process_time() - t0
+            t0 = time.process_time()
+            for r in rows:
+                torch.autograd.grad(pol.forward_rows(r), pol.parameters(), G)
+            both = time.process_time() - t0
+            print(f"{arch:<12} {dtype}: forward {fwd:6.2f} s   forward + backward {both:6.2f} s"
+                  f"   ({n:,} contexts, household K = 4)")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--cells", nargs="+", default=list(CELLS), help="env:K:target:arch ...")
+    ap.add_argument("--speed", action="store_true", help="only the forward / backward seconds")
     args = ap.parse_args()
+    if args.speed:
+        return speed()
     for cell in args.cells:
         r = measure(cell)
         print("  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
