@@ -96,7 +96,7 @@ class StudyConfig:
     net_dtype: str = "float32"
     """A network policy's precision (toyenvs.NeuralPolicy dtype). The table its rollouts and
     its exact truth read holds float64 logits either way; float32 makes the forward and
-    backward passes over every reachable context about 3x faster (docs/bias_variance.md)."""
+    backward passes over every reachable context 4-6x faster (docs/bias_variance.md)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -122,7 +122,7 @@ class TrainToyConfig:
     less work where the reachable contexts outnumber the visited ones (shop at K = 4)."""
     net_dtype: str = "float64"
     """A network policy's precision, "float64" or "float32" (toyenvs.NeuralPolicy dtype;
-    about 3x faster forward and backward passes); the sampling table is float64 either way."""
+    4-6x faster forward and backward passes); the sampling table is float64 either way."""
     truth_every: int = 0
     """Every N iterations, log against the exact truth of the current policy: the advantage
     MSE of the estimator being trained and the cosine of its parameter gradient to dJ/dtheta

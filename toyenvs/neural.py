@@ -16,9 +16,9 @@ uses, so ``rollout``, ``exact_ground_truth`` and ``mc_ground_truth`` run unchang
 rollout step costs what a tabular one costs. One forward per iteration over a few hundred to a
 few thousand contexts costs less than a batched forward per time step would (one per step of
 the horizon, each paying torch's per-call overhead), and the sampling probabilities are the
-network's own, held in float64 (the network computes in ``dtype``, float64 by default). The table is full by construction: a kernel that met a
-context outside it could not insert one (:meth:`NeuralPolicy.run_growing` raises instead of
-inventing logits).
+network's own, held in float64 (the network computes in ``dtype``, float64 by default). The
+table is full by construction: a kernel that met a context outside it could not insert one
+(:meth:`NeuralPolicy.run_growing` raises instead of inventing logits).
 
 The exact gradient of J with respect to the parameters is the exact gradient with respect to
 the logits pushed through the network: dJ/dtheta = sum_{c, b} dJ/dl_b(c) dl_b(c)/dtheta
@@ -73,8 +73,8 @@ class _Block(nn.Module):
         return x + self.ff(self.ln2(x))
 
     def last(self, x: torch.Tensor, qkv: torch.Tensor | None = None) -> torch.Tensor:
-        """``forward(x, qkv)[:, -1]`` at a third of the cost: every token's key and value, but
-        only the last token's query, projection and MLP (the head reads nothing else)."""
+        """``forward(x, qkv)[:, -1]`` at a fraction of the cost: every token's key and value,
+        but only the last token's query, projection and MLP (the head reads nothing else)."""
         n, L, w = x.shape
         if qkv is None:
             h = self.ln1(x)
@@ -214,17 +214,19 @@ class NeuralPolicy:
         seed: seed of the initial parameters. temperature: > 0, divides the logits.
         init_scale: standard deviation of the initial logits (0: the uniform policy).
         evaluate: "table" or "visited" (:attr:`evaluate`).
-        dtype: the network's precision, "float64" or "float32" (about 3x faster on CPU). The
-            table holds its logits in float64 either way, and the kernels and the exact truth
-            read that table: the truth is exact for the policy the rollouts sample. Only the
-            parameter gradients (:meth:`pullbacks`, training) carry the network's rounding.
+        dtype: the network's precision, "float64" or "float32" (4-6x faster forward and
+            backward passes on CPU, docs/toyenvs.md). The table holds its logits in float64
+            either way, and the kernels and the exact truth read that table: the truth is exact
+            for the policy the rollouts sample. Only the parameter gradients (:meth:`pullbacks`,
+            training) carry the network's rounding.
 
     Raises:
         hgpo.options.OptionError (a ValueError) naming the argument, before any work.
 
     Attributes:
-        net: the torch module (in ``dtype``). logits / codes: float64[n_contexts, A] / int64 views of
-        the table the kernels sample from (read-only; refreshed when the parameters change).
+        net: the torch module (in ``dtype``). logits / codes: float64[n_contexts, A] / int64
+        views of the table the kernels sample from (read-only; refreshed when the parameters
+        change).
     """
 
     def __init__(
