@@ -277,3 +277,13 @@ def test_precision_benchmark_measures_float32_rounding_only() -> None:
     assert r["contexts"] > 0 and 0 < r["success"] <= 1
     assert 0 < r["logits"] < 1e-4 and r["A*"] < 1e-4 and abs(r["J32"] - r["J64"]) < 1e-5
     assert r["grad rel"] < 1e-3 and r["1-cos"] < 1e-6
+
+
+@pytest.mark.parametrize("arch", ["mlp", "transformer"])
+def test_memoryless_network_k0(tmaze: toyenvs.POMDP, arch: str) -> None:
+    # K = 0: the context is o_t alone (one token, no action tokens)
+    pol = toyenvs.NeuralPolicy(tmaze, K=0, arch=arch, width=8, init_scale=1.0)
+    assert 0 < pol.n_contexts <= tmaze.n_obs
+    rb = toyenvs.rollout(tmaze, pol, n_rollouts=4, seed=0)
+    gt = toyenvs.exact_ground_truth(tmaze, pol, gamma=0.9)
+    assert rb.n_steps > 0 and np.isfinite(gt.parameter_gradient).all()
