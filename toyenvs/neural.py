@@ -507,6 +507,12 @@ class NeuralPolicy:
         if not Gs:
             return np.zeros((0, self.n_parameters))
         at = np.arange(Gs[0].shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
+        if any(G.shape != (at.size, self.n_actions) for G in Gs):
+            shapes = sorted({G.shape for G in Gs})
+            raise ValueError(
+                f"NeuralPolicy.pullbacks: each gradient must have shape ({at.size}, "
+                f"{self.n_actions}) (rows x actions), got {shapes}"
+            )
         keep = np.flatnonzero(np.any([np.any(G != 0, axis=1) for G in Gs], axis=0))
         params = self.parameters()
         total = torch.zeros((len(Gs), self.n_parameters), dtype=torch.float64)

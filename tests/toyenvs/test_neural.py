@@ -217,6 +217,8 @@ def test_pullbacks_share_one_forward_and_equal_pullback(tmaze: toyenvs.POMDP, ar
     G3 = np.zeros_like(G2)
     G3[rows] = G2[rows]
     np.testing.assert_array_equal(pol.pullbacks([G2[rows]], rows=rows)[0], pol.pullback(G3))
+    with pytest.raises(ValueError, match=r"pullbacks: each gradient must have shape \(4, "):
+        pol.pullbacks([G2[:3]], rows=rows)
 
 
 @pytest.mark.parametrize(("K", "layers"), [(3, 3), (2, 1), (0, 2)])
