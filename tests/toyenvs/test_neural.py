@@ -253,9 +253,6 @@ def test_float32_network_keeps_a_float64_table_and_close_gradients(
     p32 = toyenvs.NeuralPolicy(tmaze, dtype="float32", **kw)
     assert all(p.dtype == torch.float32 for p in p32.parameters())
     assert p32.net.last_token_only and not p64.net.last_token_only
-    from studies.cli import NET_DTYPES  # the studies' flag, named without importing torch
-
-    assert set(NET_DTYPES) == set(toyenvs.neural.DTYPES)
     assert p32.logits.dtype == np.float64
     np.testing.assert_allclose(p32.logits, p64.logits, rtol=0, atol=1e-5)
     g64 = toyenvs.exact_ground_truth(tmaze, p64, gamma=0.9).parameter_gradient
@@ -270,6 +267,12 @@ def test_float32_network_keeps_a_float64_table_and_close_gradients(
         other.set_flat_parameters(theta)
         assert all(p.dtype == torch.float32 for p in other.parameters())
         np.testing.assert_array_equal(other.logits, p32.logits)
+
+
+def test_studies_name_the_same_precisions() -> None:
+    from studies.cli import NET_DTYPES  # the studies' --net-dtype, named without torch
+
+    assert set(NET_DTYPES) == set(toyenvs.neural.DTYPES)
 
 
 def test_precision_benchmark_measures_float32_rounding_only() -> None:
