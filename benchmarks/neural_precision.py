@@ -35,17 +35,13 @@ CELLS = (
 )
 
 
-def _cos_rel(g: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    cos = float(g @ ref / np.linalg.norm(g) / np.linalg.norm(ref))
-    return cos, float(np.linalg.norm(g - ref) / np.linalg.norm(ref))
-
-
 def measure(cell: str) -> dict[str, float | str | int]:
     """The figures of one "env:K:target:arch" cell (module docstring)."""
     import torch
 
     import toyenvs
     from studies.bias_variance import parse_env
+    from studies.metrics import cosine_relerr
     from studies.tabular import neural_expert_stages
 
     torch.set_num_threads(1)
@@ -60,8 +56,8 @@ def measure(cell: str) -> dict[str, float | str | int]:
     p64 = toyenvs.NeuralPolicy(env, int(K), arch, dtype="float64")
     p64.set_flat_parameters(p32.flat_parameters())
     g32, g64 = toyenvs.exact_ground_truth(env, p32), toyenvs.exact_ground_truth(env, p64)
-    cos, rel = _cos_rel(g32.parameter_gradient, g64.parameter_gradient)
-    cos_u, rel_u = _cos_rel(
+    cos, rel = cosine_relerr(g32.parameter_gradient, g64.parameter_gradient)
+    cos_u, rel_u = cosine_relerr(
         g32.parameter_gradient_undiscounted, g64.parameter_gradient_undiscounted
     )
     return {

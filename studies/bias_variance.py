@@ -542,13 +542,6 @@ def _cell_proposition_41(
     return prop
 
 
-def _cos_rel(g: np.ndarray, t: np.ndarray) -> tuple[float, float]:
-    nh2, nt2 = float(g @ g), float(t @ t)
-    if nh2 == 0 or nt2 == 0:
-        return float("nan"), float("nan")
-    return float(g @ t / np.sqrt(nh2 * nt2)), float(np.linalg.norm(g - t) / np.sqrt(nt2))
-
-
 def _gradient_figures(
     pol: Any, rb: Any, advs: list[np.ndarray], probs: np.ndarray, gt: Any
 ) -> list[dict[str, tuple[float, float]]]:
@@ -576,8 +569,8 @@ def _gradient_figures(
                  for adv in advs]  # fmt: skip
     g_hats = pol.pullbacks([g / pol.temperature for _, g in estimates], rows=estimates[0][0])
     return [
-        {"grad": _cos_rel(g_hat, gt.parameter_gradient_undiscounted),
-         "grad_J": _cos_rel(g_hat, gt.parameter_gradient)}
+        {"grad": M.cosine_relerr(g_hat, gt.parameter_gradient_undiscounted),
+         "grad_J": M.cosine_relerr(g_hat, gt.parameter_gradient)}
         for g_hat in g_hats
     ]  # fmt: skip
 
@@ -616,9 +609,12 @@ def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
         Task(f"{e} K={K} stage={s}", (cfg, e, K, s, int(sq.generate_state(1)[0] % 2**31)))
         for (e, K, s), sq in zip(cells, seeds, strict=True)
     ]
+    # Handed out the likely longest first (larger K, then an imitated stage before the
+    # untrained one), so that no worker ends alone on a long cell; seeds and rows keep the grid.
+    first = sorted(range(len(cells)), key=lambda i: (-cells[i][1], cells[i][2] == "untrained"))
     by_key: dict[str, dict[str, Any]] = {}
     sweep = run_tasks(
-        run_cell, _longest_first(tasks), by_key.__setitem__, backend=cfg.backend,
+        run_cell, [tasks[i] for i in first], by_key.__setitem__, backend=cfg.backend,
         workers=cfg.workers, ray_address=cfg.ray_address, progress=progress, desc="cells",
     )  # fmt: skip
     if sweep.failures:
@@ -627,13 +623,6 @@ def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
     from studies.bias_variance_report import write_results
 
     return write_results(cfg, results)
-
-
-def _longest_first(tasks: list[Task]) -> list[Task]:
-    """The cells in the order they are handed to the workers: the likely longest first (larger
-    K, then an imitated stage before the untrained one), so that no worker is left with a long
-    cell at the end while the others idle. Seeds and the rows' order stay the grid's."""
-    return sorted(tasks, key=lambda t: (-t.args[2], t.args[3] == "untrained"))
 
 
 # ---------------------------------------------------------------------------- command line

@@ -16,6 +16,7 @@ from statsmodels.stats.weightstats import DescrStatsW
 __all__ = [
     "BiasVariance",
     "bias_variance",
+    "cosine_relerr",
     "gradient_compare",
     "gradient_estimate",
     "mean_ci",
@@ -196,6 +197,14 @@ def visited_gradient_estimate(
     g -= np.bincount(local, weights=advantage, minlength=rows.size)[:, None] * probs[rows]
     g /= n_traj
     return rows, g
+
+
+def cosine_relerr(g: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """(cosine, ||g - t|| / ||t||) of two flat vectors; NaN, NaN when either is zero."""
+    ng2, nt2 = float(g @ g), float(t @ t)
+    if ng2 == 0 or nt2 == 0:
+        return float("nan"), float("nan")
+    return float(g @ t / np.sqrt(ng2 * nt2)), float(np.linalg.norm(g - t) / np.sqrt(nt2))
 
 
 def gradient_compare(
