@@ -168,59 +168,81 @@ def branch_arrays(
 # How the kernel is fast (same batch as the one-trajectory-at-a-time reference in
 # tests/toyenvs/reference_branching.py, bit for bit):
 # - Lanes. A group's trajectories run one after another (the next branch point depends on the
-#   finished ones), but groups are independent: LANES groups are in flight at once and step in
+#   finished ones), but groups are independent: W groups are in flight at once and step in
 #   turn, as in ``_kernels.rollout_kernel_fast``, so the table probes of different groups
-#   overlap in the CPU. Group g writes its rows at the padded rows g * cap_g + i; :func:`compact`
-#   then moves them to their place in group order and fills the columns the step loop does not
-#   need.
-# - No scans. Each rule's eligible steps are kept up to date (the "book" of each lane, below:
-#   level-K counts as each step is taken, the rest as a trajectory ends), so a branch point
-#   costs O(1) (uniform), O(rows / 64) (singleton: a bit per row, words skipped by their
-#   popcount), one pass over the group's distinct level-K contexts (hard) or over its steps at
-#   the tree depths (tree), not a pass over all its rows. The draw is the reference's: u from
-#   the group's choice stream, the j = floor(u n)-th eligible row in row order.
+#   overlap in the CPU. The step loop only steps; the lanes whose trajectory ended in a sweep
+#   are handled after it. Group g writes its rows at the padded rows g * cap_g + i (hidden
+#   state, action, policy row and the context's past part P); :func:`compact` then moves them
+#   to their place in group order and fills every other column in one pass per trajectory.
+# - No per-row work where a rule needs none. A step's t is its trajectory's first t plus its
+#   offset, and the steps with t = 0 are exactly the first rows of the roots, which all come
+#   before the first branch: ``uniform`` (and every fallback) finds the j-th step with t >= 1
+#   by skipping the roots' first rows; ``tree`` notes a trajectory's rows at the set depths
+#   (a few per trajectory); a branch finds the trajectory that owns its row by a search over
+#   the group's trajectories, and undoes P into its ring with float quotients.
+# - ``singleton`` and ``hard`` count each step in its level-K group when its trajectory ends,
+#   in a tight branch-free loop. A step's level-K group is its full K-step context, which the
+#   step loop has already looked up in the policy's table: its row c there names the group
+#   (``dmap``: c -> the group's slot d, slots numbered in the order they are met, so a slot's
+#   first row rises with d). ``singleton`` draws the j-th slot with one step, t >= 1, in slot
+#   order: that is row order. ``hard`` keeps each slot's sums of the return-to-go and of its
+#   square and its variance, found largest by one pass over the slots' variances as ordered
+#   integers, and the slot's rows with t >= 1 in a list.
+# - The draws are the reference's: u from the group's choice stream, the j = floor(u n)-th
+#   eligible row in row order, trajectory j of group g from stream (seed, g * 2^24 + j).
+#
+# The kernels' state lives in a few plain arrays with named fields, and the helpers are
+# compiled without reference counting (_nrt=False) and inlined: numba pays an atomic
+# increment and decrement for every array bound in a helper, which made the bookkeeping cost
+# more than the env steps in a first version.
 
 W = kn.LANES  # groups in flight at once
 INDEPENDENT, UNIFORM, SINGLETON, HARD, TREE = range(5)  # rule codes, the order of RULES
 _TIE = 1e-12  # hard: level-K groups whose variance is within this of the largest tie
+_EXACT = 1 << 52  # below this a float quotient is off by at most one
 
-# The kernels' state lives in a few plain arrays with named fields, and the helpers are
-# compiled without reference counting (_nrt=False) and inlined: numba pays an atomic
-# increment and decrement for every array bound in a helper (or taken out of a tuple), which
-# made the per-row and per-trajectory bookkeeping cost more than the env steps.
-#
-# lane: int64[W, 11], per lane: its group (-1: idle), the trajectory j being run, the group's
-# rows so far and the row where j started, j's snapshot (t, hidden state, stream, past part P),
-# the ring slot of P's oldest pair, j's parent (-1: a root) and the group's choice stream.
+# lane: int64[W, 16], per lane: its group (-1: idle), the trajectory j being run, the group's
+# rows so far, the row and t where j started, j's state (t, hidden state, stream, past part P,
+# ring slot of P's oldest pair), j's parent (-1: a root), the group's choice stream, roots so
+# far, and the counts of the book: slots met, singleton slots, rows at the tree depths.
+L_G, L_J, L_ROW, L_ROW0, L_T0, L_T, L_S, L_ST, L_P, L_POS, L_PARENT, L_CST = range(12)
+L_NROOT, L_ND, L_NSINGLE, L_NDEEP = range(12, 16)
 # ring: int64[W, max(K, 1)] the last K (observation, action) pairs, ring[w, pos] the oldest.
-L_G, L_J, L_ROW, L_ROW0, L_T, L_S, L_ST, L_P, L_POS, L_PARENT, L_CST = range(11)
+# rec: int64[W, steps, 8] trajectory j of lane w's group: its LENGTH, PARENT j (-1: a root),
+# FINAL hidden state, SUCCESS, first step T0 and first local row ROW0.
+LENGTH, PARENT, FINAL, SUCCESS, T0, ROW0 = range(6)
+# The book of each lane's group (rows are the group's local rows):
+# dmap: int32[W, table capacity] the slot d of policy row c (-1: not met yet); clear() resets
+#   only the entries it set.
+# cnt: int64[W, cap_g] the steps in slot d (contiguous: singleton counts its slots with one).
+# slots: int64[W, cap_g, 4] per slot d: CODE (the policy row c), FIRST row, N1 steps with
+#   t >= 1 and TAIL of the list of those rows in row order (linked by NXT, whose entry
+#   cap_g + d heads slot d's list).
+# rows: int64[W, 5, 2 cap_g]: SLOT and NXT of each row (hard), TIED and MERGED scratch (hard),
+#   FLAGS one bit per slot (64 to a word) of "d >= 1 and one step" (singleton).
 #
-# The branch-point structures of each lane's group ("book"; rows are the group's local rows):
-# The level-K group of a step is its full K-step context, which the step loop has already
-# looked up in the policy's table: its row c there names the group, so no second hash table.
-# dmap: int32[W, table capacity] the group's slot d of policy row c (-1: not met yet), slots
-#   numbered 0, 1, ... in the order they are met; clear() resets only the entries it set.
-# slots: int64[W, cap_g, 8] per slot d: CODE (the policy row c), CNT steps, FIRST row (while
-#   CNT == 1 its only one), N1 steps with t >= 1, HEAD / TAIL of the list of those rows in row
-#   order (linked by NXT); a slot's fields in one cache line.
-# rows: int64[W, 8, cap_g + 1]: SLOT and NXT of each row, NCHILD branches taken from it (tree),
-#   ONES (rows with t >= 1 in row order: uniform and every fallback), DEEP (rows at the
-#   tree depths in row order), FLAGS one bit per row (64 to a word) of "t >= 1 and its slot's
-#   CNT == 1" (singleton), TIED and MERGED scratch (hard: the tied slots, their rows).
-# sums: float64[W, cap_g, 3]: SUM and SQ of the return-to-go over slot d's steps, VAR its
-#   population variance as the reference computes it, -inf when N1 == 0.
-# count: int64[W, 4]: ND (slots met), N_ONES, N_DEEP, N_SINGLE (set FLAGS bits).
-CODE, CNT, FIRST, N1, HEAD, TAIL = range(6)
-SLOT, NXT, NCHILD, ONES, DEEP, FLAGS, TIED, MERGED = range(8)
-SUM, SQ, VAR = range(3)
-ND, N_ONES, N_DEEP, N_SINGLE = range(4)
-#
-# trajs: int64[(W + n_groups) * steps, 4], trajectory j of lane w's group at w * steps + j: its
-# LENGTH, PARENT j (-1: a root), FINAL hidden state and SUCCESS; copied when the group is done
-# to the rows from W * steps on, in the order the groups finish (only the first pages of trajs
-# are touched); groups: int64[n_groups, 3] each group's trajectories, rows and first record;
+# The steps with t = 0 are the roots' first rows; they share one context (the start state's
+# observation after K padding pairs), hence slot 0, and for K >= 1 slot 0 holds nothing else.
+# So a slot d >= 1 with one step is a singleton branch point, and slot 0 never is (for K = 0
+# it may hold later steps, but then it has two or more). The branch-free loops below write
+# what a new slot needs at slot nd on every row (kept only if the row opens it): a select
+# between two loaded values compiles to a branch, which mispredicts on half the rows.
+# sums: float64[W, cap_g, 2]: SUM and SQ of the return-to-go over slot d's steps.
+# var: float64[W, cap_g]: slot d's population variance as the reference computes it, -inf
+#   while N1 == 0; read through its int64 view as ordered integers (see _order).
+# deep: int64[W, cap_g, 2]: the rows at the tree depths in row order and their branches.
+CODE, FIRST, N1, TAIL = range(4)
+SLOT, NXT, TIED, MERGED, FLAGS = range(5)
+SUM, SQ = range(2)
+D_ROW, D_CHILD = range(2)
+# cfg: int64[6] the kernel's scalars.
+C_SEED, C_STEPS, C_ROOT, C_RULE, C_M, C_CAPG = range(6)
+# trajs: int64[n_groups * steps + 1, 6] the records of the groups done, in the order they
+# finish; groups: int64[n_groups, 3] each group's trajectories, rows and first record;
 # next_group: int64[2] the next group to start and the next free record.
-LENGTH, PARENT, FINAL, SUCCESS = range(4)
+
+_LOW63 = np.int64(0x7FFFFFFFFFFFFFFF)
+_S63 = np.int64(63)
 
 
 _M1 = np.uint64(0x5555555555555555)
@@ -240,17 +262,143 @@ def _popcount(x):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _flag(rows, w, r, on):
-    """Set (on) or clear row r's singleton flag: bit r % 64 of word r // 64 of FLAGS."""
-    x = np.uint64(rows[w, FLAGS, r >> 6])
-    bit = _ONE << np.uint64(r & 63)
-    rows[w, FLAGS, r >> 6] = np.int64(x | bit if on else x & ~bit)
+def _order(bits):
+    """The float64 whose bits these are as an int64 that orders as the float does."""
+    return bits ^ ((bits >> _S63) & _LOW63)
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _nth_flag(rows, w, j):
-    """The row of the (j + 1)-th set flag in row order: whole words by their popcount, then
-    the lowest set bits of the word that holds it."""
+def _quotient(x, d, inv):
+    """x // d (0 <= x, 1 <= d) without an integer division below 2^52: the float quotient
+    x * (1 / d) is then off by at most one, corrected both ways."""
+    if x >= _EXACT:
+        return x // d
+    q = np.int64(np.float64(x) * inv)
+    q -= np.int64(q * d > x)
+    q += np.int64((q + 1) * d <= x)
+    return q
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _count_rows(dmap, cnt, slots, rows, lane, w, base, r0, L, o_ctx, hard):
+    """Enter rows r0..r0+L-1 in their level-K groups: slot d of policy row c (a new one when
+    c is met for the first time), its count, its first row; the singletons among d >= 1."""
+    nd = lane[w, L_ND]
+    ns = lane[w, L_NSINGLE]
+    for i in range(L):
+        r = r0 + i
+        c = o_ctx[base + r]
+        slots[w, nd, CODE] = c  # what slot nd needs if row r opens it
+        slots[w, nd, FIRST] = r
+        d = np.int64(dmap[w, c])
+        new = np.int64(d < 0)
+        d += (nd - d) * new
+        nd += new
+        dmap[w, c] = d
+        k = cnt[w, d]
+        cnt[w, d] = k + 1
+        # slot d >= 1 becomes a singleton (k = 0) or stops being one (k = 1): its bit flips
+        flip = np.uint64((k <= 1) & (d != 0))
+        ns += (np.int64(k == 0) - np.int64(k == 1)) * np.int64(d != 0)
+        rows[w, FLAGS, d >> 6] ^= np.int64(flip << np.uint64(d & 63))
+        if hard:
+            rows[w, SLOT, r] = d
+    lane[w, L_ND] = nd
+    lane[w, L_NSINGLE] = ns
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _record_hard(cnt, slots, rows, sums, var, w, base, r0, L, t0, final, o_hidden, o_action,
+                 invalid, reward_enter):  # fmt: skip
+    """Enter rows r0..r0+L-1's return-to-go G_t = sum_{j >= t} (r_j - 0.1 invalid_j) in their
+    groups (last row first: the reference's order of summation), then append the rows with
+    t >= 1 to their groups' lists and refresh the groups' variances."""
+    g = 0.0
+    s2 = final
+    for i in range(L - 1, -1, -1):
+        q = base + r0 + i
+        s = o_hidden[q]
+        g += reward_enter[s2] - kn.INVALID_PENALTY * invalid[s, o_action[q]]
+        s2 = s
+        d = rows[w, SLOT, r0 + i]
+        sums[w, d, SUM] += g
+        sums[w, d, SQ] += g * g
+    for i in range(L):
+        r = r0 + i
+        d = rows[w, SLOT, r]
+        if t0 + i >= 1:  # false only on a root's first row
+            rows[w, NXT, slots[w, d, TAIL]] = r
+            slots[w, d, TAIL] = r
+            slots[w, d, N1] += 1
+        c = cnt[w, d]
+        m = sums[w, d, SUM] / c
+        v = sums[w, d, SQ] / c - m * m if c >= 2 else 0.0
+        var[w, d] = v if slots[w, d, N1] > 0 else -np.inf
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _choose_hard(cnt, slots, rows, var, vbits, lane, w, cst):
+    """hard: (row, stream, True) drawn uniformly among the steps with t >= 1 of the level-K
+    groups whose variance is within _TIE of the largest; (-1, stream, False) when the largest
+    is <= _TIE (no draw: the caller falls back to uniform)."""
+    nd = lane[w, L_ND]
+    top = _order(vbits[w, 0])
+    for d in range(1, nd):  # the largest variance, over ordered integers (no float max)
+        top = max(top, _order(vbits[w, d]))
+    k = 0
+    while _order(vbits[w, k]) != top:
+        k += 1
+    best = var[w, k]
+    if not best > _TIE:
+        return -1, cst, False
+    n = 0
+    n_slots = 0
+    only = -1
+    for d in range(nd):  # the groups within _TIE of the largest
+        if var[w, d] >= best - _TIE:
+            rows[w, TIED, n_slots] = d
+            only = d
+            n += slots[w, d, N1]
+            n_slots += 1
+    cst, u = kn.rng_uniform(cst)
+    j = min(np.int64(u * n), n - 1)
+    cap_g = cnt.shape[1]
+    r = rows[w, NXT, cap_g + only]
+    if n_slots == 1:  # the usual case: walk the one group's list
+        for _ in range(j):
+            r = rows[w, NXT, r]
+        return r, cst, True
+    m = 0  # tied groups: their rows merged in row order (insertion sort into MERGED)
+    for i in range(n_slots):
+        d = rows[w, TIED, i]
+        r = rows[w, NXT, cap_g + d]
+        for _ in range(slots[w, d, N1]):
+            p = m
+            while p > 0 and rows[w, MERGED, p - 1] > r:
+                rows[w, MERGED, p] = rows[w, MERGED, p - 1]
+                p -= 1
+            rows[w, MERGED, p] = r
+            m += 1
+            r = rows[w, NXT, r]
+    return rows[w, MERGED, j], cst, True
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _nth_one(rec, lane, w, j):
+    """The j-th (from 0) row with t >= 1 in row order: every row but the roots' first rows,
+    which come first and rise."""
+    r = j
+    for i in range(lane[w, L_NROOT]):
+        if rec[w, i, ROW0] > r:
+            break
+        r += 1
+    return r
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _nth_single(rows, w, j):
+    """The j-th (from 0) slot d >= 1 with one step, in slot order (= row order): whole words
+    of FLAGS by their popcount, then the lowest set bits of the word that holds it."""
     i = 0
     while True:
         x = np.uint64(rows[w, FLAGS, i])
@@ -264,215 +412,99 @@ def _nth_flag(rows, w, j):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _slot(dmap, slots, sums, count, w, c):
-    """Slot d of the level-K group of policy row c in lane w's group (a new one, empty, when
-    the group meets c for the first time)."""
-    d = np.int64(dmap[w, c])
-    if d < 0:
-        d = count[w, ND]
-        count[w, ND] = d + 1
-        dmap[w, c] = d
-        slots[w, d, CODE], slots[w, d, CNT], slots[w, d, N1], slots[w, d, HEAD] = c, 0, 0, -1
-        sums[w, d, SUM], sums[w, d, SQ], sums[w, d, VAR] = 0.0, 0.0, -np.inf
-    return d
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _enter_step(dmap, slots, rows, sums, count, w, rule, r, t, c, base, o_step):
-    """Count row r (step t, policy row c) in its level-K group, in row order when its
-    trajectory has ended (the rules read the counts only then, so this is the reference's
-    state at every branch point; a tight loop over one trajectory's rows costs less than the
-    same lookups interleaved in the step loop). singleton: a group's row is a branch point
-    while the group has one step and that step has t >= 1."""
-    h = _slot(dmap, slots, sums, count, w, c)
-    rows[w, SLOT, r] = h
-    c = slots[w, h, CNT]
-    slots[w, h, CNT] = c + 1
-    if rule != SINGLETON:
-        return
-    if c == 0:
-        slots[w, h, FIRST] = r
-        if t >= 1:
-            _flag(rows, w, r, True)
-            count[w, N_SINGLE] += 1
-    elif c == 1 and o_step[base + slots[w, h, FIRST]] >= 1:
-        _flag(rows, w, slots[w, h, FIRST], False)
-        count[w, N_SINGLE] -= 1
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _record_hard(slots, rows, sums, count, w, base, r0, r1, final, o_step, o_hidden,
-                 o_action, invalid, reward_enter):  # fmt: skip
-    """Enter rows r0..r1-1's return-to-go G_t = sum_{j >= t} (r_j - 0.1 invalid_j) in their
-    level-K groups (slots found by :func:`_enter_step`; last row first, the reference's order
-    of summation), then append their rows with t >= 1 to the groups' lists and refresh the
-    touched groups' variances."""
-    g = 0.0
-    for r in range(r1 - 1, r0 - 1, -1):
-        q = base + r
-        s2 = o_hidden[q + 1] if r + 1 < r1 else final
-        g += reward_enter[s2] - kn.INVALID_PENALTY * invalid[o_hidden[q], o_action[q]]
-        h = rows[w, SLOT, r]
-        sums[w, h, SUM] += g
-        sums[w, h, SQ] += g * g
-    for r in range(r0, r1):
-        h = rows[w, SLOT, r]
-        if o_step[base + r] >= 1:
-            rows[w, NXT, r] = -1
-            if slots[w, h, HEAD] < 0:
-                slots[w, h, HEAD] = r
-            else:
-                rows[w, NXT, slots[w, h, TAIL]] = r
-            slots[w, h, TAIL] = r
-            slots[w, h, N1] += 1
-        c = slots[w, h, CNT]
-        m = sums[w, h, SUM] / c
-        v = sums[w, h, SQ] / c - m * m if c >= 2 else 0.0
-        sums[w, h, VAR] = v if slots[w, h, N1] > 0 else -np.inf
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def record(dmap, slots, rows, sums, count, w, rule, base, r0, r1, final, at_depth, o_step,
-           o_hidden, o_action, o_ctx, invalid, reward_enter):  # fmt: skip
-    """Enter the rows r0..r1-1 of lane w's trajectory that just ended (at padded rows base + r)
-    in the structures its rule reads."""
-    if rule in (SINGLETON, HARD):
-        for r in range(r0, r1):
-            _enter_step(dmap, slots, rows, sums, count, w, rule, r, o_step[base + r],
-                        o_ctx[base + r], base, o_step)  # fmt: skip
-    for r in range(r0, r1):
-        t = o_step[base + r]
-        rows[w, NCHILD, r] = 0
-        if t >= 1:
-            rows[w, ONES, count[w, N_ONES]] = r
-            count[w, N_ONES] += 1
-            if at_depth[t]:
-                rows[w, DEEP, count[w, N_DEEP]] = r
-                count[w, N_DEEP] += 1
-    if rule == HARD:
-        _record_hard(slots, rows, sums, count, w, base, r0, r1, final, o_step, o_hidden,
-                     o_action, invalid, reward_enter)  # fmt: skip
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _choose_hard(slots, rows, sums, count, w, cst):
-    """hard: (row, stream, True) drawn uniformly among the steps with t >= 1 of the level-K
-    groups whose variance is within _TIE of the largest; (-1, stream, False) when the largest
-    is <= _TIE (no draw: the caller falls back to uniform)."""
-    best = -np.inf  # one pass: the largest variance and the candidates within _TIE of it
-    nc = 0
-    for d in range(count[w, ND]):
-        v = sums[w, d, VAR]
-        if v >= best - _TIE:
-            if v > best + _TIE:  # every earlier candidate is now out of the band
-                nc = 0
-            rows[w, TIED, nc] = d
-            nc += 1
-            best = max(best, v)
-    if not best > _TIE:
-        return -1, cst, False
-    n = 0
-    n_slots = 0
-    only = -1
-    for i in range(nc):  # the candidates within _TIE of the final largest
-        d = rows[w, TIED, i]
-        if sums[w, d, VAR] >= best - _TIE:
-            rows[w, TIED, n_slots] = d
-            only = d
-            n += slots[w, only, N1]
-            n_slots += 1
-    cst, u = kn.rng_uniform(cst)
-    j = min(np.int64(u * n), n - 1)
-    r = slots[w, only, HEAD]
-    if n_slots == 1:  # the usual case: walk the one group's list
-        for _ in range(j):
-            r = rows[w, NXT, r]
-        return r, cst, True
-    m = 0  # tied groups: their rows merged in row order (insertion sort into MERGED)
-    for k in range(n_slots):
-        r = slots[w, rows[w, TIED, k], HEAD]
-        while r >= 0:
-            i = m
-            while i > 0 and rows[w, MERGED, i - 1] > r:
-                rows[w, MERGED, i] = rows[w, MERGED, i - 1]
-                i -= 1
-            rows[w, MERGED, i] = r
-            m += 1
-            r = rows[w, NXT, r]
-    return rows[w, MERGED, j], cst, True
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def choose(slots, rows, sums, count, w, rule, cst):
-    """The group's row to branch from by ``rule`` (-1: no step with t >= 1 yet, a new root),
-    and the advanced choice stream. A rule with no eligible step falls back to uniform."""
-    n_any = count[w, N_ONES]
+def choose(cnt, slots, rows, var, vbits, deep, rec, lane, w, rule):
+    """The group's row to branch from by ``rule`` (-1: no step with t >= 1 yet, a new root)
+    and the tree entry it came from (-1: none); advances the choice stream. A rule with no
+    eligible step falls back to uniform."""
+    n_any = lane[w, L_ROW] - lane[w, L_NROOT]  # the rows with t >= 1
     if n_any == 0:
-        return -1, cst
+        return -1, -1
+    cst = lane[w, L_CST]
     if rule == TREE:  # the fewest branches first, then the earliest row; no draw
         fewest = -1
-        for i in range(count[w, N_DEEP]):
-            r = rows[w, DEEP, i]
-            if fewest < 0 or rows[w, NCHILD, r] < rows[w, NCHILD, fewest]:
-                fewest = r
+        for i in range(lane[w, L_NDEEP]):
+            if fewest < 0 or deep[w, i, D_CHILD] < deep[w, fewest, D_CHILD]:
+                fewest = i
         if fewest >= 0:
-            return fewest, cst
-    elif rule == SINGLETON and count[w, N_SINGLE] > 0:
-        n = count[w, N_SINGLE]
+            return deep[w, fewest, D_ROW], fewest
+    elif rule == SINGLETON and lane[w, L_NSINGLE] > 0:
+        n = lane[w, L_NSINGLE]
         cst, u = kn.rng_uniform(cst)
-        return _nth_flag(rows, w, min(np.int64(u * n), n - 1)), cst
+        lane[w, L_CST] = cst
+        d = _nth_single(rows, w, min(np.int64(u * n), n - 1))
+        return slots[w, d, FIRST], -1
     elif rule == HARD:
-        r, cst, ok = _choose_hard(slots, rows, sums, count, w, cst)
+        r, cst, ok = _choose_hard(cnt, slots, rows, var, vbits, lane, w, cst)
         if ok:
-            return r, cst
+            lane[w, L_CST] = cst
+            return r, -1
     cst, u = kn.rng_uniform(cst)
-    return rows[w, ONES, min(np.int64(u * n_any), n_any - 1)], cst
+    lane[w, L_CST] = cst
+    return _nth_one(rec, lane, w, min(np.int64(u * n_any), n_any - 1)), -1
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def clear(dmap, slots, rows, count, w):
-    """Empty lane w's structures for its next group (the dmap entries it set; a slot's fields
-    are reset when it is met again)."""
-    for d in range(count[w, ND]):
-        dmap[w, slots[w, d, CODE]] = -1
-    if count[w, N_SINGLE] > 0:
-        for i in range(rows.shape[2] // 64 + 1):
+def clear(dmap, cnt, slots, rows, sums, deep, lane, w, rule):
+    """Empty lane w's book for its next group: the dmap entries it set and its slots."""
+    if rule == SINGLETON or rule == HARD:
+        for d in range(lane[w, L_ND]):
+            dmap[w, slots[w, d, CODE]] = -1
+            cnt[w, d] = 0
+        for i in range(lane[w, L_ND] // 64 + 1):
             rows[w, FLAGS, i] = 0
-    for i in range(count.shape[1]):
-        count[w, i] = 0
+    if rule == HARD:
+        cap_g = cnt.shape[1]
+        for d in range(lane[w, L_ND]):
+            slots[w, d, N1] = 0
+            slots[w, d, TAIL] = cap_g + d
+            sums[w, d, SUM] = 0.0
+            sums[w, d, SQ] = 0.0
+    lane[w, L_ND] = 0
+    lane[w, L_NSINGLE] = 0
+    lane[w, L_NDEEP] = 0
+    lane[w, L_NROOT] = 0
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def begin(lane, ring, rows, w, r, seed, starts, K, M, n_obs, powM, cap_g, o_hidden, o_keys,
-          o_step, o_traj):  # fmt: skip
+def begin(lane, ring, rec, deep, w, r, i_deep, seed, starts, K, M, powM, inv_powM, cap_g,
+          o_hidden, o_keys):  # fmt: skip
     """Start lane w's next trajectory j of its group g from stream (seed, g * 2^24 + j): a
     root at the group's start state (r = -1) or a branch from the snapshot of local row r
-    (hidden state, past part P of the full context, t)."""
+    (hidden state, past part P of the full context, t), found in the trajectory that owns r."""
     g = lane[w, L_G]
     lane[w, L_ST] = kn.stream_seed(seed, g * _STREAMS + lane[w, L_J])
     lane[w, L_ROW0] = lane[w, L_ROW]
     lane[w, L_POS] = 0
     if r < 0:
         lane[w, L_S], lane[w, L_P], lane[w, L_T], lane[w, L_PARENT] = starts[g], powM[K] - 1, 0, -1
+        lane[w, L_T0] = 0
+        lane[w, L_NROOT] += 1
         for k in range(K):
             ring[w, k] = M - 1
         return
+    lo = 0  # the last trajectory that starts at or before r (branch-free search)
+    n = lane[w, L_J]
+    while n > 1:
+        half = n >> 1
+        lo = lo + half if rec[w, lo + half, ROW0] <= r else lo
+        n -= half
     q = g * cap_g + r
-    P = o_keys[K, q] // n_obs
-    lane[w, L_S], lane[w, L_P], lane[w, L_T], lane[w, L_PARENT] = (
-        o_hidden[q],
-        P,
-        o_step[q],
-        o_traj[q],
-    )
-    rows[w, NCHILD, r] += 1
+    t = rec[w, lo, T0] + r - rec[w, lo, ROW0]
+    P = o_keys[K, q]
+    lane[w, L_S], lane[w, L_P], lane[w, L_T], lane[w, L_PARENT] = o_hidden[q], P, t, lo
+    lane[w, L_T0] = t
+    if i_deep >= 0:
+        deep[w, i_deep, D_CHILD] += 1
     for k in range(K):  # ring[w, k] is pair t-K+k: the oldest, most significant digit first
-        ring[w, k] = (P // powM[K - 1 - k]) % M
+        D = powM[K - 1 - k]
+        x = _quotient(P, D, inv_powM[K - 1 - k])
+        ring[w, k] = x
+        P -= x * D
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM, cap_g,
-                o_hidden, o_keys, o_step, o_traj):  # fmt: skip
+def start_group(lane, ring, rec, deep, next_group, w, seed, starts, K, M, powM, inv_powM,
+                cap_g, o_hidden, o_keys):  # fmt: skip
     """Give lane w the next group (its first root); False when none is left."""
     g = next_group[0]
     if g >= starts.shape[0]:
@@ -481,68 +513,84 @@ def start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM
     next_group[0] = g + 1
     lane[w, L_G], lane[w, L_J], lane[w, L_ROW] = g, 0, 0
     lane[w, L_CST] = kn.stream_seed(seed, g * _STREAMS + _CHOICE)
-    begin(lane, ring, rows, w, -1, seed, starts, K, M, n_obs, powM, cap_g, o_hidden, o_keys,
-          o_step, o_traj)  # fmt: skip
+    begin(lane, ring, rec, deep, w, -1, -1, seed, starts, K, M, powM, inv_powM, cap_g,
+          o_hidden, o_keys)  # fmt: skip
     return True
 
 
-@njit(cache=True, _nrt=False)
-def file_group(trajs, groups, next_group, w, g, n_traj, n_rows, steps):
-    """Lane w's group g is done: copy its trajectory records (at w * steps) to trajs after
-    those of the groups done before it (from W * steps on), and note where."""
+@njit(cache=True, _nrt=False, inline="always")
+def file_group(rec, trajs, groups, next_group, w, g, n_traj, n_rows):
+    """Lane w's group g is done: copy its trajectory records to trajs after those of the
+    groups done before it, and note where."""
     n_done = next_group[1]
     groups[g, 0], groups[g, 1], groups[g, 2] = n_traj, n_rows, n_done
     for i in range(n_traj):
-        for f in range(4):
-            trajs[n_done + i, f] = trajs[w * steps + i, f]
+        for f in range(6):
+            trajs[n_done + i, f] = rec[w, i, f]
     next_group[1] = n_done + n_traj
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def end_trajectory(lane, ring, dmap, slots, rows, sums, count, trajs, groups, next_group, w, s2,
-                   success, seed, starts, steps, root_steps, rule, at_depth, n_obs, powM,
-                   cap_g, invalid, reward_enter, o_hidden, o_action, o_ctx, o_keys, o_step,
-                   o_traj):  # fmt: skip
-    """Lane w's trajectory ended in s2: record it, then start the group's next trajectory
-    (roots until root_steps rows, then branches until steps) or the next group. Returns False
-    when the lane has nothing left to run."""
-    K = powM.shape[0] - 1  # K and M are not arguments: numba inlines calls of <= 30
-    M = (n_obs + 1) * (invalid.shape[1] + 1)
-    g, j, r0, r1 = lane[w, L_G], lane[w, L_J], lane[w, L_ROW0], lane[w, L_ROW]
-    k = w * steps + j  # the lane's records come first in trajs
-    trajs[k, LENGTH], trajs[k, PARENT] = r1 - r0, lane[w, L_PARENT]
-    trajs[k, FINAL], trajs[k, SUCCESS] = s2, success
+def end_trajectory(lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, deep, trajs, groups,
+                   next_group, w, s2, success, cfg, starts, at_depth, powM, inv_powM, invalid,
+                   reward_enter, o_hidden, o_action, o_ctx, o_keys):  # fmt: skip
+    """Lane w's trajectory ended in s2: record it and enter its rows in the book its rule
+    reads, then start the group's next trajectory (roots until root_steps rows, then
+    branches until steps) or the next group. Returns False when the lane has nothing left.
+    (The scalars come in ``cfg``: numba inlines calls of at most 30 arguments.)"""
+    K = powM.shape[0] - 1
+    seed, steps, root_steps, rule, M, cap_g = (
+        cfg[C_SEED], cfg[C_STEPS], cfg[C_ROOT], cfg[C_RULE], cfg[C_M], cfg[C_CAPG],
+    )  # fmt: skip
+    g, j, r0, r1, t0 = lane[w, L_G], lane[w, L_J], lane[w, L_ROW0], lane[w, L_ROW], lane[w, L_T0]
+    L = r1 - r0
+    rec[w, j, LENGTH], rec[w, j, PARENT], rec[w, j, FINAL] = L, lane[w, L_PARENT], s2
+    rec[w, j, SUCCESS], rec[w, j, T0], rec[w, j, ROW0] = success, t0, r0
     base = g * cap_g
-    if rule != INDEPENDENT:
-        for r in range(base + r0, base + r1):  # the parent id of a branch from these rows
-            o_traj[r] = j
-        record(dmap, slots, rows, sums, count, w, rule, base, r0, r1, s2, at_depth, o_step,
-               o_hidden, o_action, o_ctx, invalid, reward_enter)  # fmt: skip
+    if rule == SINGLETON or rule == HARD:
+        _count_rows(dmap, cnt, slots, rows, lane, w, base, r0, L, o_ctx, rule == HARD)
+        if rule == HARD:
+            _record_hard(cnt, slots, rows, sums, var, w, base, r0, L, t0, s2, o_hidden,
+                         o_action, invalid, reward_enter)  # fmt: skip
+    elif rule == TREE:
+        for t in range(max(t0, 1), t0 + L):  # the rows at the set depths, in row order
+            if at_depth[t]:
+                i = lane[w, L_NDEEP]
+                deep[w, i, D_ROW], deep[w, i, D_CHILD] = r0 + t - t0, 0
+                lane[w, L_NDEEP] = i + 1
     lane[w, L_J] = j + 1
     if r1 < steps:
         r = -1
+        i_deep = -1
         if r1 >= root_steps:
-            r, lane[w, L_CST] = choose(slots, rows, sums, count, w, rule, lane[w, L_CST])
-        begin(lane, ring, rows, w, r, seed, starts, K, M, n_obs, powM, cap_g, o_hidden, o_keys,
-              o_step, o_traj)  # fmt: skip
+            r, i_deep = choose(cnt, slots, rows, var, vbits, deep, rec, lane, w, rule)
+        begin(lane, ring, rec, deep, w, r, i_deep, seed, starts, K, M, powM, inv_powM, cap_g,
+              o_hidden, o_keys)  # fmt: skip
         return True
-    file_group(trajs, groups, next_group, w, g, j + 1, r1, steps)
-    clear(dmap, slots, rows, count, w)
-    return start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM, cap_g,
-                       o_hidden, o_keys, o_step, o_traj)  # fmt: skip
+    file_group(rec, trajs, groups, next_group, w, g, j + 1, r1)
+    clear(dmap, cnt, slots, rows, sums, deep, lane, w, rule)
+    return start_group(lane, ring, rec, deep, next_group, w, seed, starts, K, M, powM,
+                       inv_powM, cap_g, o_hidden, o_keys)  # fmt: skip
 
 
 @njit(cache=True)
 def new_book(rule, cap_g, capacity):
-    """(dmap, slots, rows, sums, count) of every lane, empty; the level-K structures only for
-    the rules that read them (capacity: the policy table's rows)."""
+    """(dmap, cnt, slots, rows, sums, var, vbits, deep) of every lane, empty; the level-K
+    structures only for the rules that read them (capacity: the policy table's rows)."""
     counted = rule in (SINGLETON, HARD)
+    hard = rule == HARD
+    n_slots = cap_g if counted else 1
     dmap = np.full((W, capacity if counted else 1), -1, np.int32)
-    slots = np.empty((W, cap_g if counted else 1, 8), np.int64)
-    rows = np.empty((W, 8, cap_g + 1), np.int64)
+    cnt = np.zeros((W, n_slots), np.int64)
+    slots = np.zeros((W, n_slots, 4), np.int64)
+    for d in range(n_slots):
+        slots[:, d, TAIL] = n_slots + d
+    rows = np.empty((W, 5, 2 * cap_g if hard else cap_g // 64 + 1), np.int64)
     rows[:, FLAGS] = 0
-    sums = np.empty((W, cap_g if counted else 1, 3))
-    return dmap, slots, rows, sums, np.zeros((W, 4), np.int64)
+    sums = np.zeros((W, cap_g if hard else 1, 2))
+    var = np.empty((W, cap_g if hard else 1))
+    deep = np.empty((W, cap_g if rule == TREE else 1, 2), np.int64)
+    return dmap, cnt, slots, rows, sums, var, var.view(np.int64), deep
 
 
 @njit(cache=True)
@@ -561,47 +609,51 @@ def branch_kernel(
     ``o_parent`` (the parent's traj id, -1 for a root). The step loop is
     ``rollout_kernel_fast``'s (inline probe, draw and move; past part P from a ring of the last
     K pairs) over groups in lanes instead of trajectories; it records hidden state, action,
-    dense row, t and the full context code at the group's padded rows.
+    dense row and P at the group's padded rows.
     """
-    A = next_state.shape[1]
     deterministic = True
     for x in next_prob[:, :, 0].ravel():
         if x < 1.0:
             deterministic = False
     n_groups = starts.shape[0]
     cap_g = steps + horizon
-    dmap, slots, rows, sums, book_count = new_book(rule, cap_g, codes.shape[0])
-    trajs = np.empty(((W + n_groups) * steps, 4), np.int64)  # touched from the start: few pages
+    dmap, cnt, slots, rows, sums, var, vbits, deep = new_book(rule, cap_g, codes.shape[0])
+    rec = np.empty((W, steps, 8), np.int64)
+    trajs = np.empty((n_groups * steps + 1, 6), np.int64)  # touched from the start: few pages
     groups = np.empty((n_groups, 3), np.int64)
-    lane = np.zeros((W, 11), np.int64)
+    lane = np.zeros((W, 16), np.int64)
     ring = np.zeros((W, max(K, 1)), np.int64)
-    next_group = np.array([0, W * steps], np.int64)
+    next_group = np.array([0, 0], np.int64)
+    ended = np.empty((W, 2), np.int64)
+    cfg = np.array([seed, steps, root_steps, rule, (n_obs + 1) * (next_state.shape[1] + 1), cap_g])
+    inv_powM = 1.0 / powM.astype(np.float64)
     if not run_lanes(
-        starts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob, invalid,
-        reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
-        init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, dmap, slots,
-        rows, sums, book_count, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action,
-        o_hidden, o_ctx, o_keys,
+        starts, seed, horizon, K, n_obs, powM, inv_powM, obs_of_state, next_state, next_prob,
+        invalid, reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
+        init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, dmap, cnt, slots,
+        rows, sums, var, vbits, deep, rec, trajs, groups, lane, ring, next_group, ended,
+        cfg, o_action, o_hidden, o_ctx, o_keys,
     ):  # fmt: skip
         return -1, 0
     return compact(
-        trajs, groups, steps, cap_g, K, n_obs, A, powM, obs_of_state, invalid, reward_enter,
-        o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx,
-        o_keys, o_success,
+        trajs, groups, cap_g, K, n_obs, next_state.shape[1], powM, inv_powM, obs_of_state,
+        invalid, reward_enter, o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action,
+        o_invalid, o_hidden, o_ctx, o_keys, o_success,
     )  # fmt: skip
 
 
 @njit(cache=True, _nrt=False)
 def run_lanes(
-    starts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob, invalid,
-    reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed, init_scale,
-    inv_temp, steps, root_steps, rule, at_depth, deterministic, dmap, slots, rows, sums,
-    book_count, trajs, groups, lane, ring, next_group, o_traj, o_step, o_action, o_hidden, o_ctx,
-    o_keys,
+    starts, seed, horizon, K, n_obs, powM, inv_powM, obs_of_state, next_state, next_prob,
+    invalid, reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
+    init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, dmap, cnt, slots, rows,
+    sums, var, vbits, deep, rec, trajs, groups, lane, ring, next_group, ended, cfg, o_action,
+    o_hidden, o_ctx, o_keys,
 ):  # fmt: skip
     """The step loop of :func:`branch_kernel` over the lanes until every group is done;
-    False when the policy table filled up. Compiled without reference counting (it allocates
-    nothing), so the inlined bookkeeping costs no atomic operations."""
+    False when the policy table filled up. A sweep steps every lane once; the lanes whose
+    trajectory ended are then recorded and restarted. Compiled without reference counting (it
+    allocates nothing), so the inlined bookkeeping costs no atomic operations."""
     A = next_state.shape[1]
     M = (n_obs + 1) * (A + 1)
     top = powM[K - 1] if K > 0 else np.int64(0)
@@ -610,15 +662,15 @@ def run_lanes(
     cap_g = steps + horizon
     active = 0
     for w in range(W):
-        active += start_group(lane, ring, rows, next_group, w, seed, starts, K, M, n_obs, powM,
-                              cap_g, o_hidden, o_keys, o_step, o_traj)  # fmt: skip
+        active += start_group(lane, ring, rec, deep, next_group, w, seed, starts, K, M, powM,
+                              inv_powM, cap_g, o_hidden, o_keys)  # fmt: skip
     while active > 0:
+        n_ended = 0
         for w in range(W):
             g = lane[w, L_G]
             if g < 0:
                 continue
             s = lane[w, L_S]
-            t = lane[w, L_T]
             P = lane[w, L_P]
             o = obs_of_state[s]
             code = P * n_obs + o
@@ -654,19 +706,13 @@ def run_lanes(
             o_hidden[q] = s
             o_action[q] = a
             o_ctx[q] = c
-            o_step[q] = t
-            o_keys[K, q] = code
+            o_keys[K, q] = P
             lane[w, L_ROW] += 1
-            t += 1
+            t = lane[w, L_T] + 1
             if terminal[s2] or t >= horizon:
-                success = terminal[s2] and reward_enter[s2] > 0.0
-                if not end_trajectory(
-                    lane, ring, dmap, slots, rows, sums, book_count, trajs, groups, next_group, w, s2,
-                    success, seed, starts, steps, root_steps, rule, at_depth, n_obs, powM,
-                    cap_g, invalid, reward_enter, o_hidden, o_action, o_ctx, o_keys, o_step,
-                    o_traj,
-                ):  # fmt: skip
-                    active -= 1
+                ended[n_ended, 0] = w
+                ended[n_ended, 1] = s2
+                n_ended += 1
                 continue
             if K > 0:
                 pair = o * (A + 1) + a
@@ -677,67 +723,68 @@ def run_lanes(
             lane[w, L_S] = s2
             lane[w, L_ST] = np.int64(st)
             lane[w, L_T] = t
+        for i in range(n_ended):
+            w = ended[i, 0]
+            s2 = ended[i, 1]
+            success = terminal[s2] and reward_enter[s2] > 0.0
+            if not end_trajectory(
+                lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, deep, trajs, groups,
+                next_group, w, s2, success, cfg, starts, at_depth, powM, inv_powM, invalid,
+                reward_enter, o_hidden, o_action, o_ctx, o_keys,
+            ):  # fmt: skip
+                active -= 1
     return True
 
 
 @njit(cache=True, _nrt=False)
-def compact(trajs, groups, steps, cap_g, K, n_obs, n_actions, powM, obs_of_state, invalid,
+def compact(trajs, groups, cap_g, K, n_obs, n_actions, powM, inv_powM, obs_of_state, invalid,
             reward_enter, o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action,
             o_invalid, o_hidden, o_ctx, o_keys, o_success):  # fmt: skip
-    """Second pass: move every group's rows from its padded rows to their contiguous place (in
-    group order; a row never moves later and is read before anything is written over it),
-    number the trajectories (group by group, in order), then fill the other columns in simple
-    passes over the rows. Returns (rows, trajectories)."""
+    """Second pass, one trajectory at a time in group order: move its rows from the group's
+    padded rows to their contiguous place (a row never moves later and is read before
+    anything is written over it) and fill every column. Returns (rows, trajectories).
+
+    Keys: key_K = P n_obs + o; key_k, 0 < k < K, at a trajectory's first row
+    (P mod M^k) n_obs + o, after it the recursion of ``_kernels.context_keys_pass``."""
+    M = (n_obs + 1) * (n_actions + 1)
     row = 0
     tr = 0
     for g in range(groups.shape[0]):
-        src = g * cap_g
-        for i in range(groups[g, 1]):
-            o_hidden[row + i] = o_hidden[src + i]
-            o_action[row + i] = o_action[src + i]
-            o_ctx[row + i] = o_ctx[src + i]
-            o_step[row + i] = o_step[src + i]
-            o_keys[K, row + i] = o_keys[K, src + i]
-            o_group[row + i] = g
         tr0 = tr
-        for j in range(groups[g, 0]):
-            k = groups[g, 2] + j
+        for jj in range(groups[g, 0]):
+            k = groups[g, 2] + jj
             L = trajs[k, LENGTH]
             parent = tr0 + trajs[k, PARENT] if trajs[k, PARENT] >= 0 else -1
-            for i in range(row, row + L):
-                o_traj[i] = tr
-                o_parent[i] = parent
-            o_reward[row + L - 1] = reward_enter[trajs[k, FINAL]]
+            t0 = trajs[k, T0]
+            src = g * cap_g + trajs[k, ROW0]
+            P0 = o_keys[K, src]
+            for i in range(L):
+                s = o_hidden[src + i]
+                a = o_action[src + i]
+                s2 = o_hidden[src + i + 1] if i + 1 < L else trajs[k, FINAL]
+                P = o_keys[K, src + i]
+                o = obs_of_state[s]
+                r = row + i
+                o_hidden[r] = s
+                o_action[r] = a
+                o_ctx[r] = o_ctx[src + i]
+                o_keys[K, r] = P * n_obs + o
+                o_keys[0, r] = o
+                o_obs[r] = o
+                o_invalid[r] = invalid[s, a]
+                o_reward[r] = reward_enter[s2]
+                o_group[r] = g
+                o_traj[r] = tr
+                o_parent[r] = parent
+                o_step[r] = t0 + i
+            for kk in range(1, K):
+                x = P0 - _quotient(P0, powM[kk], inv_powM[kk]) * powM[kk]
+                o_keys[kk, row] = x * n_obs + o_obs[row]
+                for r in range(row + 1, row + L):
+                    o1 = o_obs[r - 1]
+                    pair = o1 * (n_actions + 1) + o_action[r - 1]
+                    o_keys[kk, r] = (o_keys[kk - 1, r - 1] - o1) * M + pair * n_obs + o_obs[r]
             o_success[tr] = trajs[k, SUCCESS] != 0
             row += L
             tr += 1
-    fill_columns(row, K, n_obs, n_actions, powM, obs_of_state, invalid, reward_enter, o_traj,
-                 o_reward, o_obs, o_action, o_invalid, o_hidden, o_keys)  # fmt: skip
     return row, tr
-
-
-@njit(cache=True, _nrt=False)
-def fill_columns(n, K, n_obs, n_actions, powM, obs_of_state, invalid, reward_enter, o_traj,
-                 o_reward, o_obs, o_action, o_invalid, o_hidden, o_keys):  # fmt: skip
-    """Observation, invalid flag, reward (but a trajectory's last, already set: the reward of
-    entering the next own row's state) and the k-step keys, 0 <= k < K, of rows 0..n-1. Key k at
-    a trajectory's first row: (P mod M^k) n_obs + o with P = code // n_obs; after it, the
-    recursion of ``_kernels.context_keys_pass``."""
-    for r in range(n):
-        s = o_hidden[r]
-        o = obs_of_state[s]
-        o_obs[r] = o
-        o_keys[0, r] = o
-        o_invalid[r] = invalid[s, o_action[r]]
-    for r in range(n - 1):
-        if o_traj[r + 1] == o_traj[r]:
-            o_reward[r] = reward_enter[o_hidden[r + 1]]
-    M = (n_obs + 1) * (n_actions + 1)
-    for k in range(1, K):
-        for r in range(n):
-            if r == 0 or o_traj[r] != o_traj[r - 1]:
-                o_keys[k, r] = ((o_keys[K, r] // n_obs) % powM[k]) * n_obs + o_obs[r]
-            else:
-                o1 = o_obs[r - 1]
-                pair = o1 * (n_actions + 1) + o_action[r - 1]
-                o_keys[k, r] = (o_keys[k - 1, r - 1] - o1) * M + pair * n_obs + o_obs[r]
