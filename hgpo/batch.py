@@ -136,7 +136,14 @@ class StepBatch:
             set_(self, "action", _as_int_array("action", self.action))
         # [branching] a batch whose parents are all -1 is an ordinary batch.
         if self.parent is not None:
-            set_(self, "parent", _as_int_array("parent", self.parent))
+            parent = _as_int_array("parent", self.parent)
+            if parent.size and parent.min() < -1:
+                i = int(np.flatnonzero(parent < -1)[0])
+                raise ValueError(
+                    f"StepBatch.parent[{i}] is {parent[i]}: a parent is a trajectory id, or -1 "
+                    "for a root"
+                )
+            set_(self, "parent", parent)
         if self.invalid is not None:
             inv = np.asarray(self.invalid)
             if inv.ndim != 1:
@@ -147,7 +154,7 @@ class StepBatch:
                 bad = inv[np.flatnonzero((inv != 0) & (inv != 1))[0]]
                 raise ValueError(f"StepBatch.invalid must be boolean, got {bad.item()!r}")
             set_(self, "invalid", np.ascontiguousarray(inv, dtype=np.bool_))
-        return self.parent is not None and bool((self.parent >= 0).any())
+        return self.parent is not None and bool(self.parent.size) and self.parent.max() >= 0
 
     def _check_values(self) -> None:
         """Equal lengths, a non-empty batch, finite rewards, step indices >= 0."""
@@ -181,11 +188,14 @@ class StepBatch:
         if step[0] != 0 and not branched:
             raise ValueError(f"StepBatch.step[0] is {step[0]}; a trajectory must start at step 0")
         is_start = step == 0
+        cont = ~is_start[1:]  # row i + 1 continues row i
         if branched:  # [branching] a branch starts where the trajectory id changes
             is_start[1:] |= traj[1:] != traj[:-1]
             is_start[0] = True
-        cont = ~is_start[1:]  # row i + 1 continues row i
-        bad = cont & ((step[1:] != step[:-1] + 1) | (traj[1:] != traj[:-1]))
+            cont = ~is_start[1:]  # so a row that continues one keeps its traj id
+            bad = cont & (step[1:] != step[:-1] + 1)
+        else:
+            bad = cont & ((step[1:] != step[:-1] + 1) | (traj[1:] != traj[:-1]))
         if bad.any():
             i = int(np.flatnonzero(bad)[0]) + 1
             raise ValueError(
@@ -203,7 +213,8 @@ class StepBatch:
         starts = np.flatnonzero(is_start)
         traj_at_start = traj[starts]
         # Ids that rise from one trajectory to the next are unique; only others need a count.
-        if starts.size > 1 and not (traj_at_start[1:] > traj_at_start[:-1]).all():
+        rising = starts.size == 1 or bool((traj_at_start[1:] > traj_at_start[:-1]).all())
+        if not rising:
             vals, counts = np.unique(traj_at_start, return_counts=True)
             if counts.max() > 1:
                 dup = vals[np.flatnonzero(counts > 1)[0]]
@@ -211,15 +222,18 @@ class StepBatch:
                     f"StepBatch.traj value {dup} labels two separate runs of rows; trajectory "
                     "ids must be unique across the batch"
                 )
-        traj_index = np.cumsum(is_start, dtype=np.int64)
-        traj_index -= 1
-        set_(self, "traj_start", starts.astype(np.int64, copy=False))
-        set_(self, "traj_len", np.diff(starts, append=n).astype(np.int64, copy=False))
-        set_(self, "traj_index", traj_index)
+        starts = starts.astype(np.int64, copy=False)
+        traj_len = np.empty_like(starts)  # (np.diff with append= costs 10x more)
+        np.subtract(starts[1:], starts[:-1], out=traj_len[:-1])
+        traj_len[-1] = n - starts[-1]
+        set_(self, "traj_start", starts)
+        set_(self, "traj_len", traj_len)
+        # (np.repeat: a third of the time of a cumsum of is_start)
+        set_(self, "traj_index", np.repeat(np.arange(starts.size, dtype=np.int64), traj_len))
         layout = None
         if branched:  # [branching]
             layout = branch_layout(
-                self.parent, traj, group, self.state, step, self.traj_start, self.traj_len
+                self.parent, traj, group, self.state, step, starts, traj_len, cont, rising
             )
         set_(self, "branches", layout)
 

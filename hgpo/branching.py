@@ -86,12 +86,16 @@ def branch_layout(
     step: np.ndarray,
     traj_start: np.ndarray,
     traj_len: np.ndarray,
+    cont: np.ndarray,
+    ids_rise: bool,
 ) -> BranchLayout:
     """Check the parent pointers of a batch and lay out its virtual full trajectories.
 
     Args:
         parent_row: int64[n] traj id of each row's parent trajectory, -1 for a root.
-        traj, group, state, step: the batch's columns; traj_start, traj_len: its segments.
+        traj, group, state, step: the batch's columns; traj_start, traj_len: its segments;
+        cont: bool[n - 1] row i + 1 continues row i's trajectory; ids_rise: the trajectory
+        ids rise from one trajectory to the next.
 
     Raises:
         ValueError naming the row and value when a parent pointer changes within a trajectory,
@@ -101,72 +105,86 @@ def branch_layout(
     first = traj_start
     p_id = parent_row[first]
     # A trajectory has one parent: the pointer may change only where a trajectory starts.
-    # Checked on shifted slices plus the few rows where it changes (this runs on every batch).
-    changed = np.flatnonzero(parent_row[1:] != parent_row[:-1]) + 1
-    inside = changed[first[np.minimum(np.searchsorted(first, changed), first.size - 1)] != changed]
-    if inside.size:
-        i = int(inside[0])
+    inside = (parent_row[1:] != parent_row[:-1]) & cont
+    if inside.any():
+        i = int(np.flatnonzero(inside)[0]) + 1
         raise ValueError(
             f"StepBatch.parent[{i}] is {parent_row[i]} but trajectory {traj[i]} started with "
             f"parent {parent_row[first[np.searchsorted(first, i, side='right') - 1]]}: "
             "a trajectory has one parent"
         )
     b = step[first]
-    parent = _dense_parents(p_id, traj[first], traj)
+    parent = _dense_parents(p_id, traj[first], ids_rise)
     roots = parent < 0
+    vlen = b + traj_len
+    # The checks run over every trajectory at once (few numpy calls: this runs on every
+    # branched batch), a root standing in for its own parent: a root starts at step 0, a
+    # branch at a step 1..T_p - 1 of its parent (a root's b < vlen holds by itself).
+    stand = np.where(roots, np.arange(first.shape[0]), parent)
+    if not (((b > 0) != roots) & (b < vlen[stand])).all():
+        _bad_start(roots, b, vlen, parent, first, p_id, traj, step)
+    layout = BranchLayout(parent, b, vlen, first)
+    p_row = layout.row_at(stand, b)  # a root's is its own first row
+    if not ((group[p_row] == group[first]) & (state[p_row] == state[first])).all():
+        _bad_snapshot(roots, p_row, first, b, p_id, traj, group, state)
+    return layout
+
+
+def _bad_start(roots, b, vlen, parent, first, p_id, traj, step) -> None:  # noqa: ANN001
+    """(error path of branch_layout) A root that starts after step 0, else a branch whose
+    step lies outside its parent's trajectory."""
     if (roots & (b != 0)).any():
         row = int(first[np.flatnonzero(roots & (b != 0))[0]])
         raise ValueError(
             f"StepBatch.step[{row}] is {step[row]} at the start of trajectory {traj[row]}, "
             "which has no parent: only a branch may start after step 0"
         )
-    vlen = b + traj_len
     br = np.flatnonzero(~roots)
-    p = parent[br]
-    out_of_range = (b[br] < 1) | (b[br] > vlen[p] - 1)
-    if out_of_range.any():
-        j = int(br[np.flatnonzero(out_of_range)[0]])
+    out_of_range = (b[br] < 1) | (b[br] > vlen[parent[br]] - 1)
+    j = int(br[np.flatnonzero(out_of_range)[0]])
+    raise ValueError(
+        f"{_where(first[j], p_id[j], traj)}: it starts at step {b[j]}, a branch must start "
+        f"at a step 1..{vlen[parent[j]] - 1} of its parent's trajectory"
+    )
+
+
+def _bad_snapshot(roots, p_row, first, b, p_id, traj, group, state) -> None:  # noqa: ANN001
+    """(error path of branch_layout) A branch in another group than its parent (named
+    first), else one whose first state is not its parent's at the branch step."""
+    br = np.flatnonzero(~roots)
+    p_row, f_br = p_row[br], first[br]
+    bad_group = group[p_row] != group[f_br]
+    k = int(np.flatnonzero(bad_group if bad_group.any() else state[p_row] != state[f_br])[0])
+    row = int(f_br[k])
+    if bad_group.any():
         raise ValueError(
-            f"{_where(first[j], p_id[j], traj)}: it starts at step {b[j]}, a branch must start "
-            f"at a step 1..{vlen[parent[j]] - 1} of its parent's trajectory"
+            f"{_where(row, p_id[br[k]], traj)}: the parent lies in group "
+            f"{group[p_row[k]]}, not {group[row]}"
         )
-    layout = BranchLayout(parent, b, vlen, first)
-    p_row = layout.row_at(p, b[br])
-    f_br = first[br]
-    if ((group[p_row] != group[f_br]) | (state[p_row] != state[f_br])).any():
-        bad_group = group[p_row] != group[f_br]  # (error path) a group is named before a state
-        k = int(np.flatnonzero(bad_group if bad_group.any() else state[p_row] != state[f_br])[0])
-        row = int(f_br[k])
-        if bad_group.any():
-            raise ValueError(
-                f"{_where(row, p_id[br[k]], traj)}: the parent lies in group "
-                f"{group[p_row[k]]}, not {group[row]}"
-            )
-        raise ValueError(
-            f"{_where(row, p_id[br[k]], traj)}: its first state {state[row]} differs from "
-            f"its parent's state {state[p_row[k]]} at step {b[br[k]]} (a branch restarts "
-            "from the parent's snapshot)"
-        )
-    return layout
+    raise ValueError(
+        f"{_where(row, p_id[br[k]], traj)}: its first state {state[row]} differs from "
+        f"its parent's state {state[p_row[k]]} at step {b[br[k]]} (a branch restarts "
+        "from the parent's snapshot)"
+    )
 
 
 def _where(row: int, parent_id: int, traj: np.ndarray) -> str:
     return f"StepBatch.parent[{row}] is {parent_id} (trajectory {traj[row]})"
 
 
-def _dense_parents(p_id: np.ndarray, ids: np.ndarray, traj: np.ndarray) -> np.ndarray:
-    """int64[n_traj] dense index of each parent id (-1 for a root); ValueError when a parent
-    is not a trajectory listed earlier in the batch (so the pointers have no cycle)."""
+def _dense_parents(p_id: np.ndarray, ids: np.ndarray, ids_rise: bool) -> np.ndarray:
+    """int64[n_traj] dense index of each parent id (-1 for a root; ids >= -1, checked by
+    StepBatch); ValueError when a parent is not a trajectory listed earlier in the batch (so
+    the pointers have no cycle)."""
     n_traj = ids.shape[0]
-    if ids[0] == 0 and ids[-1] == n_traj - 1 and (ids[1:] > ids[:-1]).all():
-        # ids 0..n_traj-1 in order (every rollout kernel): the dense index is the id
-        parent = np.where(p_id >= n_traj, n_traj, np.maximum(p_id, -1))
+    if ids_rise and ids[0] == 0 and ids[-1] == n_traj - 1:
+        parent = p_id  # ids 0..n_traj-1 in order (every rollout kernel): the index is the id
     else:
         order = np.argsort(ids, kind="stable")
         pos = np.minimum(np.searchsorted(ids[order], p_id), n_traj - 1)
         parent = np.where(ids[order][pos] == p_id, order[pos], n_traj)
         parent[p_id < 0] = -1
-    bad = (p_id >= 0) & (parent >= np.arange(n_traj))
+    bad = parent >= np.arange(n_traj)  # also an id that names no trajectory (n_traj)
     if bad.any():
         j = int(np.flatnonzero(bad)[0])
         raise ValueError(

@@ -158,7 +158,7 @@ def branch_arrays(
 
     n, n_traj = pol.run_visited(call, lambda got: out["context"][: got[0]])  # type: ignore[attr-defined]
     res = {k: v[:n] for k, v in out.items()}
-    res["context_keys"] = np.ascontiguousarray(keys[:, :n])
+    res["context_keys"] = keys.reshape(-1)[: (K + 1) * n].reshape(K + 1, n)  # the kernel's layout
     res["success"] = success[:n_traj]
     return res
 
@@ -210,7 +210,7 @@ L_NROOT, L_ND, L_NSINGLE, L_NDEEP = range(12, 16)
 # ring: int64[W, max(K, 1)] the last K (observation, action) pairs, ring[w, pos] the oldest.
 # rec: int64[W, steps, 8] trajectory j of lane w's group: its LENGTH, PARENT j (-1: a root),
 # FINAL hidden state, SUCCESS, first step T0 and first local row ROW0.
-LENGTH, PARENT, FINAL, SUCCESS, T0, ROW0 = range(6)
+LENGTH, PARENT, FINAL, SUCCESS, T0, ROW0, P_FIRST = range(7)
 # The book of each lane's group (rows are the group's local rows):
 # dmap: int32[W, table capacity] the slot d of policy row c (-1: not met yet); clear() resets
 #   only the entries it set.
@@ -237,7 +237,7 @@ SUM, SQ = range(2)
 D_ROW, D_CHILD = range(2)
 # cfg: int64[6] the kernel's scalars.
 C_SEED, C_STEPS, C_ROOT, C_RULE, C_M, C_CAPG = range(6)
-# trajs: int64[n_groups * steps + 1, 6] the records of the groups done, in the order they
+# trajs: int64[n_groups * steps + 1, 7] the records of the groups done, in the order they
 # finish; groups: int64[n_groups, 3] each group's trajectories, rows and first record;
 # next_group: int64[2] the next group to start and the next free record.
 
@@ -446,7 +446,7 @@ def choose(cnt, slots, rows, var, vbits, deep, rec, lane, w, rule):
 @njit(cache=True, _nrt=False, inline="always")
 def clear(dmap, cnt, slots, rows, sums, deep, lane, w, rule):
     """Empty lane w's book for its next group: the dmap entries it set and its slots."""
-    if rule == SINGLETON or rule == HARD:
+    if rule in (SINGLETON, HARD):
         for d in range(lane[w, L_ND]):
             dmap[w, slots[w, d, CODE]] = -1
             cnt[w, d] = 0
@@ -467,7 +467,7 @@ def clear(dmap, cnt, slots, rows, sums, deep, lane, w, rule):
 
 @njit(cache=True, _nrt=False, inline="always")
 def begin(lane, ring, rec, deep, w, r, i_deep, seed, starts, K, M, powM, inv_powM, cap_g,
-          o_hidden, o_keys):  # fmt: skip
+          o_hidden, o_pp):  # fmt: skip
     """Start lane w's next trajectory j of its group g from stream (seed, g * 2^24 + j): a
     root at the group's start state (r = -1) or a branch from the snapshot of local row r
     (hidden state, past part P of the full context, t), found in the trajectory that owns r."""
@@ -490,7 +490,7 @@ def begin(lane, ring, rec, deep, w, r, i_deep, seed, starts, K, M, powM, inv_pow
         n -= half
     q = g * cap_g + r
     t = rec[w, lo, T0] + r - rec[w, lo, ROW0]
-    P = o_keys[K, q]
+    P = o_pp[q]
     lane[w, L_S], lane[w, L_P], lane[w, L_T], lane[w, L_PARENT] = o_hidden[q], P, t, lo
     lane[w, L_T0] = t
     if i_deep >= 0:
@@ -504,7 +504,7 @@ def begin(lane, ring, rec, deep, w, r, i_deep, seed, starts, K, M, powM, inv_pow
 
 @njit(cache=True, _nrt=False, inline="always")
 def start_group(lane, ring, rec, deep, next_group, w, seed, starts, K, M, powM, inv_powM,
-                cap_g, o_hidden, o_keys):  # fmt: skip
+                cap_g, o_hidden, o_pp):  # fmt: skip
     """Give lane w the next group (its first root); False when none is left."""
     g = next_group[0]
     if g >= starts.shape[0]:
@@ -514,7 +514,7 @@ def start_group(lane, ring, rec, deep, next_group, w, seed, starts, K, M, powM, 
     lane[w, L_G], lane[w, L_J], lane[w, L_ROW] = g, 0, 0
     lane[w, L_CST] = kn.stream_seed(seed, g * _STREAMS + _CHOICE)
     begin(lane, ring, rec, deep, w, -1, -1, seed, starts, K, M, powM, inv_powM, cap_g,
-          o_hidden, o_keys)  # fmt: skip
+          o_hidden, o_pp)  # fmt: skip
     return True
 
 
@@ -533,7 +533,7 @@ def file_group(rec, trajs, groups, next_group, w, g, n_traj, n_rows):
 @njit(cache=True, _nrt=False, inline="always")
 def end_trajectory(lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, deep, trajs, groups,
                    next_group, w, s2, success, cfg, starts, at_depth, powM, inv_powM, invalid,
-                   reward_enter, o_hidden, o_action, o_ctx, o_keys):  # fmt: skip
+                   reward_enter, o_hidden, o_action, o_ctx, o_pp):  # fmt: skip
     """Lane w's trajectory ended in s2: record it and enter its rows in the book its rule
     reads, then start the group's next trajectory (roots until root_steps rows, then
     branches until steps) or the next group. Returns False when the lane has nothing left.
@@ -547,7 +547,7 @@ def end_trajectory(lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, de
     rec[w, j, LENGTH], rec[w, j, PARENT], rec[w, j, FINAL] = L, lane[w, L_PARENT], s2
     rec[w, j, SUCCESS], rec[w, j, T0], rec[w, j, ROW0] = success, t0, r0
     base = g * cap_g
-    if rule == SINGLETON or rule == HARD:
+    if rule in (SINGLETON, HARD):
         _count_rows(dmap, cnt, slots, rows, lane, w, base, r0, L, o_ctx, rule == HARD)
         if rule == HARD:
             _record_hard(cnt, slots, rows, sums, var, w, base, r0, L, t0, s2, o_hidden,
@@ -565,12 +565,12 @@ def end_trajectory(lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, de
         if r1 >= root_steps:
             r, i_deep = choose(cnt, slots, rows, var, vbits, deep, rec, lane, w, rule)
         begin(lane, ring, rec, deep, w, r, i_deep, seed, starts, K, M, powM, inv_powM, cap_g,
-              o_hidden, o_keys)  # fmt: skip
+              o_hidden, o_pp)  # fmt: skip
         return True
     file_group(rec, trajs, groups, next_group, w, g, j + 1, r1)
     clear(dmap, cnt, slots, rows, sums, deep, lane, w, rule)
     return start_group(lane, ring, rec, deep, next_group, w, seed, starts, K, M, powM,
-                       inv_powM, cap_g, o_hidden, o_keys)  # fmt: skip
+                       inv_powM, cap_g, o_hidden, o_pp)  # fmt: skip
 
 
 @njit(cache=True)
@@ -606,10 +606,11 @@ def branch_kernel(
     until ``steps`` rows. Returns (rows, trajectories), or (-1, 0) when the table filled up.
 
     Outputs (capacity n_groups * (steps + horizon) rows) as ``rollout_kernel_fast``'s, plus
-    ``o_parent`` (the parent's traj id, -1 for a root). The step loop is
+    ``o_parent`` (the parent's traj id, -1 for a root); the keys of the n rows fill the first
+    (K + 1) n entries of ``o_keys`` as one C-ordered [K + 1, n] array. The step loop is
     ``rollout_kernel_fast``'s (inline probe, draw and move; past part P from a ring of the last
     K pairs) over groups in lanes instead of trajectories; it records hidden state, action,
-    dense row and P at the group's padded rows.
+    dense row and P (in ``o_obs``, filled last) at the group's padded rows.
     """
     deterministic = True
     for x in next_prob[:, :, 0].ravel():
@@ -619,7 +620,7 @@ def branch_kernel(
     cap_g = steps + horizon
     dmap, cnt, slots, rows, sums, var, vbits, deep = new_book(rule, cap_g, codes.shape[0])
     rec = np.empty((W, steps, 8), np.int64)
-    trajs = np.empty((n_groups * steps + 1, 6), np.int64)  # touched from the start: few pages
+    trajs = np.empty((n_groups * steps + 1, 7), np.int64)  # touched from the start: few pages
     groups = np.empty((n_groups, 3), np.int64)
     lane = np.zeros((W, 16), np.int64)
     ring = np.zeros((W, max(K, 1)), np.int64)
@@ -632,13 +633,18 @@ def branch_kernel(
         invalid, reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
         init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, dmap, cnt, slots,
         rows, sums, var, vbits, deep, rec, trajs, groups, lane, ring, next_group, ended,
-        cfg, o_action, o_hidden, o_ctx, o_keys,
+        cfg, o_action, o_hidden, o_ctx, o_obs,
     ):  # fmt: skip
         return -1, 0
+    # the keys of the n rows go straight to their place in one [K + 1, n] array (no copy)
+    n = 0
+    for g in range(n_groups):
+        n += groups[g, 1]
+    keys = o_keys.reshape(-1)[: (K + 1) * n].reshape((K + 1, n))
     return compact(
         trajs, groups, cap_g, K, n_obs, next_state.shape[1], powM, inv_powM, obs_of_state,
         invalid, reward_enter, o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action,
-        o_invalid, o_hidden, o_ctx, o_keys, o_success,
+        o_invalid, o_hidden, o_ctx, keys, o_success,
     )  # fmt: skip
 
 
@@ -648,7 +654,7 @@ def run_lanes(
     invalid, reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
     init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, dmap, cnt, slots, rows,
     sums, var, vbits, deep, rec, trajs, groups, lane, ring, next_group, ended, cfg, o_action,
-    o_hidden, o_ctx, o_keys,
+    o_hidden, o_ctx, o_pp,
 ):  # fmt: skip
     """The step loop of :func:`branch_kernel` over the lanes until every group is done;
     False when the policy table filled up. A sweep steps every lane once; the lanes whose
@@ -663,7 +669,7 @@ def run_lanes(
     active = 0
     for w in range(W):
         active += start_group(lane, ring, rec, deep, next_group, w, seed, starts, K, M, powM,
-                              inv_powM, cap_g, o_hidden, o_keys)  # fmt: skip
+                              inv_powM, cap_g, o_hidden, o_pp)  # fmt: skip
     while active > 0:
         n_ended = 0
         for w in range(W):
@@ -706,7 +712,7 @@ def run_lanes(
             o_hidden[q] = s
             o_action[q] = a
             o_ctx[q] = c
-            o_keys[K, q] = P
+            o_pp[q] = P
             lane[w, L_ROW] += 1
             t = lane[w, L_T] + 1
             if terminal[s2] or t >= horizon:
@@ -730,7 +736,7 @@ def run_lanes(
             if not end_trajectory(
                 lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, deep, trajs, groups,
                 next_group, w, s2, success, cfg, starts, at_depth, powM, inv_powM, invalid,
-                reward_enter, o_hidden, o_action, o_ctx, o_keys,
+                reward_enter, o_hidden, o_action, o_ctx, o_pp,
             ):  # fmt: skip
                 active -= 1
     return True
@@ -740,51 +746,65 @@ def run_lanes(
 def compact(trajs, groups, cap_g, K, n_obs, n_actions, powM, inv_powM, obs_of_state, invalid,
             reward_enter, o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action,
             o_invalid, o_hidden, o_ctx, o_keys, o_success):  # fmt: skip
-    """Second pass, one trajectory at a time in group order: move its rows from the group's
-    padded rows to their contiguous place (a row never moves later and is read before
-    anything is written over it) and fill every column. Returns (rows, trajectories).
+    """Second pass, group by group: move the group's rows from its padded rows to their
+    contiguous place (a row never moves later and is read before anything is written over
+    it), then fill the columns in a few simple passes over the group's rows (a loop that
+    touches few arrays keeps them in registers) and over its trajectories. Returns (rows,
+    trajectories).
 
-    Keys: key_K = P n_obs + o; key_k, 0 < k < K, at a trajectory's first row
-    (P mod M^k) n_obs + o, after it the recursion of ``_kernels.context_keys_pass``."""
+    Keys: key_K = P n_obs + o; key_k, 0 < k < K, by the recursion of
+    ``_kernels.context_keys_pass`` from the row before, and at a trajectory's first row
+    (P mod M^k) n_obs + o."""
     M = (n_obs + 1) * (n_actions + 1)
     row = 0
     tr = 0
     for g in range(groups.shape[0]):
-        tr0 = tr
-        for jj in range(groups[g, 0]):
-            k = groups[g, 2] + jj
-            L = trajs[k, LENGTH]
-            parent = tr0 + trajs[k, PARENT] if trajs[k, PARENT] >= 0 else -1
-            t0 = trajs[k, T0]
-            src = g * cap_g + trajs[k, ROW0]
-            P0 = o_keys[K, src]
+        n_tr, n_rows, rec0 = groups[g, 0], groups[g, 1], groups[g, 2]
+        lo, hi, src = row, row + n_rows, g * cap_g
+        for i in range(n_rows):
+            o_hidden[lo + i] = o_hidden[src + i]
+            o_action[lo + i] = o_action[src + i]
+            o_ctx[lo + i] = o_ctx[src + i]
+            o_keys[K, lo + i] = o_obs[src + i]  # P
+        r = lo
+        for jj in range(n_tr):  # trajectory, parent and step of each row; P at its first
+            k = rec0 + jj
+            L, p, t0 = trajs[k, LENGTH], trajs[k, PARENT], trajs[k, T0]
+            parent = tr - jj + p if p >= 0 else -1
             for i in range(L):
-                s = o_hidden[src + i]
-                a = o_action[src + i]
-                s2 = o_hidden[src + i + 1] if i + 1 < L else trajs[k, FINAL]
-                P = o_keys[K, src + i]
-                o = obs_of_state[s]
-                r = row + i
-                o_hidden[r] = s
-                o_action[r] = a
-                o_ctx[r] = o_ctx[src + i]
-                o_keys[K, r] = P * n_obs + o
-                o_keys[0, r] = o
-                o_obs[r] = o
-                o_invalid[r] = invalid[s, a]
-                o_reward[r] = reward_enter[s2]
-                o_group[r] = g
-                o_traj[r] = tr
-                o_parent[r] = parent
-                o_step[r] = t0 + i
-            for kk in range(1, K):
-                x = P0 - _quotient(P0, powM[kk], inv_powM[kk]) * powM[kk]
-                o_keys[kk, row] = x * n_obs + o_obs[row]
-                for r in range(row + 1, row + L):
-                    o1 = o_obs[r - 1]
-                    pair = o1 * (n_actions + 1) + o_action[r - 1]
-                    o_keys[kk, r] = (o_keys[kk - 1, r - 1] - o1) * M + pair * n_obs + o_obs[r]
+                o_traj[r + i] = tr
+                o_parent[r + i] = parent
+                o_step[r + i] = t0 + i
+            trajs[k, P_FIRST] = o_keys[K, r]
             o_success[tr] = trajs[k, SUCCESS] != 0
-            row += L
+            r += L
             tr += 1
+        for r in range(lo, hi):
+            s = o_hidden[r]
+            o = obs_of_state[s]
+            o_group[r] = g
+            o_obs[r] = o
+            o_invalid[r] = invalid[s, o_action[r]]
+            o_keys[K, r] = o_keys[K, r] * n_obs + o  # P -> the full context code
+            o_keys[0, r] = o  # (after: for K = 0 it is the same row, and P = 0)
+        for r in range(lo, hi - 1):  # a row's reward: entering the next row's state ...
+            o_reward[r] = reward_enter[o_hidden[r + 1]]
+        r = lo
+        for jj in range(n_tr):  # ... but a trajectory's last: entering its final state
+            k = rec0 + jj
+            r += trajs[k, LENGTH]
+            o_reward[r - 1] = reward_enter[trajs[k, FINAL]]
+        for kk in range(1, K):
+            for r in range(lo + 1, hi):
+                o1 = o_obs[r - 1]
+                pair = o1 * (n_actions + 1) + o_action[r - 1]
+                o_keys[kk, r] = (o_keys[kk - 1, r - 1] - o1) * M + pair * n_obs + o_obs[r]
+            r = lo
+            for jj in range(n_tr):  # a trajectory's first row: from its P
+                k = rec0 + jj
+                P0 = trajs[k, P_FIRST]
+                x = P0 - _quotient(P0, powM[kk], inv_powM[kk]) * powM[kk]
+                o_keys[kk, r] = x * n_obs + o_obs[r]
+                r += trajs[k, LENGTH]
+        row = hi
     return row, tr

@@ -220,4 +220,8 @@ def branch_kernel(
             gcnt[h] = 0
             gsum[h] = 0.0
             gsq[h] = 0.0
+    flat = o_keys.reshape(-1)  # the keys as one [K + 1, row] array, branch_kernel's layout
+    for k in range(K + 1):
+        for r in range(row):
+            flat[k * row + r] = o_keys[k, r]
     return row, tr
