@@ -130,7 +130,7 @@ def branch_layout(
     return layout
 
 
-def _bad_start(roots, b, vlen, parent, first, p_id, traj, step) -> None:  # noqa: ANN001
+def _bad_start(roots, b, vlen, parent, first, p_id, traj, step) -> None:
     """(error path of branch_layout) A root that starts after step 0, else a branch whose
     step lies outside its parent's trajectory."""
     if (roots & (b != 0)).any():
@@ -148,7 +148,7 @@ def _bad_start(roots, b, vlen, parent, first, p_id, traj, step) -> None:  # noqa
     )
 
 
-def _bad_snapshot(roots, p_row, first, b, p_id, traj, group, state) -> None:  # noqa: ANN001
+def _bad_snapshot(roots, p_row, first, b, p_id, traj, group, state) -> None:
     """(error path of branch_layout) A branch in another group than its parent (named
     first), else one whose first state is not its parent's at the branch step."""
     br = np.flatnonzero(~roots)
