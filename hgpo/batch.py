@@ -114,12 +114,12 @@ class StepBatch:
     branches: BranchLayout | None = field(init=False, repr=False)  # [branching]
 
     def __post_init__(self) -> None:
-        branched = self._coerce_columns()
+        self._coerce_columns()
         self._check_values()
-        self._set_trajectories(branched)
+        self._set_trajectories()
 
-    def _coerce_columns(self) -> bool:
-        """Every column as a contiguous array of its dtype (named errors); True if branched."""
+    def _coerce_columns(self) -> None:
+        """Every column as a contiguous array of its dtype (named errors)."""
         set_ = object.__setattr__
         for name in ("group", "traj", "step", "state"):
             set_(self, name, _as_int_array(name, getattr(self, name)))
@@ -134,16 +134,9 @@ class StepBatch:
         set_(self, "reward", reward)
         if self.action is not None:
             set_(self, "action", _as_int_array("action", self.action))
-        # [branching] a batch whose parents are all -1 is an ordinary batch.
+        # [branching] checked with the trajectories (hgpo/branching.py: branch_layout)
         if self.parent is not None:
-            parent = _as_int_array("parent", self.parent)
-            if parent.size and parent.min() < -1:
-                i = int(np.flatnonzero(parent < -1)[0])
-                raise ValueError(
-                    f"StepBatch.parent[{i}] is {parent[i]}: a parent is a trajectory id, or -1 "
-                    "for a root"
-                )
-            set_(self, "parent", parent)
+            set_(self, "parent", _as_int_array("parent", self.parent))
         if self.invalid is not None:
             inv = np.asarray(self.invalid)
             if inv.ndim != 1:
@@ -154,7 +147,6 @@ class StepBatch:
                 bad = inv[np.flatnonzero((inv != 0) & (inv != 1))[0]]
                 raise ValueError(f"StepBatch.invalid must be boolean, got {bad.item()!r}")
             set_(self, "invalid", np.ascontiguousarray(inv, dtype=np.bool_))
-        return self.parent is not None and bool(self.parent.size) and self.parent.max() >= 0
 
     def _check_values(self) -> None:
         """Equal lengths, a non-empty batch, finite rewards, step indices >= 0."""
@@ -176,7 +168,7 @@ class StepBatch:
             i = int(np.flatnonzero(self.step < 0)[0])
             raise ValueError(f"StepBatch.step[{i}] is {self.step[i]}; step indices start at 0")
 
-    def _set_trajectories(self, branched: bool) -> None:
+    def _set_trajectories(self) -> None:
         """traj_start / traj_len / traj_index (and the branch layout), checking that every
         trajectory's rows are contiguous, ordered and in one rollout group."""
         set_ = object.__setattr__
@@ -185,11 +177,12 @@ class StepBatch:
         # trajectory with step + 1 and the same traj and group. Checked on shifted slices
         # (contiguous, no gathers): this runs on every batch.
         step, traj, group = self.step, self.traj, self.group
-        if step[0] != 0 and not branched:
+        parented = self.parent is not None  # [branching] may hold branches
+        if step[0] != 0 and not parented:
             raise ValueError(f"StepBatch.step[0] is {step[0]}; a trajectory must start at step 0")
         is_start = step == 0
         cont = ~is_start[1:]  # row i + 1 continues row i
-        if branched:  # [branching] a branch starts where the trajectory id changes
+        if parented:  # [branching] a branch starts where the trajectory id changes
             is_start[1:] |= traj[1:] != traj[:-1]
             is_start[0] = True
             cont = ~is_start[1:]  # so a row that continues one keeps its traj id
@@ -231,7 +224,7 @@ class StepBatch:
         # (np.repeat: a third of the time of a cumsum of is_start)
         set_(self, "traj_index", np.repeat(np.arange(starts.size, dtype=np.int64), traj_len))
         layout = None
-        if branched:  # [branching]
+        if parented:  # [branching] None when every trajectory is a root (an ordinary batch)
             layout = branch_layout(
                 self.parent, traj, group, self.state, step, starts, traj_len, cont, rising
             )

@@ -88,8 +88,9 @@ def branch_layout(
     traj_len: np.ndarray,
     cont: np.ndarray,
     ids_rise: bool,
-) -> BranchLayout:
-    """Check the parent pointers of a batch and lay out its virtual full trajectories.
+) -> BranchLayout | None:
+    """Check the parent pointers of a batch and lay out its virtual full trajectories (None
+    when every trajectory is a root: an ordinary batch, whose roots start at step 0).
 
     Args:
         parent_row: int64[n] traj id of each row's parent trajectory, -1 for a root.
@@ -98,9 +99,10 @@ def branch_layout(
         ids rise from one trajectory to the next.
 
     Raises:
-        ValueError naming the row and value when a parent pointer changes within a trajectory,
-        names no earlier trajectory, crosses a rollout group, or the branch step lies outside
-        1..T_p - 1 or the branch's first state differs from the parent's state at that step.
+        ValueError naming the row and value when a parent pointer is below -1, changes within
+        a trajectory, names no earlier trajectory, crosses a rollout group, or the branch step
+        lies outside 1..T_p - 1 or the branch's first state differs from the parent's state at
+        that step.
     """
     first = traj_start
     p_id = parent_row[first]
@@ -113,7 +115,18 @@ def branch_layout(
             f"parent {parent_row[first[np.searchsorted(first, i, side='right') - 1]]}: "
             "a trajectory has one parent"
         )
+    # so the pointers of the trajectories' first rows are all of them
+    if p_id.min() < -1:
+        i = int(first[np.flatnonzero(p_id < -1)[0]])
+        raise ValueError(
+            f"StepBatch.parent[{i}] is {parent_row[i]}: a parent is a trajectory id, or -1 "
+            "for a root"
+        )
     b = step[first]
+    if p_id.max() < 0:  # no branch: an ordinary batch, whose trajectories start at step 0
+        if (b != 0).any():
+            _bad_root_start(int(first[np.flatnonzero(b != 0)[0]]), traj, step)
+        return None
     parent = _dense_parents(p_id, traj[first], ids_rise)
     roots = parent < 0
     vlen = b + traj_len
@@ -128,6 +141,18 @@ def branch_layout(
     if not ((group[p_row] == group[first]) & (state[p_row] == state[first])).all():
         _bad_snapshot(roots, p_row, first, b, p_id, traj, group, state)
     return layout
+
+
+def _bad_root_start(row: int, traj: np.ndarray, step: np.ndarray) -> None:
+    """(error path of branch_layout) A batch without branches in which a trajectory starts
+    after step 0: the unbranched batch's messages."""
+    if row == 0:
+        raise ValueError(f"StepBatch.step[0] is {step[0]}; a trajectory must start at step 0")
+    raise ValueError(
+        f"StepBatch.step[{row}] is {step[row]} (traj {traj[row]}) after step "
+        f"{step[row - 1]} (traj {traj[row - 1]}): the rows of a trajectory must be "
+        "contiguous and ordered 0..T-1"
+    )
 
 
 def _bad_start(roots, b, vlen, parent, first, p_id, traj, step) -> None:

@@ -66,11 +66,16 @@ def parse_name_values(text: str, *, where: str = "options") -> dict[str, Any]:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # (exact types first: an isinstance against the numbers ABCs costs a microsecond)
+    return type(value) is int or (
+        isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    )
 
 
 def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return type(value) in (float, int) or (
+        isinstance(value, numbers.Real) and not isinstance(value, bool)
+    )
 
 
 def check_int(where: str, value: Any, *, lo: int | None = None, hi: int | None = None) -> int:

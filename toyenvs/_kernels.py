@@ -34,6 +34,11 @@ SH31 = np.uint64(31)
 SH11 = np.uint64(11)
 SH32 = np.uint64(32)
 TO_UNIT = 1.0 / 9007199254740992.0  # 2^-53
+U = np.uint64
+"""The rollout loops index arrays with ``U(i)``: numba wraps a signed index around (i < 0
+counts from the end), three instructions per access; an unsigned one it does not, which makes
+those loops about a quarter faster. Only indices are cast (uint64 mixed with int64 arithmetic
+would be float64)."""
 INIT_UNIFORM = 0
 INIT_RANDOM = 1
 
@@ -611,21 +616,22 @@ def fill_step_rows(n_rollouts, horizon, n_obs, n_actions, powM, K, obs_of_state,
         L = o_len[tr]
         src = tr * horizon
         for tt in range(L):
-            r = row + tt
-            s = o_hidden[src + tt]
-            a = o_action[src + tt]
-            c = o_ctx[src + tt]
-            s2 = o_hidden[src + tt + 1] if tt + 1 < L else final[tr]
+            r = U(row + tt)
+            q = U(src + tt)
+            s = o_hidden[q]
+            a = o_action[q]
+            c = o_ctx[q]
+            s2 = o_hidden[U(src + tt + 1)] if tt + 1 < L else final[tr]
             o_hidden[r] = s
             o_action[r] = a
             o_ctx[r] = c
             o_group[r] = g
             o_traj[r] = tr
             o_step[r] = tt
-            o_obs[r] = obs_of_state[s]
-            o_invalid[r] = invalid[s, a]
-            o_reward[r] = reward_enter[s2]
-            o_keys[0, r] = obs_of_state[s]
+            o_obs[r] = obs_of_state[U(s)]
+            o_invalid[r] = invalid[U(s), U(a)]
+            o_reward[r] = reward_enter[U(s2)]
+            o_keys[0, r] = obs_of_state[U(s)]
         row += L
     context_keys_pass(row, K, n_obs, n_actions, powM, o_step, o_obs, o_action, o_keys)
     return row
@@ -642,13 +648,16 @@ def context_keys_pass(n_rows, K, n_obs, n_actions, powM, o_step, o_obs, o_action
     M = (n_obs + 1) * (n_actions + 1)
     for k in range(1, K + 1):
         pad = (powM[k] - 1) * n_obs
+        uk, um = U(k), U(k - 1)
         for r in range(n_rows):
-            if o_step[r] == 0:
-                o_keys[k, r] = pad + o_obs[r]
+            ur = U(r)
+            if o_step[ur] == 0:
+                o_keys[uk, ur] = pad + o_obs[ur]
             else:
-                o1 = o_obs[r - 1]
-                pair = o1 * (n_actions + 1) + o_action[r - 1]
-                o_keys[k, r] = (o_keys[k - 1, r - 1] - o1) * M + pair * n_obs + o_obs[r]
+                b = U(r - 1)
+                o1 = o_obs[b]
+                pair = o1 * (n_actions + 1) + o_action[b]
+                o_keys[uk, ur] = (o_keys[um, b] - o1) * M + pair * n_obs + o_obs[ur]
 
 
 @njit(cache=True)
@@ -711,20 +720,21 @@ def rollout_kernel_fast(
             active += 1
     while active > 0:
         for w in range(W):
-            tr = l_tr[w]
+            uw = U(w)
+            tr = l_tr[uw]
             if tr < 0:
                 continue
-            s = l_s[w]
-            t = l_t[w]
-            P = l_P[w]
-            o = obs_of_state[s]
+            s = l_s[uw]
+            t = l_t[uw]
+            P = l_P[uw]
+            o = obs_of_state[U(s)]
             code = P * n_obs + o
             h = slot_of(code, mask)
             c = np.int64(-2)
             while True:  # the first slot holds the code most of the time
-                kc = htab[2 * h]
+                kc = htab[U(2 * h)]
                 if kc == code:
-                    c = htab[2 * h + 1]
+                    c = htab[U(2 * h + 1)]
                     break
                 if kc == -1:
                     break
@@ -737,22 +747,22 @@ def rollout_kernel_fast(
                 if c < 0:
                     return -1
             # splitmix64 draw (as rng_uniform) and inverse-cdf action (as sample_action)
-            st = np.uint64(l_st[w]) + GOLD
+            st = np.uint64(l_st[uw]) + GOLD
             u = np.float64(mix64(st) >> SH11) * TO_UNIT
             a = 0
             for k in range(A - 1):
-                a += cdf[c, k] <= u
-            if deterministic or next_prob[s, a, 0] >= 1.0:
-                s2 = next_state[s, a, 0]
+                a += cdf[U(c), U(k)] <= u
+            if deterministic or next_prob[U(s), U(a), 0] >= 1.0:
+                s2 = next_state[U(s), U(a), 0]
             else:
                 s2, sti = env_next(s, a, np.int64(st), next_state, next_prob)
                 st = np.uint64(np.int64(sti))
-            i = tr * horizon + t
+            i = U(tr * horizon + t)
             o_hidden[i] = s
             o_action[i] = a
             o_ctx[i] = c
             t += 1
-            if terminal[s2] or t >= horizon:
+            if terminal[U(s2)] or t >= horizon:
                 o_len[tr] = t
                 final[tr] = s2
                 o_success[tr] = terminal[s2] and reward_enter[s2] > 0.0
@@ -772,13 +782,13 @@ def rollout_kernel_fast(
                 continue
             if K > 0:
                 pair = o * (A + 1) + a
-                pos = l_pos[w]
-                l_P[w] = (P - ring[w, pos] * top) * M + pair
-                ring[w, pos] = pair
-                l_pos[w] = pos + 1 if pos + 1 < K else 0
-            l_s[w] = s2
-            l_st[w] = np.int64(st)
-            l_t[w] = t
+                pos = l_pos[uw]
+                l_P[uw] = (P - ring[uw, U(pos)] * top) * M + pair
+                ring[uw, U(pos)] = pair
+                l_pos[uw] = pos + 1 if pos + 1 < K else 0
+            l_s[uw] = s2
+            l_st[uw] = np.int64(st)
+            l_t[uw] = t
     return fill_step_rows(
         n_rollouts, horizon, n_obs, A, powM, K, obs_of_state, invalid, reward_enter, final,
         o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_keys,

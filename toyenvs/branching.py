@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from numba import njit
@@ -64,8 +65,13 @@ class Scheme:
 def parse_scheme(text: str, horizon: int | None = None, where: str = "scheme") -> Scheme:
     """``"branch:singleton"`` -> Scheme; OptionError naming ``where`` and the scheme when it is
     unknown or a tree depth lies outside 1..horizon - 1."""
-    if not isinstance(text, str):
-        raise bad(where, "one of " + ", ".join(SCHEMES), text)
+    if isinstance(text, str):  # (every rollout parses its scheme: remembered)
+        return _parse_scheme(text, horizon, where)
+    raise bad(where, "one of " + ", ".join(SCHEMES), text)
+
+
+@lru_cache(maxsize=256)
+def _parse_scheme(text: str, horizon: int | None, where: str) -> Scheme:
     if text.startswith("tree:"):
         parts = text[5:].split(",")
         if not all(p.strip().isdigit() for p in parts):
@@ -353,21 +359,28 @@ def _choose_hard(cnt, slots, rows, var, vbits, lane, w, cst):
     top = _order(vbits[uw, 0])
     for d in range(1, nd):  # the largest variance, over ordered integers (no float max)
         top = max(top, _order(vbits[uw, U(d)]))
-    k = 0
-    while _order(vbits[uw, U(k)]) != top:
-        k += 1
-    best = var[uw, U(k)]
+    vbits[uw, U(nd)] = _order(top)  # back to its float (_order is its own inverse), via the
+    best = var[uw, U(nd)]  # spare slot nd
     if not best > _TIE:
         return -1, cst, False
-    n = 0
+    thr = best - _TIE
     n_slots = 0
-    only = -1
-    for d in range(nd):  # the groups within _TIE of the largest
-        if var[uw, U(d)] >= best - _TIE:
-            rows[uw, TIED, U(n_slots)] = d
-            only = d
-            n += slots[uw, U(d), N1]
-            n_slots += 1
+    only = 0
+    for d in range(nd):  # the groups within _TIE of the largest: how many, and (if one) which
+        x = np.int64(var[uw, U(d)] >= thr)
+        n_slots += x
+        only += x * d
+    if n_slots == 1:
+        n = slots[uw, U(only), N1]
+    else:  # ties: list them
+        n = 0
+        n_slots = 0
+        for d in range(nd):
+            if var[uw, U(d)] >= thr:
+                rows[uw, TIED, U(n_slots)] = d
+                only = d
+                n += slots[uw, U(d), N1]
+                n_slots += 1
     cst, u = kn.rng_uniform(cst)
     j = min(np.int64(u * n), n - 1)
     cap_g = cnt.shape[1]
@@ -395,11 +408,10 @@ def _choose_hard(cnt, slots, rows, var, vbits, lane, w, cst):
 def _nth_one(rec, lane, w, j):
     """The j-th (from 0) row with t >= 1 in row order: every row but the roots' first rows,
     which come first and rise."""
+    uw = U(w)
     r = j
-    for i in range(lane[w, L_NROOT]):
-        if rec[w, i, ROW0] > r:
-            break
-        r += 1
+    for i in range(lane[uw, L_NROOT]):  # (no early exit: the rows past r add nothing)
+        r += np.int64(rec[uw, U(i), ROW0] <= r)
     return r
 
 
@@ -778,6 +790,8 @@ def compact(trajs, groups, cap_g, K, n_obs, n_actions, powM, inv_powM, obs_of_st
             o_action[a] = o_action[b]
             o_ctx[a] = o_ctx[b]
             o_keys[uK, a] = o_obs[b]  # P
+        for r in range(lo, hi - 1):  # a row's reward: entering the next row's state ...
+            o_reward[U(r)] = reward_enter[U(o_hidden[U(r + 1)])]
         r = lo
         for jj in range(n_tr):  # trajectory, parent and step of each row; P at its first
             k = U(rec0 + jj)
@@ -792,6 +806,7 @@ def compact(trajs, groups, cap_g, K, n_obs, n_actions, powM, inv_powM, obs_of_st
             o_success[U(tr)] = trajs[k, SUCCESS] != 0
             r += L
             tr += 1
+            o_reward[U(r - 1)] = reward_enter[U(trajs[k, FINAL])]  # ... its last: its final state
         for r in range(lo, hi):
             a = U(r)
             s = o_hidden[a]
@@ -801,13 +816,6 @@ def compact(trajs, groups, cap_g, K, n_obs, n_actions, powM, inv_powM, obs_of_st
             o_invalid[a] = invalid[U(s), U(o_action[a])]
             o_keys[uK, a] = o_keys[uK, a] * n_obs + o  # P -> the full context code
             o_keys[0, a] = o  # (after: for K = 0 it is the same row, and P = 0)
-        for r in range(lo, hi - 1):  # a row's reward: entering the next row's state ...
-            o_reward[U(r)] = reward_enter[U(o_hidden[U(r + 1)])]
-        r = lo
-        for jj in range(n_tr):  # ... but a trajectory's last: entering its final state
-            k = U(rec0 + jj)
-            r += trajs[k, LENGTH]
-            o_reward[U(r - 1)] = reward_enter[U(trajs[k, FINAL])]
         for kk in range(1, K):
             for r in range(lo + 1, hi):
                 a, b = U(r), U(r - 1)

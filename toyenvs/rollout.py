@@ -9,6 +9,7 @@ import numpy as np
 
 from hgpo.batch import StepBatch
 from toyenvs import _kernels as kn
+from toyenvs.branching import branched_rollout, check_budget, parse_scheme
 from toyenvs.core import INVALID_PENALTY, POMDP
 from toyenvs.policy import TabularPolicy
 
@@ -202,8 +203,6 @@ def _branched(
     branch_budget: float,
 ) -> Rollouts:
     """[branching] :func:`rollout` under a scheme with a step budget."""
-    from toyenvs.branching import branched_rollout, check_budget, parse_scheme
-
     parsed = parse_scheme(scheme, env.horizon)
     check_budget(parsed, steps, branch_budget)
     r, batch = branched_rollout(env, pol, tasks, seed, parsed, int(steps), float(branch_budget))

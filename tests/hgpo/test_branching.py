@@ -127,6 +127,7 @@ def test_hand_worked_branch():
         ({"parent": [-1, -1, -1, -1, -1, -1, 1]}, "no parent"),
         ({"step": [0, 1, 2, 3, 4, 5, 3], "parent": [-1, -1, -1, -1, 0, 0, 1]}, "1..3"),
         ({"group": [0, 0, 0, 0, 1, 1, 1]}, "lies in group 0"),
+        ({"parent": [-1, -1, -1, -1, 0, 0, -5]}, r"parent\[6\] is -5: a parent is a trajectory id"),
     ],
 )
 @pytest.mark.parametrize("ids", [(0, 1, 2), (30, 10, 20)])
@@ -135,7 +136,7 @@ def test_bad_branches_are_named(change, message, ids):
     b = _example()
     fields = {k: getattr(b, k) for k in ("group", "traj", "step", "reward", "state", "parent")}
     fields.update({k: np.asarray(v) for k, v in change.items()})
-    relabel = {**dict(enumerate(ids)), -1: -1, 7: 7}
+    relabel = {**dict(enumerate(ids)), -1: -1, -5: -5, 7: 7}
     fields["traj"] = np.array([relabel[int(i)] for i in fields["traj"]])
     fields["parent"] = np.array([relabel[int(i)] for i in fields["parent"]])
     with pytest.raises(ValueError, match=message):
@@ -152,6 +153,21 @@ def test_relabelled_trajectory_ids_give_the_same_layout():
     )  # fmt: skip
     for name in ("parent", "branch_step", "virtual_len", "first", "virtual_rows"):
         np.testing.assert_array_equal(getattr(c.branches, name), getattr(b.branches, name))
+
+
+@pytest.mark.parametrize(
+    ("step", "traj", "message"),
+    [
+        ([1, 2, 0], [0, 0, 1], r"step\[0\] is 1; a trajectory must start at step 0"),
+        ([0, 1, 2], [0, 0, 1], r"step\[2\] is 2 \(traj 1\) after step 1 \(traj 0\)"),
+        ([0, 2, 0], [0, 0, 1], r"step\[1\] is 2 \(traj 0\) after step 0 \(traj 0\)"),
+    ],
+)
+def test_a_batch_with_roots_only_names_what_an_unbranched_one_does(step, traj, message):
+    """parent all -1: the same errors as without a parent column."""
+    for parent in (None, [-1, -1, -1]):
+        with pytest.raises(ValueError, match=message):
+            StepBatch([0, 0, 0], traj, step, [0.0, 0.0, 0.0], [1, 2, 1], parent=parent)
 
 
 def test_parents_all_minus_one_is_the_unbranched_batch():
