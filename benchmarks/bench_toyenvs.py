@@ -280,6 +280,51 @@ def bench_branching(K: int, rounds: int, groups: int = 64, n: int = 8) -> None:
         c, m, w = fig(scheme)
         print(f"{label:<26}{c:>7.1f}{m:>8.1f}{w:>7.1f}{c / base[0]:>9.2f}{m / base[1]:>8.2f}"
               f"{c / ref[0]:>10.2f}{m / ref[1]:>8.2f}")  # fmt: skip
+    _branching_breakdown(env, pol, tasks, n, steps, labels, rounds, seed)
+
+
+def _branching_breakdown(env, pol, tasks, n, steps, labels, rounds, seed) -> None:
+    """Where a call's time goes: the kernel's arrays (``rollout_arrays`` / ``branch_arrays``:
+    the numba call and its Python around it), the ``StepBatch`` built from them, and the rest of
+    ``toyenvs.rollout`` (argument checks, ``Rollouts``): fastest burst of each, ns per step."""
+    from hgpo.batch import StepBatch
+    from toyenvs.branching import branch_arrays, parse_scheme
+
+    cols = ("group", "traj", "step", "reward", "state", "action", "invalid")
+
+    def parts(scheme: str | None) -> tuple[float, float, float]:
+        t_arr = t_sb = t_all = 0.0
+        rows = 0
+        for _ in range(10):
+            s = next(seed)
+            t0 = time.process_time()
+            if scheme is None:
+                r = rollout_arrays(env, pol, tasks, n, s)
+                extra = {}
+            else:
+                r = branch_arrays(env, pol, tasks, s, parse_scheme(scheme, env.horizon), steps, 0.5)
+                extra = {"parent": r["parent"]}
+            t1 = time.process_time()
+            StepBatch(**{k: r[k] for k in cols}, **extra)
+            t2 = time.process_time()
+            if scheme is None:
+                toyenvs.rollout(env, pol, tasks=tasks, n_rollouts=n, seed=s)
+            else:
+                toyenvs.rollout(env, pol, tasks=tasks, seed=s, scheme=scheme, steps=steps)
+            t_arr, t_sb, t_all = t_arr + t1 - t0, t_sb + t2 - t1, t_all + time.process_time() - t2
+            rows += r["group"].shape[0]
+        return t_arr / rows * 1e9, t_sb / rows * 1e9, (t_all - t_arr - t_sb) / rows * 1e9
+
+    got: dict[str | None, list[tuple[float, float, float]]] = {s: [] for _, s in labels}
+    for _ in range(max(rounds // 4, 3)):
+        for _, scheme in labels:
+            got[scheme].append(parts(scheme))
+    print("where the time goes, ns per env step (fastest burst of each): kernel arrays, their "
+          "StepBatch, the rest of rollout()")  # fmt: skip
+    print(f"{'scheme':<26}{'arrays':>8}{'StepBatch':>11}{'rest':>7}")
+    for label, scheme in labels:
+        a, b, c = (min(x[i] for x in got[scheme]) for i in range(3))
+        print(f"{label:<26}{a:>8.1f}{b:>11.1f}{c:>7.1f}")
 
 
 def _load() -> str:
