@@ -4,6 +4,7 @@ sizes.
     python -m benchmarks.bench_toyenvs            # throughput table + keydoor 6x6 K=2 exact
     python -m benchmarks.bench_toyenvs --exact    # also the exact-solver size sweep
     python -m benchmarks.bench_toyenvs --branching  # only the rollout schemes' cost per step
+    python -m benchmarks.bench_toyenvs --branching --fit  # also: a trajectory's cost
     python -m benchmarks.bench_toyenvs --neural   # only the NeuralPolicy figures (targets)
 
 Throughput counts env step + policy sampling + context keys (k = 0..K) per step, one thread,
@@ -285,15 +286,16 @@ def bench_branching(K: int, rounds: int, groups: int = 64, n: int = 8) -> None:
 
 def _branching_breakdown(env, pol, tasks, n, steps, labels, rounds, seed) -> None:
     """Where a call's time goes: the kernel's arrays (``rollout_arrays`` / ``branch_arrays``:
-    the numba call and its Python around it), the ``StepBatch`` built from them, and the rest of
-    ``toyenvs.rollout`` (argument checks, ``Rollouts``): fastest burst of each, ns per step."""
+    the numba call and its Python around it) and the ``StepBatch`` built from them, called as
+    ``toyenvs.rollout`` calls them (its argument checks and ``Rollouts`` are the small rest):
+    fastest burst of 10 calls of each, ns per step."""
     from hgpo.batch import StepBatch
     from toyenvs.branching import branch_arrays, parse_scheme
 
     cols = ("group", "traj", "step", "reward", "state", "action", "invalid")
 
-    def parts(scheme: str | None) -> tuple[float, float, float]:
-        t_arr = t_sb = t_all = 0.0
+    def parts(scheme: str | None) -> tuple[float, float]:
+        t_arr = t_sb = 0.0
         rows = 0
         for _ in range(10):
             s = next(seed)
@@ -306,25 +308,58 @@ def _branching_breakdown(env, pol, tasks, n, steps, labels, rounds, seed) -> Non
                 extra = {"parent": r["parent"]}
             t1 = time.process_time()
             StepBatch(**{k: r[k] for k in cols}, **extra)
-            t2 = time.process_time()
-            if scheme is None:
-                toyenvs.rollout(env, pol, tasks=tasks, n_rollouts=n, seed=s)
-            else:
-                toyenvs.rollout(env, pol, tasks=tasks, seed=s, scheme=scheme, steps=steps)
-            t_arr, t_sb, t_all = t_arr + t1 - t0, t_sb + t2 - t1, t_all + time.process_time() - t2
+            t_arr, t_sb = t_arr + t1 - t0, t_sb + time.process_time() - t1
             rows += r["group"].shape[0]
-        return t_arr / rows * 1e9, t_sb / rows * 1e9, (t_all - t_arr - t_sb) / rows * 1e9
+            del r, extra  # before the next call (see bench_branching_fit)
+        return t_arr / rows * 1e9, t_sb / rows * 1e9
 
-    got: dict[str | None, list[tuple[float, float, float]]] = {s: [] for _, s in labels}
-    for _ in range(max(rounds // 4, 3)):
+    got: dict[str | None, list[tuple[float, float]]] = {s: [] for _, s in labels}
+    for _ in range(max(rounds // 2, 3)):
         for _, scheme in labels:
             got[scheme].append(parts(scheme))
-    print("where the time goes, ns per env step (fastest burst of each): kernel arrays, their "
-          "StepBatch, the rest of rollout()")  # fmt: skip
-    print(f"{'scheme':<26}{'arrays':>8}{'StepBatch':>11}{'rest':>7}")
+    print("where the time goes, ns per env step (fastest burst of each): the kernel's arrays "
+          "and their StepBatch")  # fmt: skip
+    print(f"{'scheme':<26}{'arrays':>8}{'StepBatch':>11}")
     for label, scheme in labels:
-        a, b, c = (min(x[i] for x in got[scheme]) for i in range(3))
-        print(f"{label:<26}{a:>8.1f}{b:>11.1f}{c:>7.1f}")
+        a, b = (min(x[i] for x in got[scheme]) for i in range(2))
+        print(f"{label:<26}{a:>8.1f}{b:>11.1f}")
+
+
+def bench_branching_fit(K: int, rounds: int, groups: int = 64, steps: int = 200) -> None:
+    """What a trajectory costs the branching kernel: ``branch_arrays`` (the numba call and its
+    Python) of ``branch:uniform`` at branch budgets 0.05..0.95, same tasks, fastest of
+    ``rounds`` bursts of 10 calls each; least squares time = a rows + b trajectories (a also
+    carries the per-call constant: the row counts hardly change)."""
+    from toyenvs.branching import branch_arrays, parse_scheme
+
+    env = toyenvs.make("keydoor", size=5)
+    pol = toyenvs.TabularPolicy(env, K=K)
+    tasks = np.resize(env.tasks, groups)
+    scheme = parse_scheme("branch:uniform", env.horizon)
+    seed = iter(range(10**9))
+    budgets = (0.05, 0.25, 0.5, 0.75, 0.95)
+    for budget in budgets:  # warm: compile, and a policy table that has met every context
+        for _ in range(10):
+            branch_arrays(env, pol, tasks, next(seed), scheme, steps, budget)
+    X, Y = [], []
+    print(f"\nbranch:uniform kernel arrays, keydoor 5x5 K={K}, {groups} groups x {steps} steps; "
+          f"{_load()}")  # fmt: skip
+    for budget in budgets:
+        best, shape = float("inf"), (0.0, 0.0)
+        for _ in range(rounds):
+            c0, rows, traj = time.process_time(), 0, 0
+            for _ in range(10):  # (each result dropped before the next call, as in the
+                r = branch_arrays(env, pol, tasks, next(seed), scheme, steps, budget)
+                rows, traj = rows + r["group"].shape[0], traj + r["success"].shape[0]
+                del r  # other benchmarks: holding it makes the next call's arrays fresh memory)
+            if (dt := time.process_time() - c0) < best:
+                best, shape = dt / 10, (rows / 10, traj / 10)
+        X.append(shape)
+        Y.append(best)
+        print(f"budget {budget:.2f}: {shape[0]:,.0f} rows, {shape[1]:,.0f} trajectories, "
+              f"{best * 1e6:,.1f} us a call ({best / shape[0] * 1e9:.2f} ns per row)")  # fmt: skip
+    (a, b), *_ = np.linalg.lstsq(np.array(X), np.array(Y), rcond=None)
+    print(f"fit: {a * 1e9:.1f} ns per row + {b * 1e9:.0f} ns per trajectory")
 
 
 def _load() -> str:
@@ -340,10 +375,14 @@ def main() -> None:
     ap.add_argument("--branching", action="store_true", help="only the rollout schemes' costs")
     ap.add_argument("--rounds", type=int, default=40,
                     help="--branching: bursts of 10 calls per scheme, taken in turn")  # fmt: skip
+    ap.add_argument("--fit", action="store_true",
+                    help="--branching: also the kernel's cost per row and per trajectory")  # fmt: skip
     ap.add_argument("--neural", action="store_true", help="only the NeuralPolicy figures")
     args = ap.parse_args()
     if args.branching:
         bench_branching(args.K, args.rounds)
+        if args.fit:
+            bench_branching_fit(args.K, max(args.rounds // 2, 3))
         return
     if args.neural:
         report_neural(args.seconds, args.repeat)
