@@ -198,9 +198,9 @@ def _where(row: int, parent_id: int, traj: np.ndarray) -> str:
 
 
 def _dense_parents(p_id: np.ndarray, ids: np.ndarray, ids_rise: bool) -> np.ndarray:
-    """int64[n_traj] dense index of each parent id (-1 for a root; ids >= -1, checked by
-    StepBatch); ValueError when a parent is not a trajectory listed earlier in the batch (so
-    the pointers have no cycle)."""
+    """int64[n_traj] dense index of each parent id (-1 for a root; ids >= -1, checked before);
+    ValueError when a parent is not a trajectory listed earlier in the batch (so the pointers
+    have no cycle)."""
     n_traj = ids.shape[0]
     if ids_rise and ids[0] == 0 and ids[-1] == n_traj - 1:
         parent = p_id  # ids 0..n_traj-1 in order (every rollout kernel): the index is the id

@@ -37,8 +37,9 @@ TO_UNIT = 1.0 / 9007199254740992.0  # 2^-53
 U = np.uint64
 """The rollout loops index arrays with ``U(i)``: numba wraps a signed index around (i < 0
 counts from the end), three instructions per access; an unsigned one it does not, which makes
-those loops about a quarter faster. Only indices are cast (uint64 mixed with int64 arithmetic
-would be float64)."""
+those loops a quarter to a third faster. Only indices are cast (uint64 mixed with int64
+arithmetic would be float64). An index is never negative there; unsigned, a negative one
+would read out of bounds instead of from the end (neither is checked: no boundscheck)."""
 INIT_UNIFORM = 0
 INIT_RANDOM = 1
 

@@ -179,7 +179,7 @@ def branch_arrays(
 #   overlap in the CPU. The step loop only steps; the lanes whose trajectory ended in a sweep
 #   are handled after it. Group g writes its rows at the padded rows g * cap_g + i (hidden
 #   state, action, policy row and the context's past part P); :func:`compact` then moves them
-#   to their place in group order and fills every other column in one pass per trajectory.
+#   to their place in group order and fills every other column, in a few passes per group.
 # - No per-row work where a rule needs none. A step's t is its trajectory's first t plus its
 #   offset, and the steps with t = 0 are exactly the first rows of the roots, which all come
 #   before the first branch: ``uniform`` (and every fallback) finds the j-th step with t >= 1
@@ -190,10 +190,12 @@ def branch_arrays(
 #   in a tight branch-free loop. A step's level-K group is its full K-step context, which the
 #   step loop has already looked up in the policy's table: its row c there names the group
 #   (``dmap``: c -> the group's slot d, slots numbered in the order they are met, so a slot's
-#   first row rises with d). ``singleton`` draws the j-th slot with one step, t >= 1, in slot
-#   order: that is row order. ``hard`` keeps each slot's sums of the return-to-go and of its
-#   square and its variance, found largest by one pass over the slots' variances as ordered
-#   integers, and the slot's rows with t >= 1 in a list.
+#   first row rises with d). ``singleton`` draws the j-th slot d >= 1 with one step in slot
+#   order (a flag bit per slot), which is row order. ``hard`` keeps each slot's sums of the
+#   return-to-go and of its square and its variance, and the slot's rows with t >= 1 in a
+#   list; the largest variance is found by a pass over the variances as ordered integers, its
+#   ties by a second (both vectorise).
+# - Array indices in the hot loops are unsigned (``U``, see ``_kernels.U``).
 # - The draws are the reference's: u from the group's choice stream, the j = floor(u n)-th
 #   eligible row in row order, trajectory j of group g from stream (seed, g * 2^24 + j).
 #
@@ -215,7 +217,8 @@ L_G, L_J, L_ROW, L_ROW0, L_T0, L_T, L_S, L_ST, L_P, L_POS, L_PARENT, L_CST = ran
 L_NROOT, L_ND, L_NSINGLE, L_NDEEP = range(12, 16)
 # ring: int64[W, max(K, 1)] the last K (observation, action) pairs, ring[w, pos] the oldest.
 # rec: int64[W, steps, 8] trajectory j of lane w's group: its LENGTH, PARENT j (-1: a root),
-# FINAL hidden state, SUCCESS, first step T0 and first local row ROW0.
+# FINAL hidden state, SUCCESS, first step T0 and first local row ROW0 (and, in trajs, P_FIRST:
+# the compaction's note of the past part P at its first row).
 LENGTH, PARENT, FINAL, SUCCESS, T0, ROW0, P_FIRST = range(7)
 # The book of each lane's group (rows are the group's local rows):
 # dmap: int32[W, table capacity] the slot d of policy row c (-1: not met yet); clear() resets
@@ -247,10 +250,7 @@ C_SEED, C_STEPS, C_ROOT, C_RULE, C_M, C_CAPG = range(6)
 # finish; groups: int64[n_groups, 3] each group's trajectories, rows and first record;
 # next_group: int64[2] the next group to start and the next free record.
 
-U = np.uint64
-"""Hot loops index arrays with ``U(i)``: numba wraps a signed index around (i < 0 counts from
-the end), three instructions per access; an unsigned one it does not, which makes those loops
-25-35% faster. Only indices are cast: uint64 mixed with int64 arithmetic would be float64."""
+U = kn.U  # unsigned array indices in the hot loops (see _kernels.U)
 
 _LOW63 = np.int64(0x7FFFFFFFFFFFFFFF)
 _S63 = np.int64(63)
