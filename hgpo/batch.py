@@ -181,11 +181,11 @@ class StepBatch:
         if step[0] != 0 and not parented:
             raise ValueError(f"StepBatch.step[0] is {step[0]}; a trajectory must start at step 0")
         is_start = step == 0
-        cont = ~is_start[1:]  # row i + 1 continues row i
         if parented:  # [branching] a branch starts where the trajectory id changes
             is_start[1:] |= traj[1:] != traj[:-1]
             is_start[0] = True
-            cont = ~is_start[1:]  # so a row that continues one keeps its traj id
+        cont = ~is_start[1:]  # row i + 1 continues row i
+        if parented:  # (so a row that continues one keeps its traj id)
             bad = cont & (step[1:] != step[:-1] + 1)
         else:
             bad = cont & ((step[1:] != step[:-1] + 1) | (traj[1:] != traj[:-1]))

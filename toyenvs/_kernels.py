@@ -227,6 +227,36 @@ def rehash(codes, n, htab):
         htab[2 * h + 1] = i
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def probe(code, htab, mask, imask):
+    """The rollout loops' table probe: the dense row of ``code``, or -2 when absent (then
+    :func:`table_find_or_insert`); the first slot holds the code most of the time."""
+    h = slot_of(code, mask)
+    while True:
+        kc = htab[U(2 * h)]
+        if kc == code:
+            return htab[U(2 * h + 1)]
+        if kc == -1:
+            return np.int64(-2)
+        h = (h + 1) & imask
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def draw_and_move(state, c, s, cdf, next_state, next_prob, deterministic):
+    """The rollout loops' step from stream state ``state`` (int64 bits): the splitmix64 draw
+    (as rng_uniform), the inverse-cdf action a = #{k < A-1 : cdf[c, k] <= u} (as
+    sample_action, branch-free) and the move (as env_next). Returns (a, s2, new state)."""
+    st = np.uint64(state) + GOLD
+    u = np.float64(mix64(st) >> SH11) * TO_UNIT
+    a = 0
+    for k in range(next_state.shape[1] - 1):
+        a += cdf[U(c), U(k)] <= u
+    if deterministic or next_prob[U(s), U(a), 0] >= 1.0:
+        return a, next_state[U(s), U(a), 0], np.int64(st)
+    s2, sti = env_next(s, a, np.int64(st), next_state, next_prob)
+    return a, s2, sti
+
+
 @njit(cache=True)
 def env_next(s, a, st, next_state, next_prob):
     """Successor of (s, a) and the advanced stream; draws only when the move is random."""
@@ -682,8 +712,11 @@ def rollout_kernel_fast(
     dense row at the padded position tr * horizon + t of the outputs;
     :func:`fill_step_rows` then compacts the rows and fills every other column. The context's
     past part P is updated from a ring of the last K pairs, P' = (P - oldest * M^(K-1)) * M +
-    pair (no loop over k, no division). The draw and the move are written inline: helper calls
-    that take arrays cost reference counting in the hot loop.
+    pair (no loop over k, no division). The probe, the draw and the move are written out here:
+    this kernel allocates, so it runs with reference counting, and an inlined helper that
+    takes arrays would still count them on every step (measured: end to end twice as slow).
+    The branching kernel's step loop, compiled without reference counting, calls
+    :func:`probe` and :func:`draw_and_move`, the same code.
     """
     A = next_state.shape[1]
     M = (n_obs + 1) * (A + 1)
@@ -732,7 +765,7 @@ def rollout_kernel_fast(
             code = P * n_obs + o
             h = slot_of(code, mask)
             c = np.int64(-2)
-            while True:  # the first slot holds the code most of the time
+            while True:  # (as probe) the first slot holds the code most of the time
                 kc = htab[U(2 * h)]
                 if kc == code:
                     c = htab[U(2 * h + 1)]
@@ -747,7 +780,7 @@ def rollout_kernel_fast(
                 )  # fmt: skip
                 if c < 0:
                     return -1
-            # splitmix64 draw (as rng_uniform) and inverse-cdf action (as sample_action)
+            # (as draw_and_move) splitmix64 draw, inverse-cdf action, move
             st = np.uint64(l_st[uw]) + GOLD
             u = np.float64(mix64(st) >> SH11) * TO_UNIT
             a = 0

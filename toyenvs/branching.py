@@ -604,8 +604,7 @@ def new_book(rule, cap_g, capacity):
     dmap = np.full((W, capacity if counted else 1), -1, np.int32)
     cnt = np.zeros((W, n_slots), np.int64)
     slots = np.zeros((W, n_slots, 4), np.int64)
-    for d in range(n_slots):
-        slots[:, d, TAIL] = n_slots + d
+    slots[:, :, TAIL] = np.arange(n_slots, 2 * n_slots)  # slot d's empty list: its head entry
     rows = np.empty((W, 5, 2 * cap_g if hard else cap_g // 64 + 1), np.int64)
     rows[:, FLAGS] = 0
     sums = np.zeros((W, cap_g if hard else 1, 2))
@@ -658,9 +657,7 @@ def branch_kernel(
     ):  # fmt: skip
         return -1, 0
     # the keys of the n rows go straight to their place in one [K + 1, n] array (no copy)
-    n = 0
-    for g in range(n_groups):
-        n += groups[g, 1]
+    n = groups[:, 1].sum()
     keys = o_keys.reshape(-1)[: (K + 1) * n].reshape((K + 1, n))
     return compact(
         trajs, groups, cap_g, K, n_obs, next_state.shape[1], powM, inv_powM, obs_of_state,
@@ -702,16 +699,7 @@ def run_lanes(
             P = lane[uw, L_P]
             o = obs_of_state[U(s)]
             code = P * n_obs + o
-            h = kn.slot_of(code, mask)
-            c = np.int64(-2)
-            while True:  # the first slot holds the code most of the time
-                kc = htab[U(2 * h)]
-                if kc == code:
-                    c = htab[U(2 * h + 1)]
-                    break
-                if kc == -1:
-                    break
-                h = (h + 1) & imask
+            c = kn.probe(code, htab, mask, imask)
             if c == -2:
                 c = kn.table_find_or_insert(
                     code, htab, codes, logits, cdf, count, init_mode, init_seed, init_scale,
@@ -719,17 +707,8 @@ def run_lanes(
                 )  # fmt: skip
                 if c < 0:
                     return False
-            # splitmix64 draw (as rng_uniform) and inverse-cdf action (as sample_action)
-            st = np.uint64(lane[uw, L_ST]) + kn.GOLD
-            u = np.float64(kn.mix64(st) >> kn.SH11) * kn.TO_UNIT
-            a = 0
-            for k in range(A - 1):
-                a += cdf[U(c), U(k)] <= u
-            if deterministic or next_prob[U(s), U(a), 0] >= 1.0:
-                s2 = next_state[U(s), U(a), 0]
-            else:
-                s2, sti = kn.env_next(s, a, np.int64(st), next_state, next_prob)
-                st = np.uint64(np.int64(sti))
+            a, s2, st = kn.draw_and_move(lane[uw, L_ST], c, s, cdf, next_state, next_prob,
+                                         deterministic)  # fmt: skip
             q = U(g * cap_g + lane[uw, L_ROW])
             o_hidden[q] = s
             o_action[q] = a
@@ -749,7 +728,7 @@ def run_lanes(
                 ring[uw, pos] = pair
                 lane[uw, L_POS] = lane[uw, L_POS] + 1 if lane[uw, L_POS] + 1 < K else 0
             lane[uw, L_S] = s2
-            lane[uw, L_ST] = np.int64(st)
+            lane[uw, L_ST] = st
             lane[uw, L_T] = t
         for i in range(n_ended):
             w = ended[i, 0]
