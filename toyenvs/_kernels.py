@@ -691,6 +691,91 @@ def context_keys_pass(n_rows, K, n_obs, n_actions, powM, o_step, o_obs, o_action
                 o_keys[uk, ur] = (o_keys[um, b] - o1) * M + pair * n_obs + o_obs[ur]
 
 
+# lanes: int64[W, 6] per lane of rollout_kernel_fast: its trajectory (-1: idle), hidden state,
+# stream state, past part P, ring slot of P's oldest pair, t.
+LN_TR, LN_S, LN_ST, LN_P, LN_POS, LN_T = range(6)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _take_trajectory(lanes, ring, w, tr, starts, n_rollouts, seed, K, M, powM):
+    """Lane w starts trajectory tr: the start state of its group, stream (seed, tr), a past
+    of K padding pairs."""
+    uw = U(w)
+    lanes[uw, LN_TR], lanes[uw, LN_S] = tr, starts[U(tr // n_rollouts)]
+    lanes[uw, LN_ST], lanes[uw, LN_P] = stream_seed(seed, tr), powM[U(K)] - 1
+    lanes[uw, LN_POS], lanes[uw, LN_T] = 0, 0
+    for k in range(K):
+        ring[uw, U(k)] = M - 1
+
+
+@njit(cache=True, _nrt=False)
+def run_trajectories(
+    starts, n_rollouts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob,
+    reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed, init_scale,
+    inv_temp, deterministic, lanes, ring, final, o_action, o_hidden, o_ctx, o_success, o_len,
+):  # fmt: skip
+    """The step loop of :func:`rollout_kernel_fast`: W lanes step in turn, a lane that
+    finishes takes the next trajectory; False when the policy table filled up. Compiled
+    without reference counting (it allocates nothing), so :func:`probe` and
+    :func:`draw_and_move` inline for free."""
+    A = next_state.shape[1]
+    M = (n_obs + 1) * (A + 1)
+    top = powM[K - 1] if K > 0 else np.int64(0)
+    mask = np.uint64((htab.shape[0] >> 1) - 1)
+    imask = np.int64(mask)
+    W = lanes.shape[0]
+    n_traj = final.shape[0]
+    nxt = min(W, n_traj)
+    for w in range(W):
+        lanes[U(w), LN_TR] = -1
+        if w < nxt:
+            _take_trajectory(lanes, ring, w, w, starts, n_rollouts, seed, K, M, powM)
+    active = nxt
+    while active > 0:
+        for w in range(W):
+            uw = U(w)
+            tr = lanes[uw, LN_TR]
+            if tr < 0:
+                continue
+            s, P, t = lanes[uw, LN_S], lanes[uw, LN_P], lanes[uw, LN_T]
+            o = obs_of_state[U(s)]
+            code = P * n_obs + o
+            c = probe(code, htab, mask, imask)
+            if c == -2:
+                c = table_find_or_insert(
+                    code, htab, codes, logits, cdf, count, init_mode, init_seed, init_scale,
+                    inv_temp,
+                )  # fmt: skip
+                if c < 0:
+                    return False
+            a, s2, st = draw_and_move(lanes[uw, LN_ST], c, s, cdf, next_state, next_prob,
+                                      deterministic)  # fmt: skip
+            i = U(tr * horizon + t)
+            o_hidden[i] = s
+            o_action[i] = a
+            o_ctx[i] = c
+            t += 1
+            if terminal[U(s2)] or t >= horizon:
+                o_len[U(tr)] = t
+                final[U(tr)] = s2
+                o_success[U(tr)] = terminal[U(s2)] and reward_enter[U(s2)] > 0.0
+                if nxt < n_traj:  # this lane takes the next trajectory
+                    _take_trajectory(lanes, ring, w, nxt, starts, n_rollouts, seed, K, M, powM)
+                    nxt += 1
+                else:
+                    lanes[uw, LN_TR] = -1
+                    active -= 1
+                continue
+            if K > 0:
+                pair = o * (A + 1) + a
+                pos = lanes[uw, LN_POS]
+                lanes[uw, LN_P] = (P - ring[uw, U(pos)] * top) * M + pair
+                ring[uw, U(pos)] = pair
+                lanes[uw, LN_POS] = pos + 1 if pos + 1 < K else 0
+            lanes[uw, LN_S], lanes[uw, LN_ST], lanes[uw, LN_T] = s2, st, t
+    return True
+
+
 @njit(cache=True)
 def rollout_kernel_fast(
     starts, n_rollouts, seed, horizon, K, n_obs, powM,
@@ -712,117 +797,26 @@ def rollout_kernel_fast(
     dense row at the padded position tr * horizon + t of the outputs;
     :func:`fill_step_rows` then compacts the rows and fills every other column. The context's
     past part P is updated from a ring of the last K pairs, P' = (P - oldest * M^(K-1)) * M +
-    pair (no loop over k, no division). The probe, the draw and the move are written out here:
-    this kernel allocates, so it runs with reference counting, and an inlined helper that
-    takes arrays would still count them on every step (measured: end to end twice as slow).
-    The branching kernel's step loop, compiled without reference counting, calls
-    :func:`probe` and :func:`draw_and_move`, the same code.
+    pair (no loop over k, no division). The step loop (:func:`run_trajectories`) is compiled
+    without reference counting: in a function that allocates, an inlined helper that takes
+    arrays counts them on every step (the table probe and the draw then made the call twice as
+    slow end to end), so this function only allocates.
     """
     A = next_state.shape[1]
-    M = (n_obs + 1) * (A + 1)
-    W = LANES
-    Kr = max(K, 1)
-    top = powM[K - 1] if K > 0 else np.int64(0)
-    mask = np.uint64((htab.shape[0] >> 1) - 1)
-    imask = np.int64(mask)
     deterministic = True
     for x in next_prob[:, :, 0].ravel():
         if x < 1.0:
             deterministic = False
-    n_traj = starts.shape[0] * n_rollouts
-    final = np.empty(n_traj, dtype=np.int64)
-    ring = np.empty((W, Kr), dtype=np.int64)
-    l_tr = np.full(W, -1, dtype=np.int64)
-    l_s = np.zeros(W, dtype=np.int64)
-    l_st = np.zeros(W, dtype=np.int64)  # stream states as int64 bits (see stream_seed)
-    l_P = np.zeros(W, dtype=np.int64)
-    l_pos = np.zeros(W, dtype=np.int64)
-    l_t = np.zeros(W, dtype=np.int64)
-    nxt = 0
-    active = 0
-    for w in range(W):
-        if nxt < n_traj:
-            l_tr[w] = nxt
-            l_s[w] = starts[nxt // n_rollouts]
-            l_st[w] = stream_seed(seed, nxt)
-            l_P[w] = powM[K] - 1  # all padding pairs (M - 1)
-            l_pos[w] = 0
-            l_t[w] = 0
-            for k in range(K):
-                ring[w, k] = M - 1
-            nxt += 1
-            active += 1
-    while active > 0:
-        for w in range(W):
-            uw = U(w)
-            tr = l_tr[uw]
-            if tr < 0:
-                continue
-            s = l_s[uw]
-            t = l_t[uw]
-            P = l_P[uw]
-            o = obs_of_state[U(s)]
-            code = P * n_obs + o
-            h = slot_of(code, mask)
-            c = np.int64(-2)
-            while True:  # (as probe) the first slot holds the code most of the time
-                kc = htab[U(2 * h)]
-                if kc == code:
-                    c = htab[U(2 * h + 1)]
-                    break
-                if kc == -1:
-                    break
-                h = (h + 1) & imask
-            if c == -2:
-                c = table_find_or_insert(
-                    code, htab, codes, logits, cdf, count, init_mode, init_seed, init_scale,
-                    inv_temp,
-                )  # fmt: skip
-                if c < 0:
-                    return -1
-            # (as draw_and_move) splitmix64 draw, inverse-cdf action, move
-            st = np.uint64(l_st[uw]) + GOLD
-            u = np.float64(mix64(st) >> SH11) * TO_UNIT
-            a = 0
-            for k in range(A - 1):
-                a += cdf[U(c), U(k)] <= u
-            if deterministic or next_prob[U(s), U(a), 0] >= 1.0:
-                s2 = next_state[U(s), U(a), 0]
-            else:
-                s2, sti = env_next(s, a, np.int64(st), next_state, next_prob)
-                st = np.uint64(np.int64(sti))
-            i = U(tr * horizon + t)
-            o_hidden[i] = s
-            o_action[i] = a
-            o_ctx[i] = c
-            t += 1
-            if terminal[U(s2)] or t >= horizon:
-                o_len[tr] = t
-                final[tr] = s2
-                o_success[tr] = terminal[s2] and reward_enter[s2] > 0.0
-                if nxt < n_traj:  # this lane takes the next trajectory
-                    l_tr[w] = nxt
-                    l_s[w] = starts[nxt // n_rollouts]
-                    l_st[w] = stream_seed(seed, nxt)
-                    l_P[w] = powM[K] - 1
-                    l_pos[w] = 0
-                    l_t[w] = 0
-                    for k in range(K):
-                        ring[w, k] = M - 1
-                    nxt += 1
-                else:
-                    l_tr[w] = -1
-                    active -= 1
-                continue
-            if K > 0:
-                pair = o * (A + 1) + a
-                pos = l_pos[uw]
-                l_P[uw] = (P - ring[uw, U(pos)] * top) * M + pair
-                ring[uw, U(pos)] = pair
-                l_pos[uw] = pos + 1 if pos + 1 < K else 0
-            l_s[uw] = s2
-            l_st[uw] = np.int64(st)
-            l_t[uw] = t
+    final = np.empty(starts.shape[0] * n_rollouts, dtype=np.int64)
+    lanes = np.empty((LANES, 6), dtype=np.int64)
+    ring = np.empty((LANES, max(K, 1)), dtype=np.int64)
+    if not run_trajectories(
+        starts, n_rollouts, seed, horizon, K, n_obs, powM, obs_of_state, next_state, next_prob,
+        reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
+        init_scale, inv_temp, deterministic, lanes, ring, final, o_action, o_hidden, o_ctx,
+        o_success, o_len,
+    ):  # fmt: skip
+        return -1
     return fill_step_rows(
         n_rollouts, horizon, n_obs, A, powM, K, obs_of_state, invalid, reward_enter, final,
         o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_keys,
