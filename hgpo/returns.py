@@ -6,6 +6,7 @@ import numpy as np
 
 from hgpo.batch import StepBatch
 from hgpo.branching import virtual_episode_returns
+from hgpo.options import check_number
 
 __all__ = ["check_finite", "discounted_returns", "episode_returns", "penalised_rewards"]
 
@@ -59,8 +60,7 @@ def discounted_returns(
         trajectories, one vector operation per step index (or per distance to the end when
         lengths differ a lot), so the work is O(n) and the arrays of a block stay in cache.
     """
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
+    gamma = check_number("gamma", gamma, lo=0.0, hi=1.0)
     r = batch.reward if rewards is None else np.asarray(rewards, dtype=np.float64)
     if gamma == 0.0:
         return check_finite(batch, r.copy(), "return")

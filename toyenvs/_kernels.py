@@ -34,6 +34,7 @@ SH31 = np.uint64(31)
 SH11 = np.uint64(11)
 SH32 = np.uint64(32)
 TO_UNIT = 1.0 / 9007199254740992.0  # 2^-53
+SEED_MAX = 2**63 - 1  # seeds travel to the kernels as int64
 U = np.uint64
 """The rollout loops index arrays with ``U(i)``: numba wraps a signed index around (i < 0
 counts from the end), three instructions per access; an unsigned one it does not, which makes

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from hgpo.options import check_int, check_number
+
 __all__ = ["GOAL_REWARD", "INVALID_PENALTY", "POMDP", "add_slip", "mdp_optimal_values"]
 
 INVALID_PENALTY = 0.1
@@ -96,14 +98,16 @@ class POMDP:
             raise ValueError(f"POMDP.invalid has shape {inv.shape}, expected {(S, A)}")
         if rew.shape != (S,) or term.shape != (S,):
             raise ValueError(f"POMDP.reward_enter / terminal must have shape ({S},)")
+        if not np.isfinite(rew).all():
+            i = int(np.flatnonzero(~np.isfinite(rew))[0])
+            raise ValueError(f"POMDP.reward_enter[{i}] is {rew[i]}; rewards must be finite")
         if obs.min() < 0:
             raise ValueError(f"POMDP.obs_of_state holds {obs.min()}; observation ids are >= 0")
         if nxt.min() < 0 or nxt.max() >= S:
             raise ValueError(f"POMDP.next_state holds {nxt.min()}..{nxt.max()}, outside 0..{S - 1}")
         if (prob < 0).any() or not np.allclose(prob.sum(axis=2), 1.0):
             raise ValueError("POMDP.next_prob must be non-negative and sum to 1 over outcomes")
-        if not isinstance(self.horizon, (int, np.integer)) or self.horizon < 1:
-            raise ValueError(f"POMDP.horizon must be a positive integer, got {self.horizon!r}")
+        set_(self, "horizon", check_int("POMDP.horizon", self.horizon, lo=1))
         for name in ("tasks", "train_tasks", "heldout_tasks"):
             t = np.asarray(getattr(self, name), dtype=np.int64)
             if t.ndim != 1 or (t.size and (t.min() < 0 or t.max() >= S)):
@@ -207,8 +211,7 @@ def add_slip(
     Returns:
         next_state int64[S, A, B], next_prob float64[S, A, B].
     """
-    if not 0.0 <= slip <= 1.0:
-        raise ValueError(f"slip must lie in [0, 1], got {slip!r}")
+    slip = check_number("slip", slip, lo=0.0, hi=1.0)
     S, A = det_next.shape
     slip_actions = list(slip_actions)
     if slip == 0.0 or not slip_actions:
@@ -235,8 +238,7 @@ def add_slip(
 
 def split_tasks(tasks: np.ndarray, heldout_frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Seeded disjoint (train, held-out) split of ``tasks``; at least one train task."""
-    if not 0.0 <= heldout_frac < 1.0:
-        raise ValueError(f"heldout_frac must lie in [0, 1), got {heldout_frac!r}")
+    heldout_frac = check_number("heldout_frac", heldout_frac, lo=0.0, hi=1.0, hi_open=True)
     rng = np.random.default_rng(seed)
     perm = rng.permutation(tasks.size)
     n_held = min(round(heldout_frac * tasks.size), tasks.size - 1)

@@ -16,30 +16,14 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
+from hgpo.options import bad, check_int, check_number
 from toyenvs.core import GOAL_REWARD, POMDP, add_slip, split_tasks
 
 __all__ = ["FAMILIES", "household", "keydoor", "make", "random_pomdp", "shop", "tmaze"]
 
 
-def _int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise ValueError(f"{name} must be {rng}, got {value!r}")
-    return int(value)
-
-
-def _float(name: str, value: Any, lo: float, hi: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not lo <= float(value) <= hi:
-        raise ValueError(f"{name} must lie in [{lo}, {hi}], got {value!r}")
-    return float(value)
-
-
 def _horizon(value: Any, default: int) -> int:
-    return default if value is None else _int("horizon", value, 1)
+    return default if value is None else check_int("horizon", value, lo=1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -73,11 +57,11 @@ def keydoor(
     (K >= 1 at the key cell, where the last action was the pickup; a policy with K >= horizon
     always can).
     """
-    size = _int("size", size, 4, 64)
-    slip = _float("slip", slip, 0.0, 1.0)
+    size = check_int("size", size, lo=4, hi=64)
+    slip = check_number("slip", slip, lo=0.0, hi=1.0)
     horizon = _horizon(horizon, 5 * size)
-    seed = _int("seed", seed, 0)
-    heldout_frac = _float("heldout_frac", heldout_frac, 0.0, 0.99)
+    seed = check_int("seed", seed, lo=0)
+    heldout_frac = check_number("heldout_frac", heldout_frac, lo=0.0, hi=0.99)
     w, door = size // 2, size // 2
     key, goal = (size - 1, 0), (0, size - 1)
     cells = [(r, c) for r in range(size) for c in range(size) if c != w or r == door]
@@ -142,8 +126,8 @@ def tmaze(length: int = 4, slip: float = 0.0, horizon: int | None = None) -> POM
     is still in the context at the junction); with a shorter K it must guess (success 1/2) or
     carry the cue in invalid actions, at a cost.
     """
-    length = _int("length", length, 0, 1000)
-    slip = _float("slip", slip, 0.0, 1.0)
+    length = check_int("length", length, lo=0, hi=1000)
+    slip = check_number("slip", slip, lo=0.0, hi=1.0)
     horizon = _horizon(horizon, 3 * (length + 2))
     n_cells = length + 2
     S = 2 * n_cells + 2
@@ -247,18 +231,18 @@ def household(
     10 gamma^(L-1) if L <= horizon. Reaching it needs a context that still shows the take and
     the processing step when the plan revisits a location (K of a few steps).
     """
-    n_rooms = _int("n_rooms", n_rooms, 1, 16)
-    rpr = _int("receptacles_per_room", receptacles_per_room, 1, 16)
+    n_rooms = check_int("n_rooms", n_rooms, lo=1, hi=16)
+    rpr = check_int("receptacles_per_room", receptacles_per_room, lo=1, hi=16)
     if n_rooms * rpr < 5:
-        raise ValueError(
-            f"n_rooms * receptacles_per_room must be >= 5 (3 processors + 2 ordinary), got "
-            f"{n_rooms} * {rpr}"
-        )
-    n_tasks = _int("n_tasks", n_tasks, 1)
-    slip = _float("slip", slip, 0.0, 1.0)
-    horizon = _int("horizon", horizon, 1)
-    seed = _int("seed", seed, 0)
-    heldout_frac = _float("heldout_frac", heldout_frac, 0.0, 0.99)
+        raise bad(
+            "n_rooms * receptacles_per_room", ">= 5 (3 processors + 2 ordinary)",
+            f"{n_rooms} * {rpr}",
+        )  # fmt: skip
+    n_tasks = check_int("n_tasks", n_tasks, lo=1)
+    slip = check_number("slip", slip, lo=0.0, hi=1.0)
+    horizon = check_int("horizon", horizon, lo=1)
+    seed = check_int("seed", seed, lo=0)
+    heldout_frac = check_number("heldout_frac", heldout_frac, lo=0.0, hi=0.99)
     G = household_graph(n_rooms, rpr, seed)
     locs = list(G.nodes)
     L = len(locs)
@@ -270,7 +254,7 @@ def household(
     ordinary = [i for i in recs if kind[i] in _ORDINARY]
     all_tasks = [(ty, o, t) for ty in range(4) for o in ordinary for t in ordinary if o != t]
     if n_tasks > len(all_tasks):
-        raise ValueError(f"n_tasks must be <= {len(all_tasks)} for this layout, got {n_tasks}")
+        raise bad("n_tasks", f"an integer in 1..{len(all_tasks)} for this layout", n_tasks)
     rng = np.random.default_rng(seed)
     chosen = [all_tasks[i] for i in np.sort(rng.choice(len(all_tasks), n_tasks, replace=False))]
     proc_loc = {1: kind.index("microwave"), 2: kind.index("fridge"), 3: kind.index("sinkbasin")}
@@ -363,13 +347,13 @@ def shop(
     select, buy), return 10 gamma^(p+3) if L <= horizon. Reached by a context policy with
     K >= 1 (the last action tells whether the option was just selected); K = 0 cannot tell.
     """
-    n_items = _int("n_items", n_items, 1, 256)
-    ipp = _int("items_per_page", items_per_page, 1, n_items)
-    n_opt = _int("n_options", n_options, 1, 16)
-    n_tasks = _int("n_tasks", n_tasks, 1, 10_000)
-    horizon = _int("horizon", horizon, 1)
-    seed = _int("seed", seed, 0)
-    heldout_frac = _float("heldout_frac", heldout_frac, 0.0, 0.99)
+    n_items = check_int("n_items", n_items, lo=1, hi=256)
+    ipp = check_int("items_per_page", items_per_page, lo=1, hi=n_items)
+    n_opt = check_int("n_options", n_options, lo=1, hi=16)
+    n_tasks = check_int("n_tasks", n_tasks, lo=1, hi=10_000)
+    horizon = check_int("horizon", horizon, lo=1)
+    seed = check_int("seed", seed, lo=0)
+    heldout_frac = check_number("heldout_frac", heldout_frac, lo=0.0, hi=0.99)
     rng = np.random.default_rng(seed)
     n_pages = -(-n_items // ipp)
     per_task = 1 + n_pages + n_items * (n_opt + 1)
@@ -477,15 +461,15 @@ def random_pomdp(
     state) is exact for the fully observed problem and an upper bound for context policies,
     reached when aliasing = 0 (every K).
     """
-    n_states = _int("n_states", n_states, 2, 100_000)
-    n_actions = _int("n_actions", n_actions, 1, 64)
-    aliasing = _float("aliasing", aliasing, 0.0, 1.0)
-    slip = _float("slip", slip, 0.0, 1.0)
-    invalid_frac = _float("invalid_frac", invalid_frac, 0.0, 1.0)
-    n_tasks = _int("n_tasks", n_tasks, 1, n_states - 1)
-    horizon = _int("horizon", horizon, 1)
-    seed = _int("seed", seed, 0)
-    heldout_frac = _float("heldout_frac", heldout_frac, 0.0, 0.99)
+    n_states = check_int("n_states", n_states, lo=2, hi=100_000)
+    n_actions = check_int("n_actions", n_actions, lo=1, hi=64)
+    aliasing = check_number("aliasing", aliasing, lo=0.0, hi=1.0)
+    slip = check_number("slip", slip, lo=0.0, hi=1.0)
+    invalid_frac = check_number("invalid_frac", invalid_frac, lo=0.0, hi=1.0)
+    n_tasks = check_int("n_tasks", n_tasks, lo=1, hi=n_states - 1)
+    horizon = check_int("horizon", horizon, lo=1)
+    seed = check_int("seed", seed, lo=0)
+    heldout_frac = check_number("heldout_frac", heldout_frac, lo=0.0, hi=0.99)
     rng = np.random.default_rng(seed)
     S, A = n_states, n_actions
     goal = S - 1

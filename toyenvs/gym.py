@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from hgpo.options import bad, check_int
 from toyenvs.core import INVALID_PENALTY, POMDP
 from toyenvs.families import make
 
@@ -47,9 +48,9 @@ class POMDPEnv(gym.Env):
               options: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:  # fmt: skip
         super().reset(seed=seed)
         if options and "task" in options:
-            task = int(options["task"])
-            if not 0 <= task < self.pomdp.n_states or self.pomdp.terminal[task]:
-                raise ValueError(f"options['task'] must be a non-terminal state, got {task}")
+            task = check_int("options['task']", options["task"], lo=0, hi=self.pomdp.n_states - 1)
+            if self.pomdp.terminal[task]:
+                raise bad("options['task']", "a non-terminal state", task)
             self._s = task
         else:
             self._s = int(self.tasks[self.np_random.integers(self.tasks.size)])
@@ -57,11 +58,12 @@ class POMDPEnv(gym.Env):
         return int(self.pomdp.obs_of_state[self._s]), {"hidden_state": self._s}
 
     def step(self, action: Any) -> tuple[int, float, bool, bool, dict[str, Any]]:
+        # what the action space holds (an int, a numpy integer or a 0-d integer array), no bool
+        if isinstance(action, bool) or not self.action_space.contains(action):
+            raise bad("action", f"an integer in 0..{self.pomdp.n_actions - 1}", action)
         a = int(action)
-        if not 0 <= a < self.pomdp.n_actions:
-            raise ValueError(f"action must lie in 0..{self.pomdp.n_actions - 1}, got {action!r}")
         env, s = self.pomdp, self._s
-        bad = bool(env.invalid[s, a])
+        invalid = bool(env.invalid[s, a])
         probs = env.next_prob[s, a]
         b = 0 if probs[0] >= 1.0 else int(self.np_random.choice(probs.size, p=probs))
         s2 = int(env.next_state[s, a, b])
@@ -70,8 +72,8 @@ class POMDPEnv(gym.Env):
         self._t += 1
         terminated = bool(env.terminal[s2])
         truncated = not terminated and self._t >= env.horizon
-        info = {"hidden_state": s2, "invalid": bad, "env_reward": r_env}
-        reward = r_env - INVALID_PENALTY * bad
+        info = {"hidden_state": s2, "invalid": invalid, "env_reward": r_env}
+        reward = r_env - INVALID_PENALTY * invalid
         return int(env.obs_of_state[s2]), reward, terminated, truncated, info
 
     def render(self) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from hgpo.options import check_choice, check_int, check_number
 from toyenvs import _kernels as kn
 from toyenvs.core import POMDP
 
@@ -129,20 +130,12 @@ class TabularPolicy:
         self, n_obs: int, n_actions: int, K: int, temperature: float, init: str, seed: int,
         init_scale: float, capacity: int,
     ) -> None:  # fmt: skip
-        if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 0:
-            raise ValueError(f"K must be a non-negative integer, got {K!r}")
-        if not (isinstance(temperature, (int, float)) and np.isfinite(temperature)) or (
-            temperature <= 0
-        ):
-            raise ValueError(f"temperature must be a positive number, got {temperature!r}")
-        if init not in _INITS:
-            raise ValueError(f"init must be one of {_INITS}, got {init!r}")
-        if not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        if not init_scale >= 0:
-            raise ValueError(f"init_scale must be >= 0, got {init_scale!r}")
-        if not isinstance(capacity, (int, np.integer)) or capacity < 1:
-            raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
+        K = check_int("K", K, lo=0)
+        temperature = check_number("temperature", temperature, lo=0.0, lo_open=True)
+        init = check_choice("init", init, _INITS)
+        seed = check_int("seed", seed, lo=0)
+        init_scale = check_number("init_scale", init_scale, lo=0.0)
+        capacity = check_int("capacity", capacity, lo=1)
         self.M, self.n_codes = context_radix(n_obs, n_actions, int(K))
         self.n_obs, self.n_actions, self.K = int(n_obs), int(n_actions), int(K)
         self._temperature = float(temperature)
@@ -191,9 +184,7 @@ class TabularPolicy:
 
     @temperature.setter
     def temperature(self, value: float) -> None:
-        if not (isinstance(value, (int, float)) and np.isfinite(value)) or value <= 0:
-            raise ValueError(f"temperature must be a positive number, got {value!r}")
-        self._temperature = float(value)
+        self._temperature = check_number("temperature", value, lo=0.0, lo_open=True)
         self._dirty = True
 
     @property

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hgpo.batch import StepBatch
+from hgpo.options import check_int
 from toyenvs import _kernels as kn
+from toyenvs._kernels import SEED_MAX
 from toyenvs.branching import branched_rollout, check_budget, parse_scheme
 from toyenvs.core import INVALID_PENALTY, POMDP
 from toyenvs.policy import TabularPolicy
@@ -78,14 +80,8 @@ def _check_common(
             f"policy has n_obs={pol.n_obs}, n_actions={pol.n_actions}; env has "
             f"n_obs={env.n_obs}, n_actions={env.n_actions}"
         )
-    if (
-        isinstance(n_rollouts, bool)
-        or not isinstance(n_rollouts, (int, np.integer))
-        or (n_rollouts < 1)
-    ):
-        raise ValueError(f"n_rollouts must be a positive integer, got {n_rollouts!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    check_int("n_rollouts", n_rollouts, lo=1)
+    check_int("seed", seed, lo=0, hi=SEED_MAX)
 
 
 def env_args(env: POMDP) -> tuple[np.ndarray, ...]:

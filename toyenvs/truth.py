@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hgpo.options import check_int, check_number
 from toyenvs import _kernels as kn
 from toyenvs.core import POMDP
 from toyenvs.policy import TabularPolicy
@@ -57,9 +58,7 @@ class ChainTooLarge(ValueError):
 
 
 def _check_gamma(gamma: float) -> float:
-    if not (isinstance(gamma, (int, float)) and 0.0 <= gamma <= 1.0):
-        raise ValueError(f"gamma must lie in [0, 1], got {gamma!r}")
-    return float(gamma)
+    return check_number("gamma", gamma, lo=0.0, hi=1.0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -198,6 +197,8 @@ def enumerate_chain(
     """
     from toyenvs.policy import context_radix
 
+    K = check_int("K", K, lo=0)
+    max_nodes = check_int("max_nodes", max_nodes, lo=1)
     tasks = _check_tasks(env, tasks)
     M, _ = context_radix(env.n_obs, env.n_actions, K)
     powM = np.array([M**k for k in range(K + 1)], dtype=np.int64)

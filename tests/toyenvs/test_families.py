@@ -28,17 +28,37 @@ def test_registry_lists_every_family() -> None:
     [
         ("nope", {}, "unknown family 'nope'"),
         ("keydoor", {"sise": 6}, "no parameter 'sise'"),
-        ("keydoor", {"size": 2}, "size must be in 4..64, got 2"),
-        ("keydoor", {"slip": 1.5}, "slip must lie in"),
-        ("tmaze", {"length": -1}, "length"),
-        ("household", {"n_rooms": 1, "receptacles_per_room": 2}, "n_rooms \\* receptacles"),
-        ("household", {"n_tasks": 10**6}, "n_tasks must be <="),
-        ("shop", {"items_per_page": 0}, "items_per_page"),
-        ("random", {"aliasing": -0.1}, "aliasing"),
-        ("keydoor", {"horizon": 0}, "horizon"),
+        ("keydoor", {"size": 2}, r"^size: must be an integer in 4\.\.64, got 2$"),
+        ("keydoor", {"slip": 1.5}, r"^slip: must be a finite number in \[0\.0, 1\.0\], got 1\.5$"),
+        ("keydoor", {"slip": float("nan")}, r"^slip: must be a finite number in .*, got nan$"),
+        ("keydoor", {"size": 5.0}, r"^size: must be an integer in 4\.\.64, got 5\.0$"),
+        ("keydoor", {"size": True}, r"^size: must be an integer in 4\.\.64, got True$"),
+        ("keydoor", {"seed": -1}, r"^seed: must be an integer >= 0, got -1$"),
+        ("tmaze", {"length": -1}, r"^length: must be an integer in 0\.\.1000, got -1$"),
+        (
+            "household",
+            {"n_rooms": 1, "receptacles_per_room": 2},
+            r"^n_rooms \* receptacles_per_room: must be >= 5 .*, got '1 \* 2'$",
+        ),
+        (
+            "household",
+            {"n_tasks": 10**6},
+            r"^n_tasks: must be an integer in 1\.\.\d+ for this layout",
+        ),
+        ("shop", {"items_per_page": 0}, r"^items_per_page: must be an integer in 1\.\.6, got 0$"),
+        ("random", {"aliasing": -0.1}, r"^aliasing: must be a finite number in \[0\.0, 1\.0\]"),
+        ("random", {"invalid_frac": float("inf")}, r"^invalid_frac: must be a finite number"),
+        ("keydoor", {"horizon": 0}, r"^horizon: must be an integer >= 1, got 0$"),
+        (
+            "keydoor",
+            {"heldout_frac": 1.0},
+            r"^heldout_frac: must be a finite number in \[0\.0, 0\.99\]",
+        ),
     ],
 )
 def test_bad_parameters_name_field_and_value(name: str, params: dict, match: str) -> None:
+    """hgpo.options' one error shape: ``<field>: must be <what>, got <value>``; floats, bools and
+    NaN are refused where an integer or a finite number is asked for."""
     with pytest.raises(ValueError, match=match):
         toyenvs.make(name, **params)
 
@@ -124,13 +144,20 @@ def test_same_seed_same_instance_and_slip_rows_sum_to_one() -> None:
 
 def test_pomdp_validation() -> None:
     env = toyenvs.make("tmaze")
-    with pytest.raises(ValueError, match="horizon"):
-        toyenvs.POMDP(
-            name="x", obs_of_state=env.obs_of_state, next_state=env.next_state,
-            next_prob=env.next_prob, invalid=env.invalid, reward_enter=env.reward_enter,
-            terminal=env.terminal, horizon=0, tasks=env.tasks, train_tasks=env.tasks,
-            heldout_tasks=np.zeros(0, np.int64), action_names=env.action_names,
-        )  # fmt: skip
+    nan_reward = env.reward_enter.copy()
+    nan_reward[3] = np.nan
+    for horizon, reward, message in (
+        (0, env.reward_enter, r"^POMDP\.horizon: must be an integer >= 1, got 0$"),
+        (5.0, env.reward_enter, r"^POMDP\.horizon: must be an integer >= 1, got 5\.0$"),
+        (5, nan_reward, r"^POMDP\.reward_enter\[3\] is nan; rewards must be finite$"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            toyenvs.POMDP(
+                name="x", obs_of_state=env.obs_of_state, next_state=env.next_state,
+                next_prob=env.next_prob, invalid=env.invalid, reward_enter=reward,
+                terminal=env.terminal, horizon=horizon, tasks=env.tasks, train_tasks=env.tasks,
+                heldout_tasks=np.zeros(0, np.int64), action_names=env.action_names,
+            )  # fmt: skip
     with pytest.raises(ValueError, match="terminal"):
         toyenvs.POMDP(
             name="x", obs_of_state=env.obs_of_state, next_state=env.next_state,

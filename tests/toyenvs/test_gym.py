@@ -29,10 +29,19 @@ def test_steps_follow_the_pomdp() -> None:
         assert trunc == (t == 4) and not term
         s = info["hidden_state"]
     assert isinstance(env.render(), str)
-    with pytest.raises(ValueError, match="action"):
-        env.step(9)
-    with pytest.raises(ValueError, match="task"):
-        env.reset(options={"task": 10**6})
+    env.step(np.int64(1))  # what the action space holds
+    env.step(np.array(1))
+    for action in (9, -1, 1.7, True, "1"):  # 1.7 is not read as 1
+        with pytest.raises(ValueError, match=r"^action: must be an integer in 0\.\.\d+, got"):
+            env.step(action)
+    for task in (10**6, 1.0):
+        with pytest.raises(ValueError, match=r"^options\['task'\]: must be an integer in 0\.\."):
+            env.reset(options={"task": task})
+    end = int(np.flatnonzero(pomdp.terminal)[0])
+    with pytest.raises(
+        ValueError, match=rf"^options\['task'\]: must be a non-terminal state, got {end}$"
+    ):
+        env.reset(options={"task": end})
 
 
 def test_tmaze_goal_through_gym() -> None:

@@ -53,10 +53,24 @@ def test_encoding_overflow_is_an_error() -> None:
 
 def test_bad_policy_arguments() -> None:
     env = toyenvs.make("tmaze")
-    for kw, field in (({"K": -1}, "K"), ({"temperature": 0}, "temperature"),
-                      ({"init": "zeros"}, "init"), ({"seed": -3}, "seed")):  # fmt: skip
-        with pytest.raises(ValueError, match=field):
+    for kw, message in (
+        ({"K": -1}, r"^K: must be an integer >= 0, got -1$"),
+        ({"K": 2.0}, r"^K: must be an integer >= 0, got 2\.0$"),
+        ({"temperature": 0}, r"^temperature: must be a finite number > 0\.0, got 0$"),
+        ({"temperature": True}, r"^temperature: must be a finite number > 0\.0, got True$"),
+        ({"init": "zeros"}, r"^init: must be one of 'uniform', 'random', got 'zeros'$"),
+        ({"seed": -3}, r"^seed: must be an integer >= 0, got -3$"),
+        ({"seed": True}, r"^seed: must be an integer >= 0, got True$"),
+        ({"init_scale": float("inf")}, r"^init_scale: must be a finite number >= 0\.0, got inf$"),
+        ({"init_scale": "1"}, r"^init_scale: must be a finite number >= 0\.0, got '1'$"),
+        ({"capacity": 0}, r"^capacity: must be an integer >= 1, got 0$"),
+    ):
+        with pytest.raises(ValueError, match=message):
             toyenvs.TabularPolicy(env, **kw)
+    pol = toyenvs.TabularPolicy(env)
+    for value in (0.0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match=r"^temperature: must be a finite number > 0\.0"):
+            pol.temperature = value
 
 
 def test_random_init_depends_on_code_not_visit_order() -> None:

@@ -185,10 +185,15 @@ def test_rng_and_init_kernels_compiled_equals_python() -> None:
 def test_bad_rollout_inputs() -> None:
     env = toyenvs.make("tmaze")
     pol = toyenvs.TabularPolicy(env, K=1)
-    with pytest.raises(ValueError, match="n_rollouts"):
+    with pytest.raises(ValueError, match=r"^n_rollouts: must be an integer >= 1, got 0$"):
         toyenvs.rollout(env, pol, n_rollouts=0)
-    with pytest.raises(ValueError, match="seed"):
+    with pytest.raises(ValueError, match=r"^n_rollouts: must be an integer >= 1, got 2\.0$"):
+        toyenvs.rollout(env, pol, n_rollouts=2.0)
+    with pytest.raises(ValueError, match=r"^seed: must be an integer in 0\.\.\d+, got -1$"):
         toyenvs.rollout(env, pol, seed=-1)
+    # past int64 (the kernels' seed type): a named error, not numba's typing error
+    with pytest.raises(ValueError, match=r"^seed: must be an integer in 0\.\.9223372036854775807"):
+        toyenvs.rollout(env, pol, seed=2**64)
     with pytest.raises(ValueError, match="tasks"):
         toyenvs.rollout(env, pol, tasks=np.array([99]))
     with pytest.raises(ValueError, match="terminal"):

@@ -164,8 +164,11 @@ def test_chain_too_large_is_a_clear_error() -> None:
 def test_bad_inputs() -> None:
     env = tiny_pomdp()
     pol = toyenvs.TabularPolicy(env, K=1)
-    with pytest.raises(ValueError, match="gamma"):
-        toyenvs.exact_ground_truth(env, pol, gamma=1.5)
+    for gamma in (1.5, float("nan"), True):
+        with pytest.raises(ValueError, match=r"^gamma: must be a finite number in \[0\.0, 1\.0\]"):
+            toyenvs.exact_ground_truth(env, pol, gamma=gamma)
+    with pytest.raises(ValueError, match=r"^max_nodes: must be an integer >= 1, got 0$"):
+        toyenvs.exact_ground_truth(env, pol, max_nodes=0)
     with pytest.raises(ValueError, match="tasks"):
         toyenvs.exact_ground_truth(env, pol, tasks=np.array([2]))
     other = toyenvs.TabularPolicy(toyenvs.make("tmaze"), K=1)
