@@ -39,7 +39,7 @@ from typing import Any, Literal, Protocol, overload
 
 import numpy as np
 
-from hgpo.options import bad
+from hgpo.options import bad, check_choice, check_int, check_number
 
 log = logging.getLogger(__name__)
 
@@ -317,14 +317,11 @@ class BatchedEnv:
         backend: str = "process",
         ray_address: str = "",
     ) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got num_envs={num_envs}")
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got num_workers={num_workers}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got timeout_s={timeout_s}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got backend={backend!r}")
+        num_envs = check_int("num_envs", num_envs, lo=1)
+        num_workers = check_int("num_workers", num_workers, lo=1)
+        timeout_s = check_number("timeout_s", timeout_s, lo=0.0, lo_open=True)
+        check_choice("backend", backend, BACKENDS)
+        check_choice("start_method", start_method, mp.get_all_start_methods())
         self.factory = factory
         self.num_envs = num_envs
         self.num_workers = min(num_workers, num_envs)
@@ -396,8 +393,7 @@ class BatchedEnv:
 
         A slot whose reset crashes is retried once after its worker is rebuilt.
         """
-        if group_n < 1:
-            raise ValueError(f"group_n must be >= 1, got group_n={group_n}")
+        group_n = check_int("group_n", group_n, lo=1)
         if len(tasks) * group_n != self.num_envs:
             raise ValueError(
                 f"len(tasks) * group_n must equal num_envs={self.num_envs}: "

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentenvs.batched import TextEnv
+from hgpo.options import bad, check_choice, check_int
 
 
 def _webshop(
@@ -31,11 +32,13 @@ def webshop_factory(
 
     n_eval: goals held out for evaluation (default min(500, n_goals // 4)).
     """
-    if split not in ("train", "eval", "test"):
-        raise ValueError(f"split must be 'train' or 'eval', got split={split!r}")
+    check_choice("split", split, ("train", "eval", "test"))
+    check_int("seed", seed, lo=0)
+    check_int("n_products", n_products, lo=1)
+    check_int("n_goals", n_goals, lo=2)
     n_eval = min(500, n_goals // 4) if n_eval is None else n_eval
-    if not 0 < n_eval < n_goals:
-        raise ValueError(f"n_eval must be in (0, n_goals={n_goals}), got n_eval={n_eval}")
+    check_int("n_eval", n_eval, lo=1, hi=n_goals - 1)
+    check_int("max_steps", max_steps, lo=1)
     return functools.partial(_webshop, split, seed, n_products, n_goals, n_eval, max_steps)
 
 
@@ -56,9 +59,9 @@ def web_agent_site_factory(
     """
     if not goal_indices:
         raise ValueError("goal_indices must not be empty")
-    return functools.partial(
-        _web_agent_site, tuple(int(g) for g in goal_indices), max_steps, dict(env_kwargs)
-    )
+    goals = tuple(check_int(f"goal_indices[{i}]", g, lo=0) for i, g in enumerate(goal_indices))
+    check_int("max_steps", max_steps, lo=1)
+    return functools.partial(_web_agent_site, goals, max_steps, dict(env_kwargs))
 
 
 def _alfworld(game_files: tuple[str, ...], max_steps: int) -> TextEnv:
@@ -78,6 +81,8 @@ def alfworld_games(
     from agentenvs.alfworld.env import find_games, official_games
     from agentenvs.alfworld.generator import generate_split
 
+    check_int("n_games", n_games, lo=0)
+    check_int("seed", seed, lo=0)
     official = official_games(split)
     if official:
         return official
@@ -93,6 +98,7 @@ def alfworld_factory(game_files: list[str], max_steps: int = 50) -> Callable[[],
     """Factory of ALFWorld envs (the real engine) over ``game_files``."""
     if not game_files:
         raise ValueError("game_files must not be empty")
+    check_int("max_steps", max_steps, lo=1)
     return functools.partial(_alfworld, tuple(game_files), max_steps)
 
 
@@ -108,4 +114,4 @@ def observation_key(benchmark: str, observation: str, task: str = "") -> str:
         from agentenvs.webshop.env import webshop_anchor
 
         return webshop_anchor(observation, task)
-    raise ValueError(f"benchmark must be 'alfworld' or 'webshop', got benchmark={benchmark!r}")
+    raise bad("benchmark", "one of 'alfworld', 'webshop'", benchmark)

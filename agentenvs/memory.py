@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from hgpo.options import check_int
+
 
 @dataclass
 class EpisodeMemory:
@@ -27,8 +29,7 @@ class EpisodeMemory:
 
     def recent(self, history_length: int) -> list[tuple[int, str, str]]:
         """The last ``history_length`` records as (step number from 1, observation, action)."""
-        if history_length < 0:
-            raise ValueError(f"history_length must be >= 0, got history_length={history_length}")
+        history_length = check_int("history_length", history_length, lo=0)
         if history_length == 0:
             return []
         tail = self.records[-history_length:]
@@ -50,8 +51,7 @@ class BatchMemory:
 
     def reset(self, batch_size: int) -> None:
         """Forget everything and hold ``batch_size`` empty histories."""
-        if batch_size < 0:
-            raise ValueError(f"batch_size must be >= 0, got batch_size={batch_size}")
+        batch_size = check_int("batch_size", batch_size, lo=0)
         self.episodes = [EpisodeMemory() for _ in range(batch_size)]
 
     def __len__(self) -> int:

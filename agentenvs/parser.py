@@ -21,6 +21,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hgpo.options import check_choice
+
 INVALID_ACTION_PENALTY = 0.1
 """Cost of an invalid response at its step (verl-agent ``invalid_action_penalty_coef``)."""
 
@@ -62,8 +64,7 @@ def parse_action(
         strip + lower-case) is invalid too.
     require_think: demand ``<think>`` and ``</think>`` (the reference always does).
     """
-    if env not in FALLBACK_CHARS:
-        raise ValueError(f"env must be one of {sorted(FALLBACK_CHARS)}, got env={env!r}")
+    check_choice("env", env, sorted(FALLBACK_CHARS))
     if not isinstance(response, str):
         raise ValueError(f"response must be a str, got response={type(response).__name__}")
     lowered = response.lower()

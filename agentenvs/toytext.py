@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from agentenvs.memory import EpisodeMemory
-from hgpo.options import OptionError, bad, parse_name_values
+from hgpo.options import OptionError, bad, check_int, parse_name_values
 
 __all__ = [
     "SPLITS",
@@ -354,8 +354,7 @@ class ToyTextEnv:
         return seed
 
     def reset(self, task: int) -> tuple[str, dict[str, Any]]:
-        if not 0 <= task < self.tasks.size:
-            raise ValueError(f"task must lie in 0..{self.tasks.size - 1}, got {task}")
+        task = check_int("task", task, lo=0, hi=self.tasks.size - 1)
         episode_seed = self._next_stream()
         self._s, self._t, self._won = int(self.tasks[task]), 0, False
         o = int(self.env.obs_of_state[self._s])

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenvs.alfworld.generator import GameSpec
+from hgpo.options import bad, check_int
 
 MAX_STEPS = 50
 SUCCESS_REWARD = 10.0
@@ -48,7 +49,7 @@ def find_games(root: str | os.PathLike[str]) -> list[str]:
 def official_games(split: str) -> list[str]:
     """Official games of ``split`` under $ALFWORLD_DATA (empty list when it is not set)."""
     if split not in OFFICIAL_SPLITS:
-        raise ValueError(f"split must be one of {sorted(OFFICIAL_SPLITS)}, got split={split!r}")
+        raise bad("split", "one of " + ", ".join(map(repr, sorted(OFFICIAL_SPLITS))), split)
     data = os.environ.get("ALFWORLD_DATA")
     if not data:
         return []
@@ -81,8 +82,7 @@ class AlfWorldEnv:
     def __init__(self, game_files: list[str], max_steps: int = MAX_STEPS) -> None:
         if not game_files:
             raise ValueError("game_files must not be empty")
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got max_steps={max_steps}")
+        max_steps = check_int("max_steps", max_steps, lo=1)
         self.game_files = list(game_files)
         self.max_steps = max_steps
         self._env: Any = None
@@ -112,8 +112,7 @@ class AlfWorldEnv:
 
     def reset(self, task: int) -> tuple[str, dict[str, Any]]:
         """Start game number ``task``; returns the engine's first observation and info."""
-        if not 0 <= task < len(self.game_files):
-            raise ValueError(f"task must be in [0, {len(self.game_files)}), got task={task}")
+        task = check_int("task", task, lo=0, hi=len(self.game_files) - 1)
         game = self.game_files[task]
         if self._loaded != game:
             self._load(game)

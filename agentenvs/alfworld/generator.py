@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hgpo.options import bad, check_choice, check_int
+
 TASK_TYPES = (
     "pick_and_place_simple",
     "look_at_obj_in_light",
@@ -111,8 +113,7 @@ def _fp() -> _Floorplans:
 
 def floorplans(split: str) -> list[int]:
     """Floorplans a split draws from (train and valid_seen share; valid_unseen is disjoint)."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got split={split!r}")
+    check_choice("split", split, SPLITS)
     plans = _fp().plans
     if split == "valid_unseen":
         return [p for p in plans if p in OOD_FLOORPLANS]
@@ -273,8 +274,8 @@ def pddl_problem(spec: GameSpec, name: str = "generated") -> str:
 
 def generate_game(seed: int, split: str = "train", task_type: str | None = None) -> GameSpec:
     """Draw one game of ``split`` from ``seed`` (task type uniform unless given)."""
-    if task_type is not None and task_type not in TASK_TYPES:
-        raise ValueError(f"task_type must be one of {TASK_TYPES}, got task_type={task_type!r}")
+    if task_type is not None:
+        check_choice("task_type", task_type, TASK_TYPES)
     rng = random.Random(seed * 7_919 + _SPLIT_SALT[split] if split in SPLITS else seed)
     plans = floorplans(split)
     tt = task_type or TASK_TYPES[seed % len(TASK_TYPES)]
@@ -325,10 +326,8 @@ def generate_split(
 
     ``task_type``: every game of this type (default: the types in turn, as ``generate_game``).
     """
-    if n_games < 0:
-        raise ValueError(f"n_games must be >= 0, got n_games={n_games}")
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got split={split!r}")
+    n_games = check_int("n_games", n_games, lo=0)
+    check_choice("split", split, SPLITS)
     paths = []
     for i in range(n_games):
         spec = generate_game(seed * 1_000_000 + i, split, task_type)
@@ -368,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = {split: getattr(args, split) for split in SPLITS}
     for split, n in counts.items():
         if n < 0:
-            raise SystemExit(f"--{split.replace('_', '-')} must be >= 0, got {n}")
+            raise SystemExit(str(bad(f"--{split.replace('_', '-')}", "an integer >= 0", n)))
     keys: dict[str, set[tuple[str, str, str, int]]] = {}
     for split, n in counts.items():
         keys[split] = set()

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hgpo.options import check_int
+
 SUCCESS_REWARD = 10.0
 
 
@@ -51,10 +53,10 @@ class WebAgentSiteEnv:
         goal_indices = list(goal_indices)
         if not goal_indices:
             raise ValueError("goal_indices must not be empty")
-        if any(isinstance(g, bool) or int(g) != g or g < 0 for g in goal_indices):
-            raise ValueError(f"goal_indices must be non-negative integers, got {goal_indices!r}")
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got max_steps={max_steps}")
+        goal_indices = [
+            check_int(f"goal_indices[{i}]", g, lo=0) for i, g in enumerate(goal_indices)
+        ]
+        max_steps = check_int("max_steps", max_steps, lo=1)
         kwargs = {
             "observation_mode": "text", "num_products": None, "disable_env_checker": True,
             **env_kwargs,
@@ -85,8 +87,7 @@ class WebAgentSiteEnv:
 
     def reset(self, task: int) -> tuple[str, dict[str, Any]]:
         """Start goal ``goal_indices[task]``; returns the site's first page and info."""
-        if not 0 <= task < len(self.goal_indices):
-            raise ValueError(f"task must be in [0, {len(self.goal_indices)}), got task={task}")
+        task = check_int("task", task, lo=0, hi=len(self.goal_indices) - 1)
         obs, _ = self._env.reset(session=self.goal_indices[task])
         self.steps, self.done, self._score = 0, False, 0.0
         self._obs = obs

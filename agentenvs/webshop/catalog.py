@@ -17,6 +17,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from hgpo.options import check_int
+
 CATEGORY_SEP = " › "
 
 
@@ -394,8 +396,7 @@ def _article(word: str) -> str:
 
 def generate_catalog(seed: int = 0, n_products: int = 5000) -> list[Product]:
     """Generate ``n_products`` products spread evenly over 5 categories and 25 product types."""
-    if n_products < 1:
-        raise ValueError(f"n_products must be >= 1, got n_products={n_products}")
+    n_products = check_int("n_products", n_products, lo=1)
     rng = random.Random(seed)
     types = [(cat, path, t) for cat, (path, ts) in _VOCAB.items() for t in ts]
     used: set[str] = set()
@@ -458,8 +459,7 @@ def _instruction(
 
 def generate_goals(products: list[Product], seed: int = 0, n_goals: int = 2000) -> list[Goal]:
     """Generate up to ``n_goals`` goals with distinct instruction texts, one target each."""
-    if n_goals < 1:
-        raise ValueError(f"n_goals must be >= 1, got n_goals={n_goals}")
+    n_goals = check_int("n_goals", n_goals, lo=1)
     rng = random.Random(seed + 7919)
     seen: set[str] = set()
     goals: list[Goal] = []
@@ -486,6 +486,5 @@ def generate_goals(products: list[Product], seed: int = 0, n_goals: int = 2000) 
 
 def split_goals(goals: list[Goal], n_eval: int = 500) -> tuple[list[Goal], list[Goal]]:
     """(train, eval): the first ``n_eval`` goals are held out, as in the real WebShop split."""
-    if not 0 <= n_eval <= len(goals):
-        raise ValueError(f"n_eval must be in [0, {len(goals)}], got n_eval={n_eval}")
+    n_eval = check_int("n_eval", n_eval, lo=0, hi=len(goals))
     return goals[n_eval:], goals[:n_eval]

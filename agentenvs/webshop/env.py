@@ -39,6 +39,7 @@ from agentenvs.webshop.catalog import (
     split_goals,
 )
 from agentenvs.webshop.reward import reward_parts
+from hgpo.options import bad, check_int
 
 SEP = " [SEP] "
 RESULTS_TOTAL = 50
@@ -98,7 +99,7 @@ class WebShopWorld:
             return self.train_goals
         if split in ("eval", "test"):
             return self.eval_goals
-        raise ValueError(f"split must be 'train' or 'eval', got split={split!r}")
+        raise bad("split", "one of 'train', 'eval', 'test'", split)
 
 
 @lru_cache(maxsize=4)
@@ -106,8 +107,10 @@ def make_world(
     seed: int = 0, n_products: int = 5000, n_goals: int = 2000, n_eval: int = 500
 ) -> WebShopWorld:
     """Generate (once per process and arguments) the catalog, index and goal split."""
-    if not 0 < n_eval < n_goals:
-        raise ValueError(f"n_eval must be in (0, n_goals={n_goals}), got n_eval={n_eval}")
+    check_int("seed", seed, lo=0)
+    n_products = check_int("n_products", n_products, lo=1)
+    n_goals = check_int("n_goals", n_goals, lo=2)
+    n_eval = check_int("n_eval", n_eval, lo=1, hi=n_goals - 1)
     products = generate_catalog(seed, n_products)
     train, evals = split_goals(generate_goals(products, seed, n_goals), n_eval)
     return WebShopWorld(
@@ -149,8 +152,7 @@ class WebShopEnv:
     def __init__(
         self, world: WebShopWorld | None = None, split: str = "train", max_steps: int = MAX_STEPS
     ) -> None:
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got max_steps={max_steps}")
+        max_steps = check_int("max_steps", max_steps, lo=1)
         self.world = world if world is not None else make_world()
         self.goals = self.world.goals(split)
         self.max_steps = max_steps
@@ -163,8 +165,7 @@ class WebShopEnv:
     # -- state --------------------------------------------------------------------------------
     def reset(self, task: int) -> tuple[str, dict[str, Any]]:
         """Start goal number ``task`` of the split on the search page."""
-        if not 0 <= task < len(self.goals):
-            raise ValueError(f"task must be in [0, {len(self.goals)}), got task={task}")
+        task = check_int("task", task, lo=0, hi=len(self.goals) - 1)
         self.goal = self.goals[task]
         self.task = task
         self.page = "search"

@@ -31,12 +31,15 @@ def test_cli_writes_the_official_layout_of_one_task_type(tmp_path, capsys):
 def test_split_of_one_task_type_and_bad_values(tmp_path):
     paths = generate_split(tmp_path, "train", 2, seed=1, task_type="pick_and_place_simple")
     assert all("pick_and_place_simple-" in str(p) for p in paths)
-    with pytest.raises(ValueError, match="task_type must be one of"):
+    with pytest.raises(ValueError, match=r"^task_type: must be one of .*, got 'juggle'$"):
         generate_split(tmp_path, "train", 1, task_type="juggle")
-    with pytest.raises(ValueError, match="split='test'"):
+    with pytest.raises(
+        ValueError,
+        match=r"^split: must be one of 'train', 'valid_seen', 'valid_unseen', got 'test'$",
+    ):
         generate_split(tmp_path, "test", 1)
 
 
 def test_cli_rejects_a_negative_count(tmp_path):
-    with pytest.raises(SystemExit, match="--valid-unseen must be >= 0, got -1"):
+    with pytest.raises(SystemExit, match=r"^--valid-unseen: must be an integer >= 0, got -1$"):
         main(["--out", str(tmp_path / "g"), "--valid-unseen", "-1"])

@@ -56,6 +56,8 @@ def test_groups_start_identical_and_step():
         assert obs[0] == "task 4 t 2"
         with pytest.raises(ValueError, match="len\\(tasks\\)"):
             env.reset([1], group_n=2)
+        with pytest.raises(ValueError, match=r"^group_n: must be an integer >= 1, got 3\.0$"):
+            env.reset([1, 2], group_n=3.0)
         with pytest.raises(ValueError, match="len\\(actions\\)"):
             env.step(["inc"])
 

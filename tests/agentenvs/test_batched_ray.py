@@ -111,5 +111,5 @@ def test_missing_ray_names_the_install_command(monkeypatch):
     monkeypatch.delitem(sys.modules, "agentenvs.ray_backend", raising=False)
     with pytest.raises(ValueError, match=r"backend='ray'.*pip install 'hgpo\[ray\]'"):
         BatchedEnv(ToyEnv, 2, backend="ray")
-    with pytest.raises(ValueError, match="backend must be one of"):
+    with pytest.raises(ValueError, match=r"^backend: must be one of .*, got 'threads'$"):
         BatchedEnv(ToyEnv, 2, backend="threads")
