@@ -19,6 +19,7 @@ from hgpo.batch import StepBatch
 from hgpo.branching import lookback_rows
 from hgpo.config import check_K
 from hgpo.groups import dense_rank, segment_normalise
+from hgpo.options import check_choice
 
 __all__ = [
     "CHUNK_ROWS",
@@ -69,8 +70,7 @@ class Hierarchy:
 
 def _check(K: object, early: str) -> int:
     """K as an int, checked before anything is allocated (the outputs are (K + 1) x n)."""
-    if early not in EARLY_RULES:
-        raise ValueError(f"early must be one of {EARLY_RULES}, got {early!r}")
+    check_choice("early", early, EARLY_RULES)
     return check_K("K", K)
 
 

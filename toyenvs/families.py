@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
@@ -243,69 +244,18 @@ def household(
     horizon = check_int("horizon", horizon, lo=1)
     seed = check_int("seed", seed, lo=0)
     heldout_frac = check_number("heldout_frac", heldout_frac, lo=0.0, hi=0.99)
-    G = household_graph(n_rooms, rpr, seed)
-    locs = list(G.nodes)
-    L = len(locs)
-    loc_id = {x: i for i, x in enumerate(locs)}
-    kind = [G.nodes[x]["kind"] for x in locs]
-    recs = [i for i in range(L) if kind[i] != "room"]
-    rec_id = {loc: j for j, loc in enumerate(recs)}  # location -> receptacle index
-    R = len(recs)
-    ordinary = [i for i in recs if kind[i] in _ORDINARY]
-    all_tasks = [(ty, o, t) for ty in range(4) for o in ordinary for t in ordinary if o != t]
-    if n_tasks > len(all_tasks):
-        raise bad("n_tasks", f"an integer in 1..{len(all_tasks)} for this layout", n_tasks)
-    rng = np.random.default_rng(seed)
-    chosen = [all_tasks[i] for i in np.sort(rng.choice(len(all_tasks), n_tasks, replace=False))]
-    proc_loc = {1: kind.index("microwave"), 2: kind.index("fridge"), 3: kind.index("sinkbasin")}
-
-    def sid(task: int, loc: int, obj: int, proc: int) -> int:
-        return ((task * L + loc) * (R + 1) + obj) * 2 + proc
-
-    S = n_tasks * L * (R + 1) * 2 + 1
-    goal = S - 1
-    A = L + 5
-    take, put, heat, cool, clean = L, L + 1, L + 2, L + 3, L + 4
-    nxt = np.repeat(np.arange(S)[:, None], A, axis=1)
-    invalid = np.ones((S, A), dtype=bool)
-    obs = np.zeros(S, dtype=np.int64)
-    adj = [[loc_id[y] for y in G.neighbors(x)] for x in locs]
-    names = []
-    for task, (ty, _, target) in enumerate(chosen):
-        for loc in range(L):
-            for obj in range(R + 1):
-                for proc in (0, 1):
-                    s = sid(task, loc, obj, proc)
-                    here = loc in rec_id and obj == rec_id[loc]
-                    obs[s] = (task * L + loc) * 2 + int(here)
-                    names.append(
-                        f"task{task} at {locs[loc]} obj="
-                        f"{'hand' if obj == R else locs[recs[obj]]} processed={proc}"
-                    )
-                    for j in adj[loc]:
-                        invalid[s, j] = False
-                        nxt[s, j] = sid(task, j, obj, proc)
-                    if here:
-                        invalid[s, take] = False
-                        nxt[s, take] = sid(task, loc, R, proc)
-                    if obj == R and loc in rec_id:
-                        invalid[s, put] = False
-                        if loc == target and (ty == 0 or proc):
-                            nxt[s, put] = goal
-                        else:
-                            nxt[s, put] = sid(task, loc, rec_id[loc], proc)
-                    for t_ty, act in ((1, heat), (2, cool), (3, clean)):
-                        if obj == R and loc == proc_loc[t_ty]:
-                            invalid[s, act] = False
-                            nxt[s, act] = sid(task, loc, obj, 1 if ty == t_ty else proc)
-    obs[goal] = n_tasks * L * 2
-    terminal = np.zeros(S, dtype=bool)
+    h = _house(n_rooms, rpr, n_tasks, seed)
+    nxt, invalid, obs, names = _house_moves(h)
+    goal = nxt.shape[0] - 1
+    terminal = np.zeros(goal + 1, dtype=bool)
     terminal[goal] = True
-    reward = np.zeros(S)
+    reward = np.zeros(goal + 1)
     reward[goal] = GOAL_REWARD
-    next_state, next_prob = add_slip(nxt, invalid, slip, list(range(L)))
-    tasks = np.array([sid(k, loc_id["room0"], rec_id[o], 0) for k, (_, o, _) in enumerate(chosen)])
+    next_state, next_prob = add_slip(nxt, invalid, slip, list(range(h.L)))
+    start = h.loc_id["room0"]
+    tasks = np.array([h.sid(k, start, h.rec_id[o], 0) for k, (_, o, _) in enumerate(h.tasks)])
     train, held = split_tasks(tasks, heldout_frac, seed)
+    locs = h.locs
     return POMDP(
         name="household", obs_of_state=obs, next_state=next_state, next_prob=next_prob,
         invalid=invalid, reward_enter=reward, terminal=terminal, horizon=horizon, tasks=tasks,
@@ -314,9 +264,102 @@ def household(
         state_names=(*names, "goal"),
         params=dict(n_rooms=n_rooms, receptacles_per_room=rpr, n_tasks=n_tasks, slip=slip,
                     horizon=horizon, seed=seed, heldout_frac=heldout_frac,
-                    graph=G, locations=tuple(locs),
-                    task_list=tuple((TASK_TYPES[ty], locs[o], locs[t]) for ty, o, t in chosen)),
+                    graph=h.G, locations=tuple(locs),
+                    task_list=tuple((TASK_TYPES[ty], locs[o], locs[t]) for ty, o, t in h.tasks)),
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _House:
+    """A household's layout: its graph's locations (rooms and receptacles, by index), the
+    receptacles' indices, each processor's location and the drawn tasks (type, location of the
+    object's receptacle, location of the target). Hidden state = (task, location, object's
+    receptacle index or R = in hand, processed flag): :meth:`sid`; the goal is the last state."""
+
+    G: nx.Graph
+    locs: list[str]
+    loc_id: dict[str, int]
+    rec_id: dict[int, int]  # location -> receptacle index
+    recs: list[int]  # receptacle index -> location
+    proc_loc: dict[int, int]  # task type (1 heat, 2 cool, 3 clean) -> its processor's location
+    tasks: list[tuple[int, int, int]]
+
+    @property
+    def L(self) -> int:
+        return len(self.locs)
+
+    @property
+    def R(self) -> int:
+        return len(self.recs)
+
+    def sid(self, task: int, loc: int, obj: int, proc: int) -> int:
+        return ((task * self.L + loc) * (self.R + 1) + obj) * 2 + proc
+
+
+def _house(n_rooms: int, rpr: int, n_tasks: int, seed: int) -> _House:
+    """The layout of :func:`household_graph` and ``n_tasks`` distinct tasks drawn from
+    ``seed`` (a named error when the layout has fewer)."""
+    G = household_graph(n_rooms, rpr, seed)
+    locs = list(G.nodes)
+    kind = [G.nodes[x]["kind"] for x in locs]
+    recs = [i for i in range(len(locs)) if kind[i] != "room"]
+    ordinary = [i for i in recs if kind[i] in _ORDINARY]
+    all_tasks = [(ty, o, t) for ty in range(4) for o in ordinary for t in ordinary if o != t]
+    if n_tasks > len(all_tasks):
+        raise bad("n_tasks", f"an integer in 1..{len(all_tasks)} for this layout", n_tasks)
+    rng = np.random.default_rng(seed)
+    chosen = [all_tasks[i] for i in np.sort(rng.choice(len(all_tasks), n_tasks, replace=False))]
+    return _House(
+        G=G, locs=locs, loc_id={x: i for i, x in enumerate(locs)},
+        rec_id={loc: j for j, loc in enumerate(recs)}, recs=recs,
+        proc_loc={1: kind.index("microwave"), 2: kind.index("fridge"), 3: kind.index("sinkbasin")},
+        tasks=chosen,
+    )  # fmt: skip
+
+
+def _house_moves(h: _House) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(next state int64[S, A], invalid bool[S, A], observation int64[S], state names but the
+    goal's) of every hidden state; actions: go to each location, then take, put, heat, cool,
+    clean. An invalid action leaves the state unchanged."""
+    L, R = h.L, h.R
+    S = len(h.tasks) * L * (R + 1) * 2 + 1
+    goal = S - 1
+    take, put = L, L + 1
+    processing = ((1, L + 2), (2, L + 3), (3, L + 4))  # (task type, its action)
+    nxt = np.repeat(np.arange(S)[:, None], L + 5, axis=1)
+    invalid = np.ones((S, L + 5), dtype=bool)
+    obs = np.zeros(S, dtype=np.int64)
+    adj = [[h.loc_id[y] for y in h.G.neighbors(x)] for x in h.locs]
+    names = []
+    for task, (ty, _, target) in enumerate(h.tasks):
+        for loc in range(L):
+            for obj in range(R + 1):
+                for proc in (0, 1):
+                    s = h.sid(task, loc, obj, proc)
+                    here = loc in h.rec_id and obj == h.rec_id[loc]
+                    obs[s] = (task * L + loc) * 2 + int(here)
+                    names.append(
+                        f"task{task} at {h.locs[loc]} obj="
+                        f"{'hand' if obj == R else h.locs[h.recs[obj]]} processed={proc}"
+                    )
+                    for j in adj[loc]:
+                        invalid[s, j] = False
+                        nxt[s, j] = h.sid(task, j, obj, proc)
+                    if here:
+                        invalid[s, take] = False
+                        nxt[s, take] = h.sid(task, loc, R, proc)
+                    if obj == R and loc in h.rec_id:
+                        invalid[s, put] = False
+                        if loc == target and (ty == 0 or proc):
+                            nxt[s, put] = goal
+                        else:
+                            nxt[s, put] = h.sid(task, loc, h.rec_id[loc], proc)
+                    for t_ty, act in processing:
+                        if obj == R and loc == h.proc_loc[t_ty]:
+                            invalid[s, act] = False
+                            nxt[s, act] = h.sid(task, loc, obj, 1 if ty == t_ty else proc)
+    obs[goal] = len(h.tasks) * L * 2
+    return nxt, invalid, obs, names
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,15 +398,8 @@ def shop(
     seed = check_int("seed", seed, lo=0)
     heldout_frac = check_number("heldout_frac", heldout_frac, lo=0.0, hi=0.99)
     rng = np.random.default_rng(seed)
-    n_pages = -(-n_items // ipp)
-    per_task = 1 + n_pages + n_items * (n_opt + 1)
-    S = n_tasks * per_task + 2
-    success, fail = S - 2, S - 1
-    SEARCH, NEXT, PREV, BACK = 0, 1, 2, 3
-    click0, select0 = 4, 4 + ipp
-    BUY = select0 + n_opt
-    A = BUY + 1
-    obs_per_task = 1 + n_pages + n_items
+    sh = _Shop(n_items, ipp, n_opt, n_tasks)
+    S, A = sh.success + 2, sh.buy + 1
     nxt = np.repeat(np.arange(S)[:, None], A, axis=1)
     invalid = np.ones((S, A), dtype=bool)
     obs = np.zeros(S, dtype=np.int64)
@@ -371,54 +407,16 @@ def shop(
     names: list[str] = []
     for task in range(n_tasks):
         perm = rng.permutation(n_items)
-        target, t_opt = int(rng.integers(n_items)), int(rng.integers(n_opt))
-        targets.append((target, t_opt))
-        page_of = np.empty(n_items, dtype=np.int64)
-        page_of[perm] = np.arange(n_items) // ipp
-        base = task * per_task
-
-        def item_state(i: int, sel: int, base: int = base) -> int:
-            return base + 1 + n_pages + i * (n_opt + 1) + sel + 1
-
-        s = base
-        obs[s] = task * obs_per_task
-        names.append(f"task{task} search")
-        invalid[s, SEARCH] = False
-        nxt[s, SEARCH] = base + 1
-        for p in range(n_pages):
-            s = base + 1 + p
-            obs[s] = task * obs_per_task + 1 + p
-            names.append(f"task{task} results{p}")
-            invalid[s, BACK] = False
-            nxt[s, BACK] = base
-            if p + 1 < n_pages:
-                invalid[s, NEXT] = False
-                nxt[s, NEXT] = s + 1
-            if p > 0:
-                invalid[s, PREV] = False
-                nxt[s, PREV] = s - 1
-            for j in range(ipp):
-                if p * ipp + j < n_items:
-                    invalid[s, click0 + j] = False
-                    nxt[s, click0 + j] = item_state(int(perm[p * ipp + j]), -1)
-        for i in range(n_items):
-            for sel in range(-1, n_opt):
-                s = item_state(i, sel)
-                obs[s] = task * obs_per_task + 1 + n_pages + i
-                names.append(f"task{task} item{i} option={sel}")
-                invalid[s, BACK] = False
-                nxt[s, BACK] = base + 1 + page_of[i]
-                for o in range(n_opt):
-                    invalid[s, select0 + o] = False
-                    nxt[s, select0 + o] = item_state(i, o)
-                invalid[s, BUY] = False
-                nxt[s, BUY] = success if (i == target and sel == t_opt) else fail
-    obs[success], obs[fail] = n_tasks * obs_per_task, n_tasks * obs_per_task + 1
+        target = int(rng.integers(n_items)), int(rng.integers(n_opt))
+        targets.append(target)
+        names += _shop_pages(sh, task, perm, nxt, invalid, obs)
+        names += _shop_items(sh, task, perm, target, nxt, invalid, obs)
+    obs[sh.success], obs[sh.success + 1] = n_tasks * sh.obs_per_task, n_tasks * sh.obs_per_task + 1
     terminal = np.zeros(S, dtype=bool)
-    terminal[[success, fail]] = True
+    terminal[[sh.success, sh.success + 1]] = True
     reward = np.zeros(S)
-    reward[success] = GOAL_REWARD
-    tasks = np.arange(n_tasks, dtype=np.int64) * per_task
+    reward[sh.success] = GOAL_REWARD
+    tasks = np.arange(n_tasks, dtype=np.int64) * sh.per_task
     train, held = split_tasks(tasks, heldout_frac, seed)
     return POMDP(
         name="shop", obs_of_state=obs, next_state=nxt, next_prob=np.ones((S, A, 1)),
@@ -431,6 +429,103 @@ def shop(
                     horizon=horizon, seed=seed, heldout_frac=heldout_frac,
                     targets=tuple(targets)),
     )  # fmt: skip
+
+
+_SEARCH, _NEXT, _PREV, _BACK = range(4)  # the shop's first actions; then click j, select o, buy
+
+
+@dataclass(frozen=True)
+class _Shop:
+    """A shop's sizes and numbering. Task k's states start at k * per_task: its search page,
+    its results pages, then each item page once per selected option (-1: none); the last two
+    states are success and fail. Actions: search, next, prev, back, click j (j < ipp),
+    select o (o < n_opt), buy."""
+
+    n_items: int
+    ipp: int
+    n_opt: int
+    n_tasks: int
+
+    @property
+    def n_pages(self) -> int:
+        return -(-self.n_items // self.ipp)
+
+    @property
+    def per_task(self) -> int:
+        return 1 + self.n_pages + self.n_items * (self.n_opt + 1)
+
+    @property
+    def obs_per_task(self) -> int:
+        return 1 + self.n_pages + self.n_items
+
+    @property
+    def success(self) -> int:
+        return self.n_tasks * self.per_task
+
+    @property
+    def click0(self) -> int:
+        return 4
+
+    @property
+    def select0(self) -> int:
+        return 4 + self.ipp
+
+    @property
+    def buy(self) -> int:
+        return self.select0 + self.n_opt
+
+    def item_state(self, task: int, i: int, sel: int) -> int:
+        return task * self.per_task + 1 + self.n_pages + i * (self.n_opt + 1) + sel + 1
+
+
+def _shop_pages(sh: _Shop, task: int, perm: np.ndarray, nxt: np.ndarray, invalid: np.ndarray,
+                obs: np.ndarray) -> list[str]:  # fmt: skip
+    """Task ``task``'s search page and results pages (``perm``: the items in ranked order) into
+    the tables; returns their names."""
+    base = task * sh.per_task
+    invalid[base, _SEARCH] = False
+    nxt[base, _SEARCH] = base + 1
+    obs[base] = task * sh.obs_per_task
+    names = [f"task{task} search"]
+    for p in range(sh.n_pages):
+        s = base + 1 + p
+        obs[s] = task * sh.obs_per_task + 1 + p
+        names.append(f"task{task} results{p}")
+        invalid[s, _BACK] = False
+        nxt[s, _BACK] = base
+        if p + 1 < sh.n_pages:
+            invalid[s, _NEXT] = False
+            nxt[s, _NEXT] = s + 1
+        if p > 0:
+            invalid[s, _PREV] = False
+            nxt[s, _PREV] = s - 1
+        for j in range(sh.ipp):
+            if p * sh.ipp + j < sh.n_items:
+                invalid[s, sh.click0 + j] = False
+                nxt[s, sh.click0 + j] = sh.item_state(task, int(perm[p * sh.ipp + j]), -1)
+    return names
+
+
+def _shop_items(sh: _Shop, task: int, perm: np.ndarray, target: tuple[int, int],
+                nxt: np.ndarray, invalid: np.ndarray, obs: np.ndarray) -> list[str]:  # fmt: skip
+    """Task ``task``'s item pages (``target``: the item and option to buy) into the tables;
+    returns their names."""
+    page_of = np.empty(sh.n_items, dtype=np.int64)
+    page_of[perm] = np.arange(sh.n_items) // sh.ipp
+    names = []
+    for i in range(sh.n_items):
+        for sel in range(-1, sh.n_opt):
+            s = sh.item_state(task, i, sel)
+            obs[s] = task * sh.obs_per_task + 1 + sh.n_pages + i
+            names.append(f"task{task} item{i} option={sel}")
+            invalid[s, _BACK] = False
+            nxt[s, _BACK] = task * sh.per_task + 1 + page_of[i]
+            for o in range(sh.n_opt):
+                invalid[s, sh.select0 + o] = False
+                nxt[s, sh.select0 + o] = sh.item_state(task, i, o)
+            invalid[s, sh.buy] = False
+            nxt[s, sh.buy] = sh.success + int((i, sel) != target)  # success, else fail
+    return names
 
 
 # --------------------------------------------------------------------------------------------

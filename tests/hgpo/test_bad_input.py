@@ -198,7 +198,7 @@ def test_compute_advantages_table(call, match):
         (dict(K=2**40), r"^K: must be an integer in 0\.\.256, got 1099511627776 \(each level"),
         (dict(K="2"), r"^K: must be an integer"),
         (dict(K=1, include_actions=True), r"include_actions=True needs StepBatch\.action"),
-        (dict(K=1, early="late"), r"early must be one of"),
+        (dict(K=1, early="late"), r"^early: must be one of 'paper', 'drop', got 'late'$"),
     ],
 )
 def test_context_keys_table(kw, match):
