@@ -32,6 +32,9 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 
 def _peak_mem_gib(cuda: bool) -> float:
@@ -70,7 +73,7 @@ def toy_run(spec: str, out: str, device: str) -> dict:
     return {"env": spec, "seconds": time.perf_counter() - t, **{k: last.get(k) for k in keys}}
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -105,76 +108,119 @@ def main() -> int:
     args = ap.parse_args()
     if args.lora_rank and args.zero_stage == 3:
         ap.error("--lora-rank with --zero-stage 3 is not supported (as in the trainer)")
+    return args
 
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import deepspeed
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from hgpo.train import dist
-    from hgpo.train.config import resolve
-    from hgpo.train.loss import ppo_loss
-    from hgpo.train.model import HFEngine, load_tokenizer, pack, response_logprobs
-    from hgpo.train.tiny import train_tokenizer
-    from hgpo.train.trainer import begin_forward
+def model_config(arch: str) -> Any:
+    """The Qwen2 config of ``--arch``: Qwen2.5-1.5B-Instruct's architecture (config.json of the
+    hub model), its ``small`` cut (4 layers of width 256) or the trainer's tiny model."""
+    from transformers import Qwen2Config
 
-    _rank, world, device = dist.init(args.device)
-    cuda = device.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    t0 = time.perf_counter()
-    if args.arch == "tiny":  # the trainer's --model tiny: width 64, 2 layers, 1024 tokens
+    if arch == "tiny":  # the trainer's --model tiny: width 64, 2 layers, 1024 tokens
         from hgpo.train.tiny import tiny_model
 
-        qcfg = tiny_model(1024).config
-    else:
-        # Qwen2.5-1.5B-Instruct's architecture (config.json of the hub model), random weights.
-        big = args.arch == "qwen2.5-1.5b"
-        qcfg = Qwen2Config(
-            vocab_size=151936,
-            hidden_size=1536 if big else 256,
-            intermediate_size=8960 if big else 1024,
-            num_hidden_layers=28 if big else 4,
-            num_attention_heads=12 if big else 4,
-            num_key_value_heads=2,
-            max_position_embeddings=32768,
-            rope_theta=1000000.0,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            sliding_window=None,
-            use_sliding_window=False,
-            max_window_layers=21,
-            eos_token_id=151645,
-            pad_token_id=151643,
-        )
+        return tiny_model(1024).config
+    big = arch == "qwen2.5-1.5b"
+    return Qwen2Config(
+        vocab_size=151936,
+        hidden_size=1536 if big else 256,
+        intermediate_size=8960 if big else 1024,
+        num_hidden_layers=28 if big else 4,
+        num_attention_heads=12 if big else 4,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        sliding_window=None,
+        use_sliding_window=False,
+        max_window_layers=21,
+        eos_token_id=151645,
+        pad_token_id=151643,
+    )
+
+
+@dataclass
+class Setup:
+    """What the check builds once: the DeepSpeed actor, the reference (None with LoRA: the
+    actor with its adapters off), the rollout engine and the seconds each took."""
+
+    args: argparse.Namespace
+    device: Any
+    cuda: bool
+    tok: Any
+    actor: Any
+    ref: Any
+    opt: Any
+    trainable: list
+    eng: Any
+    cfg: Any
+    build_s: float
+    deepspeed_init_s: float
+    engine_init_s: float
+
+    def sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+
+def build_models(args: argparse.Namespace, device: Any, dtype: Any) -> tuple[Any, Any, Any]:
+    """(model, reference or None, tokenizer): random weights saved under ``--out`` (so the
+    engines load them as a checkpoint), LoRA adapters when ``--lora-rank``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hgpo.train.model import load_tokenizer
+    from hgpo.train.tiny import train_tokenizer
+
     os.makedirs(args.out, exist_ok=True)
     tok = train_tokenizer(args.out, [], 512)  # the tokenizer only frames prompts here
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(qcfg, dtype=dtype)
+    model = AutoModelForCausalLM.from_config(model_config(args.arch), dtype=dtype)
     model.config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
     model.config.pad_token_id = tok.pad_token_id
     model.save_pretrained(args.out)
     tok = load_tokenizer(args.out)
     model = model.to(device)
     model.gradient_checkpointing_enable()
-    ref = None  # LoRA: the reference is the actor with its adapters off, as in the trainer
-    if args.lora_rank:
-        from types import SimpleNamespace
-
-        from hgpo.train.lora import add_adapters
-
-        lora = SimpleNamespace(
-            lora_rank=args.lora_rank,
-            lora_alpha=args.lora_alpha,
-            lora_dropout=0.0,
-            lora_targets="all-linear",
-        )
-        model = add_adapters(model, lora)
-        model.enable_input_require_grads()  # checkpointed blocks behind frozen embeddings
-    else:
+    if not args.lora_rank:
         ref = AutoModelForCausalLM.from_pretrained(args.out, dtype=dtype).to(device).eval()
         ref.requires_grad_(False)
-    build_s = time.perf_counter() - t0
+        return model, ref, tok
+    from types import SimpleNamespace
+
+    from hgpo.train.lora import add_adapters
+
+    lora = SimpleNamespace(
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=0.0,
+        lora_targets="all-linear",
+    )
+    model = add_adapters(model, lora)
+    model.enable_input_require_grads()  # checkpointed blocks behind frozen embeddings
+    return model, None, tok
+
+
+def build(args: argparse.Namespace) -> Setup:
+    """Models, DeepSpeed (AdamW, bf16 on a GPU, ZeRO ``--zero-stage``) and the engine."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hgpo.train import dist
+    from hgpo.train.config import resolve
+    from hgpo.train.model import HFEngine
+
+    _rank, world, device = dist.init(args.device)
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    t = time.perf_counter()
+    model, ref, tok = build_models(args, device, dtype)
+    build_s = time.perf_counter() - t
     cfg = resolve(
         preset="tiny",
         overrides={
@@ -208,131 +254,187 @@ def main() -> int:
     else:
         eng = HFEngine(actor.module, tok, args.prompts, device)
     engine_init_s = time.perf_counter() - t
+    return Setup(
+        args, device, cuda, tok, actor, ref, opt, trainable, eng, cfg, build_s, ds_init_s,
+        engine_init_s,
+    )  # fmt: skip
 
-    g = torch.Generator().manual_seed(1)
-    rows = []
-    for it in range(1, args.iterations + 1):
-        prompts = [
-            torch.randint(10, 500, (args.prompt_tokens,), generator=g).tolist()
-            for _ in range(args.prompts)
-        ]
-        sync()
-        t = time.perf_counter()
-        if args.engine == "vllm":
-            from vllm import SamplingParams
 
-            sp = SamplingParams(temperature=1.0, max_tokens=args.response_tokens, ignore_eos=True)
-            outs = eng.llm.generate(
-                [{"prompt_token_ids": p} for p in prompts], sampling_params=sp, use_tqdm=False
-            )
-            responses = [list(o.outputs[0].token_ids) for o in outs]
-        else:  # stops at an end token, so a response may be shorter (counted as generated)
-            responses = eng.generate(prompts, 1.0, 1.0, args.response_tokens)
-        gen_s = time.perf_counter() - t
-        n_tok = sum(len(r) for r in responses)
+def generate(su: Setup, prompts: list[list[int]]) -> list[list[int]]:
+    """One response per prompt at temperature 1: vLLM with ignore_eos (fixed length), or the
+    hf engine, which stops at an end token (a response may be shorter; counted as generated)."""
+    args = su.args
+    if args.engine != "vllm":
+        return su.eng.generate(prompts, 1.0, 1.0, args.response_tokens)
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=1.0, max_tokens=args.response_tokens, ignore_eos=True)
+    outs = su.eng.llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], sampling_params=sp, use_tqdm=False
+    )
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def micro_batches(su: Setup, prompts: list[list[int]], responses: list[list[int]]) -> Iterator:
+    """The packed micro-batches of ``--micro-batch`` (prompt, response) pairs, in order."""
+    from hgpo.train.model import pack
+
+    mb = su.args.micro_batch
+    for s in range(0, len(prompts), mb):
+        yield pack(prompts[s : s + mb], responses[s : s + mb], su.tok.pad_token_id, su.device)
+
+
+def score(su: Setup, prompts: list[list[int]], responses: list[list[int]]) -> tuple[list, list]:
+    """(old, reference) response log-probs of every micro-batch, as the trainer scores."""
+    import torch
+
+    from hgpo.train.model import response_logprobs
+
+    old, refl = [], []
+    module = su.actor.module
+    module.eval()
+    with torch.no_grad():
+        for b in micro_batches(su, prompts, responses):
+            old.append(response_logprobs(module, b)[0].float())
+            if su.ref is None:
+                with module.disable_adapter():
+                    refl.append(response_logprobs(module, b)[0].float())
+            else:
+                refl.append(response_logprobs(su.ref, b)[0].float())
+    module.train()
+    return old, refl
+
+
+def update(su: Setup, prompts: list[list[int]], responses: list[list[int]], old: list,
+           refl: list) -> None:  # fmt: skip
+    """PPO steps over the micro-batches with random advantages: the trainer's loss with the
+    tiny preset's (= the paper's) coefficients."""
+    import torch
+
+    from hgpo.train.loss import ppo_loss
+    from hgpo.train.model import response_logprobs
+    from hgpo.train.trainer import begin_forward
+
+    actor = su.actor
+    for j, b in enumerate(micro_batches(su, prompts, responses)):
+        begin_forward(actor)  # ZeRO-3 accumulates micro-batches only after this
+        lp, ent = response_logprobs(actor.module, b, with_entropy=True)
+        adv = torch.randn(lp.shape[0], 1, device=su.device).expand_as(lp)
+        loss, _ = ppo_loss(lp, old[j], refl[j], adv, b.response_mask, su.cfg, entropy=ent)
+        actor.backward(loss)
+        actor.step()
+
+
+def logprob_gap(su: Setup, prompts: list[list[int]]) -> float | None:
+    """Largest |vLLM - trainer| log-prob of 8 greedy responses after the weight sync (None for
+    the hf engine, which samples from the trained weights themselves)."""
+    if su.args.engine != "vllm":
+        return None
+    import torch
+
+    from hgpo.train.model import pack, response_logprobs
+
+    check = [p[:256] for p in prompts[:8]]
+    ids, lps = su.eng.logprobs(check, 32)
+    b = pack(check, ids, su.tok.pad_token_id, su.device)
+    with torch.no_grad():
+        ours = response_logprobs(su.actor.module, b)[0].float().cpu()
+    return max(
+        (ours[i, : len(r)] - torch.tensor(lps[i])).abs().max().item() for i, r in enumerate(ids)
+    )
+
+
+def iteration(su: Setup, it: int, g: Any) -> dict:
+    """Generate, score, update and sync once on fresh random prompts; the figures."""
+    import torch
+
+    args = su.args
+    prompts = [
+        torch.randint(10, 500, (args.prompt_tokens,), generator=g).tolist()
+        for _ in range(args.prompts)
+    ]
+
+    def timed(fn: Any, *a: Any) -> tuple[Any, float]:
+        su.sync()
         t = time.perf_counter()
-        old, refl = [], []
-        actor.module.eval()
-        with torch.no_grad():
-            for s in range(0, len(prompts), args.micro_batch):
-                b = pack(
-                    prompts[s : s + args.micro_batch],
-                    responses[s : s + args.micro_batch],
-                    tok.pad_token_id,
-                    device,
-                )
-                old.append(response_logprobs(actor.module, b)[0].float())
-                if ref is None:
-                    with actor.module.disable_adapter():
-                        refl.append(response_logprobs(actor.module, b)[0].float())
-                else:
-                    refl.append(response_logprobs(ref, b)[0].float())
-        actor.module.train()
-        sync()
-        score_s = time.perf_counter() - t
-        if cuda:  # the update's own peak (on a CPU: the process's maximum RSS so far)
-            torch.cuda.reset_peak_memory_stats()
-        t = time.perf_counter()
-        for j, s in enumerate(range(0, len(prompts), args.micro_batch)):
-            b = pack(
-                prompts[s : s + args.micro_batch],
-                responses[s : s + args.micro_batch],
-                tok.pad_token_id,
-                device,
-            )
-            begin_forward(actor)  # ZeRO-3 accumulates micro-batches only after this
-            lp, ent = response_logprobs(actor.module, b, with_entropy=True)
-            adv = torch.randn(lp.shape[0], 1, device=device).expand_as(lp)
-            # the trainer's loss with the tiny preset's (= the paper's) coefficients
-            loss, _ = ppo_loss(lp, old[j], refl[j], adv, b.response_mask, cfg, entropy=ent)
-            actor.backward(loss)
-            actor.step()
-        sync()
-        update_s = time.perf_counter() - t
-        update_peak = _peak_mem_gib(cuda)
-        t = time.perf_counter()
-        eng.sync(actor.module)
-        sync()
-        sync_s = time.perf_counter() - t
-        gap = None  # the hf engine samples from the trained weights themselves
-        if args.engine == "vllm":
-            check = [p[:256] for p in prompts[:8]]
-            ids, lps = eng.logprobs(check, 32)
-            b = pack(check, ids, tok.pad_token_id, device)
-            with torch.no_grad():
-                ours = response_logprobs(actor.module, b)[0].float().cpu()
-            gap = max(
-                (ours[i, : len(r)] - torch.tensor(lps[i])).abs().max().item()
-                for i, r in enumerate(ids)
-            )
-        row = {
-            "iteration": it,
-            "rollout_tokens": n_tok,
-            "rollout_tokens_per_s": n_tok / gen_s,
-            "generate_s": gen_s,
-            "score_s": score_s,
-            "update_s": update_s,
-            "sync_s": sync_s,
-            "logprob_gap_after_sync": gap,
-            "tied_head_copies": getattr(eng, "head_copies", None),
-            "update_peak_mem_gib": update_peak,
-            "peak_mem_gib": _peak_mem_gib(cuda),
-        }
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        out = fn(*a)
+        su.sync()
+        return out, time.perf_counter() - t
+
+    responses, gen_s = timed(generate, su, prompts)
+    (old, refl), score_s = timed(score, su, prompts, responses)
+    if su.cuda:  # the update's own peak (on a CPU: the process's maximum RSS so far)
+        torch.cuda.reset_peak_memory_stats()
+    _, update_s = timed(update, su, prompts, responses, old, refl)
+    update_peak = _peak_mem_gib(su.cuda)
+    _, sync_s = timed(su.eng.sync, su.actor.module)
+    n_tok = sum(len(r) for r in responses)
+    return {
+        "iteration": it,
+        "rollout_tokens": n_tok,
+        "rollout_tokens_per_s": n_tok / gen_s,
+        "generate_s": gen_s,
+        "score_s": score_s,
+        "update_s": update_s,
+        "sync_s": sync_s,
+        "logprob_gap_after_sync": logprob_gap(su, prompts),
+        "tied_head_copies": getattr(su.eng, "head_copies", None),
+        "update_peak_mem_gib": update_peak,
+        "peak_mem_gib": _peak_mem_gib(su.cuda),
+    }
+
+
+def summarise(su: Setup, rows: list[dict]) -> dict:
+    import torch
+
+    args = su.args
     summary = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "device": torch.cuda.get_device_name() if su.cuda else "cpu",
         "arch": args.arch,
         "zero_stage": args.zero_stage,
         "prompts": args.prompts,
         "prompt_tokens": args.prompt_tokens,
         "response_tokens": args.response_tokens,
-        "build_s": build_s,
-        "deepspeed_init_s": ds_init_s,
+        "build_s": su.build_s,
+        "deepspeed_init_s": su.deepspeed_init_s,
         "engine": args.engine,
-        "engine_init_s": engine_init_s,
+        "engine_init_s": su.engine_init_s,
         "lora_rank": args.lora_rank,
-        "trainable_params": sum(p.numel() for p in trainable),
+        "trainable_params": sum(p.numel() for p in su.trainable),
         "optimizer_state_gib": sum(
             v.numel() * v.element_size()
-            for st in opt.state.values()
+            for st in su.opt.state.values()
             for v in st.values()
             if torch.is_tensor(v)
         )
         / 2**30,
-        "peak_mem_gib": _peak_mem_gib(cuda),
+        "peak_mem_gib": _peak_mem_gib(su.cuda),
     }
     if args.engine == "vllm":
         summary["max_logprob_gap"] = max(r["logprob_gap_after_sync"] for r in rows)
-    if cuda:
+    if su.cuda:
         free, total = torch.cuda.mem_get_info()
         summary["gpu_mem_used_gib"] = (total - free) / 2**30
+    return summary
+
+
+def main() -> int:
+    import torch
+
+    args = parse_args()
+    su = build(args)
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for it in range(1, args.iterations + 1):
+        rows.append(iteration(su, it, g))
+        print(json.dumps(rows[-1]), flush=True)
+    summary = summarise(su, rows)
     print("SUMMARY " + json.dumps(summary), flush=True)
     if args.toy:
         print("TOY " + json.dumps(toy_run(args.toy, os.path.join(args.out, "toy"), args.device)))
     if args.engine != "vllm":
         return 0
-    return 0 if summary["max_logprob_gap"] < (0.1 if cuda else 1e-3) else 1
+    return 0 if summary["max_logprob_gap"] < (0.1 if su.cuda else 1e-3) else 1
 
 
 if __name__ == "__main__":
