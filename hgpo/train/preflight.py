@@ -60,8 +60,9 @@ def check_snapshots(cfg: TrainConfig) -> None:
         envs.close()
 
 
-def check_out_dir(out_dir: str) -> None:
-    """The run folder exists (or can be made) and a file can be written in it."""
+def check_out_dir(out_dir: str, flag: str = "--out-dir") -> None:
+    """The run folder exists (or can be made) and a file can be written in it (the error
+    names ``flag``)."""
     path = Path(out_dir)
     probe = path / f".write-test-{os.getpid()}"
     try:
@@ -69,9 +70,10 @@ def check_out_dir(out_dir: str) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
+        where = "TrainConfig.out_dir" if flag == "--out-dir" else flag
         raise TrainConfigError(
-            f"TrainConfig.out_dir: cannot write to {out_dir!r} ({e.strerror or type(e).__name__}); "
-            "give a writable --out-dir"
+            f"{where}: cannot write to {out_dir!r} ({e.strerror or type(e).__name__}); "
+            f"give a writable {flag}"
         ) from None
 
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from hgpo.options import bad, check_int, check_number
 from hgpo.train.config import TINY_MODEL, TrainConfig, resolve
 
 log = logging.getLogger(__name__)
@@ -87,10 +89,12 @@ def finetune(
     """Cross-entropy on the response tokens; returns the mean loss of each epoch.
 
     on_epoch: optional callable(epoch, model) run after each epoch (saving snapshots).
+    Raises NonFiniteError at a non-finite loss, or weights after an epoch, before ``on_epoch``.
     """
     import torch
 
     from hgpo.train.model import pack, response_logprobs
+    from hgpo.train.trainer import NonFiniteError
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = np.random.default_rng(seed)
@@ -108,11 +112,39 @@ def finetune(
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             tot.append(float(loss.detach()))
+            if not np.isfinite(tot[-1]):  # before any snapshot or model is written
+                raise NonFiniteError(
+                    f"warm start epoch {len(losses) + 1}: the loss is {tot[-1]} (lower --lr?); "
+                    "nothing more saved"
+                )
+        if not all(bool(torch.isfinite(w).all()) for w in model.parameters()):
+            raise NonFiniteError(
+                f"warm start epoch {len(losses) + 1}: a weight is not finite after the last step "
+                "(lower --lr?); nothing more saved"
+            )
         losses.append(float(np.mean(tot)))
         log.info("warm start epoch %d: loss %.4f", len(losses), losses[-1])
         if on_epoch is not None:
             on_epoch(len(losses), model)
     return losses
+
+
+def check_args(args: argparse.Namespace) -> set[int]:
+    """Named errors for the numeric flags and an unwritable ``--out``, before any work; the
+    epochs of ``--save-epochs``."""
+    from hgpo.train.preflight import check_out_dir
+
+    check_int("--tasks", args.tasks, lo=1)
+    check_int("--epochs", args.epochs, lo=1)
+    check_number("--lr", args.lr, lo=0.0, lo_open=True)
+    check_int("--batch", args.batch, lo=1)
+    snapshots = set()
+    for item in filter(None, (x.strip() for x in args.save_epochs.split(","))):
+        if not item.isdigit() or not 1 <= int(item) <= args.epochs:
+            raise bad("--save-epochs", f"comma-separated epochs in 1..{args.epochs}", item)
+        snapshots.add(int(item))
+    check_out_dir(args.out, flag="--out")
+    return snapshots
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,23 +172,38 @@ def main(argv: list[str] | None = None) -> int:
         help="TrainConfig field=value (the same as the RL run's, e.g. max_prompt_tokens=1024)",
     )
     args = ap.parse_args(argv)
+    try:
+        snapshots = check_args(args)
+    except ValueError as e:
+        ap.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
     from transformers import AutoModelForCausalLM
 
     from hgpo.train.config import parse_options
     from hgpo.train.model import check_thinking_switch, load_tokenizer
+    from hgpo.train.trainer import NonFiniteError
 
     out = Path(args.out)
-    cfg = resolve(
-        args.env,
-        args.preset,
-        {
-            "model": args.model,
-            "out_dir": str(out),
-            **parse_options(",".join(args.override), where="--override"),
-        },
-    )
+    try:
+        cfg = resolve(
+            args.env,
+            args.preset,
+            {
+                "model": args.model,
+                "out_dir": str(out),
+                **parse_options(",".join(args.override), where="--override"),
+            },
+        )
+    except ValueError as e:
+        ap.error(str(e))
+    from hgpo.train.envs import TRAIN_SPLIT, split_size
+
+    n_train = split_size(cfg, TRAIN_SPLIT)
+    if args.tasks > n_train:
+        ap.error(
+            str(bad("--tasks", f"an integer in 1..{n_train} (the training tasks)", args.tasks))
+        )
     path = cfg.model
     if cfg.model == TINY_MODEL:
         from hgpo.train.tiny import build_tiny
@@ -179,16 +226,19 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     samples, expert_success = expert_samples(cfg, tok, list(range(args.tasks)))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    snapshots = {int(x) for x in args.save_epochs.split(",") if x.strip()}
 
     def snapshot(epoch: int, m) -> None:
         if epoch in snapshots:
             m.save_pretrained(str(out / f"model_e{epoch}"))
             tok.save_pretrained(str(out / f"model_e{epoch}"))
 
-    losses = finetune(
-        model, samples, args.epochs, args.lr, args.batch, tok.pad_token_id, cfg.seed, snapshot
-    )
+    try:
+        losses = finetune(
+            model, samples, args.epochs, args.lr, args.batch, tok.pad_token_id, cfg.seed, snapshot
+        )
+    except NonFiniteError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     model.save_pretrained(str(out / "model"))
     tok.save_pretrained(str(out / "model"))
     report = {

@@ -37,6 +37,43 @@ def test_warmstart_fits_expert_responses(tmp_path):
     assert (out / "model" / "config.json").exists() and (out / "model" / "tokenizer.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lr", "nan"], "--lr: must be a finite number > 0.0, got nan"),
+        (["--epochs", "0"], "--epochs: must be an integer >= 1, got 0"),
+        (["--batch", "0"], "--batch: must be an integer >= 1, got 0"),
+        (
+            ["--save-epochs", "2,x"],
+            "--save-epochs: must be comma-separated epochs in 1..3, got 'x'",
+        ),
+        (["--tasks", "100000"], "--tasks: must be an integer in 1..60 (the training tasks), got"),
+        (["--out", "/proc/hgpo/warm"], "--out: cannot write to '/proc/hgpo/warm'"),
+    ],
+)
+def test_bad_flags_stop_before_any_work(tmp_path, flags, message, capsys):
+    from hgpo.train.warmstart import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--epochs", "3", "--out", str(tmp_path / "w"), *flags])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("python -m hgpo.train.warmstart: error: ") and message in err
+    assert not (tmp_path / "w" / "model").exists()
+
+
+def test_a_non_finite_loss_saves_nothing(tmp_path):
+    """lr = 1e30 blows the tiny model up in the first steps: exit 1, no model folder."""
+    out = tmp_path / "warm"
+    cmd = [sys.executable, "-m", "hgpo.train.warmstart", "--env", "webshop", "--tasks", "2",
+           "--epochs", "3", "--lr", "1e30", "--save-epochs", "1,2,3", "--out", str(out),
+           "--override", "max_steps=15,max_prompt_tokens=1024"]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "the loss is" in r.stderr.strip().splitlines()[-1]
+    assert not (out / "model").exists() and not list(out.glob("model_e*"))
+
+
 def test_plot_writes_a_png(tmp_path):
     from hgpo.train.plot import plot
 
