@@ -368,6 +368,15 @@ def main(argv: list[str] | None = None) -> int:
     for split, n in counts.items():
         if n < 0:
             raise SystemExit(str(bad(f"--{split.replace('_', '-')}", "an integer >= 0", n)))
+    try:  # a folder that cannot be written fails here, before any game is drawn
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise SystemExit(
+            f"--out: cannot write to {str(root)!r} ({e.strerror or type(e).__name__})"
+        ) from None
     keys: dict[str, set[tuple[str, str, str, int]]] = {}
     for split, n in counts.items():
         keys[split] = set()

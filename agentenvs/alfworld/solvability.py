@@ -23,6 +23,7 @@ from typing import Any
 
 from agentenvs.alfworld.env import AlfWorldEnv, official_games, planner_plan, play, run_expert
 from agentenvs.alfworld.generator import generate_split
+from hgpo.options import check_int
 
 
 def _check(args: tuple[bool, list[str]]) -> list[tuple[str, bool, int]]:
@@ -66,6 +67,9 @@ def solvability_report(
     first ``n_games`` official games of ``split`` in a seeded random order (always planned:
     the scripted expert needs the generator's record of a game).
     """
+    check_int("n_games", n_games, lo=1)
+    check_int("seed", seed, lo=0)
+    check_int("workers", workers, lo=1)
     if official:
         files = official_games(split)
         if not files:
@@ -120,6 +124,12 @@ def main() -> None:
     a = ap.parse_args()
     split = a.official or a.split
     try:
+        for flag, value, lo in (
+            ("--n", a.n, 1),
+            ("--seed", a.seed, 0),
+            ("--workers", a.workers, 1),
+        ):
+            check_int(flag, value, lo=lo)
         rep = solvability_report(a.n, split, a.seed, a.workers, a.planner, a.official is not None)
     except ValueError as exc:
         ap.error(str(exc))

@@ -40,6 +40,8 @@ def test_split_of_one_task_type_and_bad_values(tmp_path):
         generate_split(tmp_path, "test", 1)
 
 
-def test_cli_rejects_a_negative_count(tmp_path):
+def test_cli_rejects_a_negative_count_and_an_unwritable_out(tmp_path):
     with pytest.raises(SystemExit, match=r"^--valid-unseen: must be an integer >= 0, got -1$"):
         main(["--out", str(tmp_path / "g"), "--valid-unseen", "-1"])
+    with pytest.raises(SystemExit, match=r"^--out: cannot write to '/proc/hgpo/g'"):
+        main(["--out", "/proc/hgpo/g", "--train", "1"])
