@@ -84,15 +84,33 @@ def _prop_text(props: list[dict[str, Any]]) -> str:
 
 
 def _plots(out: Path, rows: list[dict[str, Any]], levels: list[dict[str, Any]]) -> list[str]:
+    """The study's figures under ``out``; returns their file names."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
     cells = sorted({(r["env"], r["K"], r["stage"]) for r in rows}, key=str)
     envs = sorted({c[0] for c in cells})
-    # 1. bias^2 and variance against k (Prop 4.1's picture), per env and K, one line per stage.
+    return [
+        _plot_vs_k(out, cells, envs, levels),
+        _plot_mse_and_gradient(out, cells, rows),
+        _plot_group_sizes(out, envs, levels),
+        _plot_alpha_and_K(out, cells, rows),
+    ]
+
+
+def _save(fig: Any, out: Path, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def _plot_vs_k(out: Path, cells: list[tuple], envs: list[str], levels: list[dict]) -> str:
+    """bias^2 and variance against k (Prop 4.1's picture), per env and K, a line per stage."""
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(len(envs), 2, figsize=(10, 3.2 * len(envs)), squeeze=False)
     for i, env in enumerate(envs):
         for K in sorted({c[1] for c in cells if c[0] == env}):
@@ -106,11 +124,13 @@ def _plots(out: Path, rows: list[dict[str, Any]], levels: list[dict[str, Any]]) 
         for ax in axes[i]:
             ax.set_xlabel("level k")
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "bias_variance_vs_k.png", dpi=110)
-    plt.close(fig)
-    files.append("bias_variance_vs_k.png")
-    # 2. MSE and gradient cosine per estimator, per cell.
+    return _save(fig, out, "bias_variance_vs_k.png")
+
+
+def _plot_mse_and_gradient(out: Path, cells: list[tuple], rows: list[dict]) -> str:
+    """MSE and gradient cosine per estimator, per cell."""
+    import matplotlib.pyplot as plt
+
     ests = [r["estimator"] for r in rows if r["norm"] == "mean" and "=" not in r["estimator"]]
     ests = list(dict.fromkeys(ests))
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.2 * len(cells)), 7))
@@ -135,11 +155,13 @@ def _plots(out: Path, rows: list[dict[str, Any]], levels: list[dict[str, Any]]) 
         ax.set_title(title)
     axes[0].set_yscale("log")
     axes[0].legend(fontsize=7, ncol=5)
-    fig.tight_layout()
-    fig.savefig(out / "mse_and_gradient.png", dpi=110)
-    plt.close(fig)
-    files.append("mse_and_gradient.png")
-    # 3. group-size distribution per level (share of steps in groups of each size).
+    return _save(fig, out, "mse_and_gradient.png")
+
+
+def _plot_group_sizes(out: Path, envs: list[str], levels: list[dict]) -> str:
+    """The group-size distribution per level (share of steps in groups of each size)."""
+    import matplotlib.pyplot as plt
+
     Kmax = max(r["K"] for r in levels) if levels else 0
     lv = [r for r in levels if r["K"] == Kmax]
     fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 3.5), squeeze=False)
@@ -158,11 +180,13 @@ def _plots(out: Path, rows: list[dict[str, Any]], levels: list[dict[str, Any]]) 
         axes[0, i].set_xlabel("group size")
         axes[0, i].set_ylabel("share of steps")
         axes[0, i].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "group_sizes.png", dpi=110)
-    plt.close(fig)
-    files.append("group_sizes.png")
-    # 4. MSE against alpha and against K (hgpo, norm=mean).
+    return _save(fig, out, "group_sizes.png")
+
+
+def _plot_alpha_and_K(out: Path, cells: list[tuple], rows: list[dict]) -> str:
+    """MSE against alpha and against the depth HGPO uses (hgpo, norm=mean)."""
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for c in cells:
         sub = {
@@ -182,11 +206,7 @@ def _plots(out: Path, rows: list[dict[str, Any]], levels: list[dict[str, Any]]) 
     for ax in axes:
         ax.set_ylabel("MSE")
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "mse_vs_alpha_and_K.png", dpi=110)
-    plt.close(fig)
-    files.append("mse_vs_alpha_and_K.png")
-    return files
+    return _save(fig, out, "mse_vs_alpha_and_K.png")
 
 
 def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
