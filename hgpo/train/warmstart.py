@@ -16,6 +16,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -147,8 +148,7 @@ def check_args(args: argparse.Namespace) -> set[int]:
     return snapshots
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: collect the expert samples, fine-tune, save the model folder."""
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m hgpo.train.warmstart",
         description=__doc__,
@@ -171,55 +171,57 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="TrainConfig field=value (the same as the RL run's, e.g. max_prompt_tokens=1024)",
     )
+    return ap
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    """The RL run's config of these flags (named errors); ``--tasks`` within its training
+    tasks."""
+    from hgpo.train.config import parse_options
+    from hgpo.train.envs import TRAIN_SPLIT, split_size
+
+    overrides = parse_options(",".join(args.override), where="--override")
+    cfg = resolve(args.env, args.preset, {"model": args.model, "out_dir": str(Path(args.out)), **overrides})
+    n_train = split_size(cfg, TRAIN_SPLIT)
+    if args.tasks > n_train:
+        raise bad("--tasks", f"an integer in 1..{n_train} (the training tasks)", args.tasks)
+    return cfg
+
+
+def _initial_model(cfg: TrainConfig, out: Path) -> str:
+    """The folder of the model to fine-tune: ``--model``, or a tiny model built as the trainer
+    builds it (under ``out/init``)."""
+    if cfg.model != TINY_MODEL:
+        return cfg.model
+    from hgpo.train.tiny import build_tiny
+    from hgpo.train.trainer import tiny_corpus
+
+    return str(
+        build_tiny(
+            out / "init", tiny_corpus(cfg.env), cfg.tiny_vocab, cfg.tiny_hidden, cfg.tiny_layers,
+            cfg.seed, arch=cfg.tiny_arch,
+        )
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: collect the expert samples, fine-tune, save the model folder."""
+    ap = _parser()
     args = ap.parse_args(argv)
     try:
         snapshots = check_args(args)
+        cfg = _config(args)
     except ValueError as e:
         ap.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hgpo.train.config import parse_options
     from hgpo.train.model import check_thinking_switch, load_tokenizer
     from hgpo.train.trainer import NonFiniteError
 
     out = Path(args.out)
-    try:
-        cfg = resolve(
-            args.env,
-            args.preset,
-            {
-                "model": args.model,
-                "out_dir": str(out),
-                **parse_options(",".join(args.override), where="--override"),
-            },
-        )
-    except ValueError as e:
-        ap.error(str(e))
-    from hgpo.train.envs import TRAIN_SPLIT, split_size
-
-    n_train = split_size(cfg, TRAIN_SPLIT)
-    if args.tasks > n_train:
-        ap.error(
-            str(bad("--tasks", f"an integer in 1..{n_train} (the training tasks)", args.tasks))
-        )
-    path = cfg.model
-    if cfg.model == TINY_MODEL:
-        from hgpo.train.tiny import build_tiny
-        from hgpo.train.trainer import tiny_corpus
-
-        path = str(
-            build_tiny(
-                out / "init",
-                tiny_corpus(cfg.env),
-                cfg.tiny_vocab,
-                cfg.tiny_hidden,
-                cfg.tiny_layers,
-                cfg.seed,
-                arch=cfg.tiny_arch,
-            )
-        )
+    path = _initial_model(cfg, out)
     torch.manual_seed(cfg.seed)
     tok = load_tokenizer(path)
     check_thinking_switch(tok, cfg.enable_thinking)
@@ -227,10 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     samples, expert_success = expert_samples(cfg, tok, list(range(args.tasks)))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
-    def snapshot(epoch: int, m) -> None:
+    def save(m: Any, name: str) -> None:
+        m.save_pretrained(str(out / name))
+        tok.save_pretrained(str(out / name))
+
+    def snapshot(epoch: int, m: Any) -> None:
         if epoch in snapshots:
-            m.save_pretrained(str(out / f"model_e{epoch}"))
-            tok.save_pretrained(str(out / f"model_e{epoch}"))
+            save(m, f"model_e{epoch}")
 
     try:
         losses = finetune(
@@ -239,8 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    model.save_pretrained(str(out / "model"))
-    tok.save_pretrained(str(out / "model"))
+    save(model, "model")
     report = {
         "samples": len(samples),
         "expert_success": expert_success,
