@@ -181,7 +181,9 @@ def _config(args: argparse.Namespace) -> TrainConfig:
     from hgpo.train.envs import TRAIN_SPLIT, split_size
 
     overrides = parse_options(",".join(args.override), where="--override")
-    cfg = resolve(args.env, args.preset, {"model": args.model, "out_dir": str(Path(args.out)), **overrides})
+    cfg = resolve(
+        args.env, args.preset, {"model": args.model, "out_dir": str(Path(args.out)), **overrides}
+    )
     n_train = split_size(cfg, TRAIN_SPLIT)
     if args.tasks > n_train:
         raise bad("--tasks", f"an integer in 1..{n_train} (the training tasks)", args.tasks)
