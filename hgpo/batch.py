@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.branching import BranchLayout, branch_layout
+from hgpo.branching import BranchLayout, bad_parent_change, branch_layout
 
 __all__ = ["StateIndexer", "StepBatch", "state_ids"]
 
@@ -71,6 +71,81 @@ def _as_int_array(name: str, value: Any) -> np.ndarray:
             f"StepBatch.{name}[{i}] is {arr[i].item()!r}, outside the int64 range{hint}"
         )
     return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _trajectory_starts(step: np.ndarray, traj: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """int64 first row of each trajectory of an unbranched batch.
+
+    A trajectory starts where step == 0; every other row continues the previous row's
+    trajectory with step + 1 and the same traj and group. Checked on shifted slices
+    (contiguous, no gathers): this runs on every batch.
+    """
+    if step[0] != 0:
+        raise ValueError(f"StepBatch.step[0] is {step[0]}; a trajectory must start at step 0")
+    is_start = step == 0
+    cont = ~is_start[1:]  # row i + 1 continues row i
+    bad = cont & ((step[1:] != step[:-1] + 1) | (traj[1:] != traj[:-1]))
+    if bad.any():
+        _bad_order(int(np.flatnonzero(bad)[0]) + 1, step, traj)
+    badg = cont & (group[1:] != group[:-1])
+    if badg.any():
+        _bad_group(int(np.flatnonzero(badg)[0]) + 1, traj, group)
+    return np.flatnonzero(is_start).astype(np.int64, copy=False)
+
+
+def _parented_starts(
+    step: np.ndarray, traj: np.ndarray, group: np.ndarray, parent: np.ndarray
+) -> np.ndarray:
+    """[branching] int64 first row of each trajectory of a batch with a parent column: where
+    the trajectory id changes (a branch starts after step 0, see hgpo/branching.py). Every
+    other row steps by one and keeps the group and the parent pointer of the row before it:
+    one combined pass; the error path names the first fault as the separate checks would."""
+    new = traj[1:] != traj[:-1]
+    bad = step[1:] != step[:-1] + 1
+    bad |= group[1:] != group[:-1]
+    bad |= parent[1:] != parent[:-1]
+    if np.greater(bad, new).any():  # a fault on a row that continues its trajectory
+        if (parent == -1).all():  # roots only: the unbranched batch's checks and messages
+            return _trajectory_starts(step, traj, group)
+        _bad_continuation(step, traj, group, parent, new)
+    starts = np.empty(np.count_nonzero(new) + 1, dtype=np.int64)
+    starts[0] = 0
+    np.add(np.flatnonzero(new), 1, out=starts[1:])
+    return starts
+
+
+def _bad_order(i: int, step: np.ndarray, traj: np.ndarray) -> None:
+    raise ValueError(
+        f"StepBatch.step[{i}] is {step[i]} (traj {traj[i]}) after step "
+        f"{step[i - 1]} (traj {traj[i - 1]}): the rows of a trajectory must be "
+        "contiguous and ordered 0..T-1"
+    )
+
+
+def _bad_group(i: int, traj: np.ndarray, group: np.ndarray) -> None:
+    raise ValueError(
+        f"StepBatch.group[{i}] is {group[i]} but trajectory {traj[i]} started in "
+        f"group {group[i - 1]}: a trajectory lies in one rollout group"
+    )
+
+
+def _bad_continuation(step, traj, group, parent, new) -> None:
+    """(error path of _parented_starts) The first row out of order, else the first that
+    changes group, else the first that changes parent."""
+    cont = ~new
+    for fault, name in (
+        (cont & (step[1:] != step[:-1] + 1), "step"),
+        (cont & (group[1:] != group[:-1]), "group"),
+        (cont & (parent[1:] != parent[:-1]), "parent"),
+    ):
+        if fault.any():
+            i = int(np.flatnonzero(fault)[0]) + 1
+            if name == "step":
+                _bad_order(i, step, traj)
+            if name == "group":
+                _bad_group(i, traj, group)
+            bad_parent_change(i, parent, traj, new)
+    raise AssertionError("_bad_continuation called on a batch without a fault")
 
 
 @dataclass(frozen=True)
@@ -164,7 +239,7 @@ class StepBatch:
         if not finite.all():
             i = int(np.flatnonzero(~finite)[0])
             raise ValueError(f"StepBatch.reward[{i}] is {float(reward[i])}; rewards must be finite")
-        if (self.step < 0).any():
+        if self.step.min() < 0:  # (a reduction: half the time of a comparison and any())
             i = int(np.flatnonzero(self.step < 0)[0])
             raise ValueError(f"StepBatch.step[{i}] is {self.step[i]}; step indices start at 0")
 
@@ -173,37 +248,11 @@ class StepBatch:
         trajectory's rows are contiguous, ordered and in one rollout group."""
         set_ = object.__setattr__
         n = self.group.shape[0]
-        # A trajectory starts where step == 0; every other row continues the previous row's
-        # trajectory with step + 1 and the same traj and group. Checked on shifted slices
-        # (contiguous, no gathers): this runs on every batch.
         step, traj, group = self.step, self.traj, self.group
-        parented = self.parent is not None  # [branching] may hold branches
-        if step[0] != 0 and not parented:
-            raise ValueError(f"StepBatch.step[0] is {step[0]}; a trajectory must start at step 0")
-        is_start = step == 0
-        if parented:  # [branching] a branch starts where the trajectory id changes
-            is_start[1:] |= traj[1:] != traj[:-1]
-            is_start[0] = True
-        cont = ~is_start[1:]  # row i + 1 continues row i
-        if parented:  # (so a row that continues one keeps its traj id)
-            bad = cont & (step[1:] != step[:-1] + 1)
-        else:
-            bad = cont & ((step[1:] != step[:-1] + 1) | (traj[1:] != traj[:-1]))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0]) + 1
-            raise ValueError(
-                f"StepBatch.step[{i}] is {step[i]} (traj {traj[i]}) after step "
-                f"{step[i - 1]} (traj {traj[i - 1]}): the rows of a trajectory must be "
-                "contiguous and ordered 0..T-1"
-            )
-        badg = cont & (group[1:] != group[:-1])
-        if badg.any():
-            i = int(np.flatnonzero(badg)[0]) + 1
-            raise ValueError(
-                f"StepBatch.group[{i}] is {group[i]} but trajectory {traj[i]} started in "
-                f"group {group[i - 1]}: a trajectory lies in one rollout group"
-            )
-        starts = np.flatnonzero(is_start)
+        if self.parent is None:
+            starts = _trajectory_starts(step, traj, group)
+        else:  # [branching] a trajectory starts where its id changes (a branch after step 0)
+            starts = _parented_starts(step, traj, group, self.parent)
         traj_at_start = traj[starts]
         # Ids that rise from one trajectory to the next are unique; only others need a count.
         rising = starts.size == 1 or bool((traj_at_start[1:] > traj_at_start[:-1]).all())
@@ -215,7 +264,6 @@ class StepBatch:
                     f"StepBatch.traj value {dup} labels two separate runs of rows; trajectory "
                     "ids must be unique across the batch"
                 )
-        starts = starts.astype(np.int64, copy=False)
         traj_len = np.empty_like(starts)  # (np.diff with append= costs 10x more)
         np.subtract(starts[1:], starts[:-1], out=traj_len[:-1])
         traj_len[-1] = n - starts[-1]
@@ -224,9 +272,9 @@ class StepBatch:
         # (np.repeat: a third of the time of a cumsum of is_start)
         set_(self, "traj_index", np.repeat(np.arange(starts.size, dtype=np.int64), traj_len))
         layout = None
-        if parented:  # [branching] None when every trajectory is a root (an ordinary batch)
+        if self.parent is not None:  # [branching] None when every trajectory is a root
             layout = branch_layout(
-                self.parent, traj, group, self.state, step, starts, traj_len, cont, rising
+                self.parent, traj, group, self.state, step, starts, traj_len, rising
             )
         set_(self, "branches", layout)
 

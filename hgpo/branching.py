@@ -37,7 +37,13 @@ import numpy as np
 if TYPE_CHECKING:  # batch.py imports this module; no import at run time (no circle)
     from hgpo.batch import StepBatch
 
-__all__ = ["BranchLayout", "branch_layout", "lookback_rows", "virtual_episode_returns"]
+__all__ = [
+    "BranchLayout",
+    "bad_parent_change",
+    "branch_layout",
+    "lookback_rows",
+    "virtual_episode_returns",
+]
 
 
 @dataclass(frozen=True)
@@ -86,36 +92,24 @@ def branch_layout(
     step: np.ndarray,
     traj_start: np.ndarray,
     traj_len: np.ndarray,
-    cont: np.ndarray,
     ids_rise: bool,
 ) -> BranchLayout | None:
     """Check the parent pointers of a batch and lay out its virtual full trajectories (None
     when every trajectory is a root: an ordinary batch, whose roots start at step 0).
 
     Args:
-        parent_row: int64[n] traj id of each row's parent trajectory, -1 for a root.
+        parent_row: int64[n] traj id of each row's parent trajectory, -1 for a root, constant
+            within a trajectory (checked by the batch).
         traj, group, state, step: the batch's columns; traj_start, traj_len: its segments;
-        cont: bool[n - 1] row i + 1 continues row i's trajectory; ids_rise: the trajectory
-        ids rise from one trajectory to the next.
+        ids_rise: the trajectory ids rise from one trajectory to the next.
 
     Raises:
-        ValueError naming the row and value when a parent pointer is below -1, changes within
-        a trajectory, names no earlier trajectory, crosses a rollout group, or the branch step
-        lies outside 1..T_p - 1 or the branch's first state differs from the parent's state at
-        that step.
+        ValueError naming the row and value when a parent pointer is below -1, names no
+        earlier trajectory, crosses a rollout group, or the branch step lies outside
+        1..T_p - 1 or the branch's first state differs from the parent's state at that step.
     """
     first = traj_start
     p_id = parent_row[first]
-    # A trajectory has one parent: the pointer may change only where a trajectory starts.
-    inside = (parent_row[1:] != parent_row[:-1]) & cont
-    if inside.any():
-        i = int(np.flatnonzero(inside)[0]) + 1
-        raise ValueError(
-            f"StepBatch.parent[{i}] is {parent_row[i]} but trajectory {traj[i]} started with "
-            f"parent {parent_row[first[np.searchsorted(first, i, side='right') - 1]]}: "
-            "a trajectory has one parent"
-        )
-    # so the pointers of the trajectories' first rows are all of them
     if p_id.min() < -1:
         i = int(first[np.flatnonzero(p_id < -1)[0]])
         raise ValueError(
@@ -127,20 +121,39 @@ def branch_layout(
         if (b != 0).any():
             _bad_root_start(int(first[np.flatnonzero(b != 0)[0]]), traj, step)
         return None
-    parent = _dense_parents(p_id, traj[first], ids_rise)
+    index = np.arange(first.shape[0])
+    parent = _dense_parents(p_id, traj[first], ids_rise, index)
     roots = parent < 0
     vlen = b + traj_len
     # The checks run over every trajectory at once (few numpy calls: this runs on every
     # branched batch), a root standing in for its own parent: a root starts at step 0, a
     # branch at a step 1..T_p - 1 of its parent (a root's b < vlen holds by itself).
-    stand = np.where(roots, np.arange(first.shape[0]), parent)
-    if not (((b > 0) != roots) & (b < vlen[stand])).all():
+    own = np.where(roots, index, parent)
+    if not (((b > 0) != roots) & (b < vlen[own])).all():
         _bad_start(roots, b, vlen, parent, first, p_id, traj, step)
     layout = BranchLayout(parent, b, vlen, first)
-    p_row = layout.row_at(stand, b)  # a root's is its own first row
-    if not ((group[p_row] == group[first]) & (state[p_row] == state[first])).all():
+    # The row of step b of V(p): p's own row when b is at or after p's branch step (every
+    # rollout kernel branches so), else its owner's, found by climbing; a root's own first row.
+    b_own = b[own]
+    climb = bool((b < b_own).any())
+    p_row = layout.row_at(own, b) if climb else first[own] + (b - b_own)
+    # (a trajectory in its parent's group puts every ancestor in it: the snapshot's row too)
+    g_first = group[first]
+    if not ((g_first[own] == g_first) & (state[p_row] == state[first])).all():
         _bad_snapshot(roots, p_row, first, b, p_id, traj, group, state)
     return layout
+
+
+def bad_parent_change(row: int, parent_row: np.ndarray, traj: np.ndarray, new: np.ndarray) -> None:
+    """(error path of the batch's row checks) Row ``row`` continues a trajectory with another
+    parent pointer than its first row's (``new``: bool[n - 1], row i + 1 starts a
+    trajectory)."""
+    starts = np.concatenate(([0], np.flatnonzero(new) + 1))
+    start = int(starts[np.searchsorted(starts, row, side="right") - 1])
+    raise ValueError(
+        f"StepBatch.parent[{row}] is {parent_row[row]} but trajectory {traj[row]} started with "
+        f"parent {parent_row[start]}: a trajectory has one parent"
+    )
 
 
 def _bad_root_start(row: int, traj: np.ndarray, step: np.ndarray) -> None:
@@ -197,7 +210,9 @@ def _where(row: int, parent_id: int, traj: np.ndarray) -> str:
     return f"StepBatch.parent[{row}] is {parent_id} (trajectory {traj[row]})"
 
 
-def _dense_parents(p_id: np.ndarray, ids: np.ndarray, ids_rise: bool) -> np.ndarray:
+def _dense_parents(
+    p_id: np.ndarray, ids: np.ndarray, ids_rise: bool, index: np.ndarray
+) -> np.ndarray:
     """int64[n_traj] dense index of each parent id (-1 for a root; ids >= -1, checked before);
     ValueError when a parent is not a trajectory listed earlier in the batch (so the pointers
     have no cycle)."""
@@ -209,7 +224,7 @@ def _dense_parents(p_id: np.ndarray, ids: np.ndarray, ids_rise: bool) -> np.ndar
         pos = np.minimum(np.searchsorted(ids[order], p_id), n_traj - 1)
         parent = np.where(ids[order][pos] == p_id, order[pos], n_traj)
         parent[p_id < 0] = -1
-    bad = parent >= np.arange(n_traj)  # also an id that names no trajectory (n_traj)
+    bad = parent >= index  # also an id that names no trajectory (n_traj)
     if bad.any():
         j = int(np.flatnonzero(bad)[0])
         raise ValueError(

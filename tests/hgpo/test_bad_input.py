@@ -34,9 +34,7 @@ def pair(reward):
 HINT = r"hgpo\.state_ids"
 
 
-@pytest.mark.parametrize(
-    ("over", "match"),
-    [
+BATCH_TABLE = [
         (dict(reward=[0.0, np.nan, 0.0]), r"reward\[1\] is nan"),
         (dict(reward=[0.0, np.inf, 0.0]), r"reward\[1\] is inf"),
         (dict(state=[1, 2]), r"state has length 2, expected 3"),
@@ -60,11 +58,20 @@ HINT = r"hgpo\.state_ids"
         (dict(group=[True, True, True]), r"group must hold integers, got dtype bool"),
         (dict(state=[[1], [2, 3], [1]]), r"StepBatch\.state: must be a sequence of integers"),
         (dict(invalid=[0, 2, 0]), r"invalid must be boolean, got 2"),
-    ],
-)  # fmt: skip
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("over", "match"), BATCH_TABLE)
 def test_step_batch_table(over, match):
     with pytest.raises(ValueError, match=match):
         batch(**over)
+
+
+@pytest.mark.parametrize(("over", "match"), BATCH_TABLE)
+def test_step_batch_table_with_a_parent_column_of_roots(over, match):
+    """parent all -1 (a branching rollout that drew no branch): the same errors."""
+    with pytest.raises(ValueError, match=match):
+        batch(parent=[-1] * len(over.get("group", [0, 0, 0])), **over)
 
 
 def test_step_batch_accepts_integer_valued_input_of_any_int_or_float_dtype():
