@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -124,6 +125,22 @@ def check_number(
         must = ("a finite number" if finite else "a number") + (" " + parts[0] if parts else "")
         raise bad(where, must, value)
     return float(value)
+
+
+def check_writable_dir(where: str, path: str, flag: str) -> None:
+    """Folder ``path`` exists (or can be made) and a file can be written in it, else an
+    OptionError naming ``where`` and the flag to change, before any work."""
+    probe = os.path.join(path, f".write-test-{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "w"):
+            pass
+        os.unlink(probe)
+    except OSError as e:
+        raise OptionError(
+            f"{where}: cannot write to {path!r} ({e.strerror or type(e).__name__}); "
+            f"give a writable {flag}"
+        ) from None
 
 
 def check_choice(where: str, value: Any, choices: Iterable[Any]) -> Any:

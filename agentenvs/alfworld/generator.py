@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hgpo.options import bad, check_choice, check_int
+from hgpo.options import bad, check_choice, check_int, check_writable_dir
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -369,14 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         if n < 0:
             raise SystemExit(str(bad(f"--{split.replace('_', '-')}", "an integer >= 0", n)))
     try:  # a folder that cannot be written fails here, before any game is drawn
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise SystemExit(
-            f"--out: cannot write to {str(root)!r} ({e.strerror or type(e).__name__})"
-        ) from None
+        check_writable_dir("--out", str(root), "--out")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     keys: dict[str, set[tuple[str, str, str, int]]] = {}
     for split, n in counts.items():
         keys[split] = set()

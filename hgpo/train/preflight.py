@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from pathlib import Path
 
+from hgpo.options import OptionError, check_writable_dir
 from hgpo.train import checkpoint as ckpt
 from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
 
@@ -60,21 +60,12 @@ def check_snapshots(cfg: TrainConfig) -> None:
         envs.close()
 
 
-def check_out_dir(out_dir: str, flag: str = "--out-dir") -> None:
-    """The run folder exists (or can be made) and a file can be written in it (the error
-    names ``flag``)."""
-    path = Path(out_dir)
-    probe = path / f".write-test-{os.getpid()}"
+def check_out_dir(out_dir: str) -> None:
+    """The run folder exists (or can be made) and a file can be written in it."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        where = "TrainConfig.out_dir" if flag == "--out-dir" else flag
-        raise TrainConfigError(
-            f"{where}: cannot write to {out_dir!r} ({e.strerror or type(e).__name__}); "
-            f"give a writable {flag}"
-        ) from None
+        check_writable_dir("TrainConfig.out_dir", out_dir, "--out-dir")
+    except OptionError as e:
+        raise TrainConfigError(str(e)) from None
 
 
 def installed(module: str) -> bool:

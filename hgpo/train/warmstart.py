@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.options import bad, check_int, check_number
+from hgpo.options import bad, check_int, check_number, check_writable_dir
 from hgpo.train.config import TINY_MODEL, TrainConfig, resolve
 
 log = logging.getLogger(__name__)
@@ -133,8 +133,6 @@ def finetune(
 def check_args(args: argparse.Namespace) -> set[int]:
     """Named errors for the numeric flags and an unwritable ``--out``, before any work; the
     epochs of ``--save-epochs``."""
-    from hgpo.train.preflight import check_out_dir
-
     check_int("--tasks", args.tasks, lo=1)
     check_int("--epochs", args.epochs, lo=1)
     check_number("--lr", args.lr, lo=0.0, lo_open=True)
@@ -144,7 +142,7 @@ def check_args(args: argparse.Namespace) -> set[int]:
         if not item.isdigit() or not 1 <= int(item) <= args.epochs:
             raise bad("--save-epochs", f"comma-separated epochs in 1..{args.epochs}", item)
         snapshots.add(int(item))
-    check_out_dir(args.out, flag="--out")
+    check_writable_dir("--out", args.out, "--out")
     return snapshots
 
 
