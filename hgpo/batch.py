@@ -133,19 +133,15 @@ def _bad_continuation(step, traj, group, parent, new) -> None:
     """(error path of _parented_starts) The first row out of order, else the first that
     changes group, else the first that changes parent."""
     cont = ~new
-    for fault, name in (
-        (cont & (step[1:] != step[:-1] + 1), "step"),
-        (cont & (group[1:] != group[:-1]), "group"),
-        (cont & (parent[1:] != parent[:-1]), "parent"),
-    ):
-        if fault.any():
-            i = int(np.flatnonzero(fault)[0]) + 1
-            if name == "step":
-                _bad_order(i, step, traj)
-            if name == "group":
-                _bad_group(i, traj, group)
-            bad_parent_change(i, parent, traj, new)
-    raise AssertionError("_bad_continuation called on a batch without a fault")
+
+    def first(fault: np.ndarray) -> int:  # the row of the first fault, 0 for none
+        return int(np.argmax(fault)) + 1 if fault.any() else 0
+
+    if i := first(cont & (step[1:] != step[:-1] + 1)):
+        _bad_order(i, step, traj)
+    if i := first(cont & (group[1:] != group[:-1])):
+        _bad_group(i, traj, group)
+    bad_parent_change(first(cont & (parent[1:] != parent[:-1])), parent, traj, new)
 
 
 @dataclass(frozen=True)
