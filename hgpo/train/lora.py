@@ -26,19 +26,53 @@ def add_adapters(model: nn.Module, cfg: Any) -> nn.Module:
     ``cfg.lora_alpha / cfg.lora_rank``, dropout ``cfg.lora_dropout``); base weights frozen."""
     from peft import LoraConfig, get_peft_model
 
-    names = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
-    targets: str | list[str] = "all-linear" if names == ["all-linear"] else names
     lcfg = LoraConfig(
         r=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha,
         lora_dropout=cfg.lora_dropout,
-        target_modules=targets,
+        target_modules=target_names(cfg.lora_targets),
         task_type="CAUSAL_LM",
     )
     try:
         return get_peft_model(model, lcfg)
     except ValueError as e:  # a target that matches no module
         raise ValueError(f"TrainConfig.lora_targets={cfg.lora_targets!r}: {e}") from None
+
+
+def target_names(text: str) -> str | list[str]:
+    """``lora_targets`` as peft reads it: "all-linear", or the comma-separated module names."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    return "all-linear" if names == ["all-linear"] else names
+
+
+ADAPTABLE = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+"""The torch layers a LoRA adapter can wrap (peft's LoRA layers)."""
+
+
+def check_targets(model: nn.Module, text: str) -> None:
+    """ValueError naming ``lora_targets`` and the first name that matches no layer of ``model``,
+    or that matches a module LoRA cannot wrap. peft itself only fails when no name matches
+    anything: a misspelt name beside a right one would be dropped silently.
+
+    A name matches module ``key`` when key == name or key ends with "." + name (peft's rule)."""
+    names = target_names(text)
+    if names == "all-linear":
+        return
+    modules = dict(model.named_modules())
+    layers = sorted({k.rsplit(".", 1)[-1] for k, m in modules.items() if isinstance(m, nn.Linear)})
+    for name in names:
+        hits = [m for k, m in modules.items() if k == name or k.endswith("." + name)]
+        if not hits:
+            raise ValueError(
+                f"TrainConfig.lora_targets: {name!r} matches no module of the model; its linear "
+                f"layers are {', '.join(layers)} (or give all-linear)"
+            )
+        if not all(isinstance(m, ADAPTABLE) for m in hits):
+            kind = next(type(m).__name__ for m in hits if not isinstance(m, ADAPTABLE))
+            raise ValueError(
+                f"TrainConfig.lora_targets: {name!r} names a {kind}, which LoRA cannot wrap; "
+                f"name linear layers ({', '.join(layers)}) or give all-linear"
+            )
 
 
 def has_adapters(model: nn.Module) -> bool:

@@ -32,6 +32,8 @@ def validate_config(cfg: TrainConfig) -> None:
         from hgpo.train.model import check_model
 
         check_model(cfg.model)
+    if cfg.lora_rank:
+        check_lora_targets(cfg)
     if cfg.env == "alfworld" and cfg.alfworld_games_dir:
         from hgpo.train.envs import TRAIN_SPLIT, val_splits
 
@@ -46,6 +48,27 @@ def validate_config(cfg: TrainConfig) -> None:
         from hgpo.train.truth import truth_chain
 
         truth_chain(cfg)
+
+
+def check_lora_targets(cfg: TrainConfig) -> None:
+    """Every name in ``lora_targets`` matches a layer LoRA can wrap, read on the model's
+    skeleton (its config, built on the meta device: no weights are loaded)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hgpo.train.lora import check_targets
+    from hgpo.train.tiny import tiny_config
+
+    if cfg.model == TINY_MODEL:
+        config = tiny_config(cfg.tiny_vocab, cfg.tiny_hidden, cfg.tiny_layers, arch=cfg.tiny_arch)
+    else:
+        config = AutoConfig.from_pretrained(cfg.model)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    try:
+        check_targets(skeleton, cfg.lora_targets)
+    except ValueError as e:
+        raise TrainConfigError(str(e)) from None
 
 
 def check_snapshots(cfg: TrainConfig) -> None:

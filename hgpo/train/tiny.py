@@ -104,27 +104,18 @@ def train_tokenizer(
     return fast
 
 
-def tiny_model(
-    vocab_size: int,
-    hidden: int = 64,
-    layers: int = 2,
-    seed: int = 0,
-    tie_embeddings: bool = True,
+def tiny_config(
+    vocab_size: int, hidden: int = 64, layers: int = 2, tie_embeddings: bool = True,
     arch: str = "qwen2",
-):
-    """A randomly initialised Qwen2ForCausalLM or Qwen3ForCausalLM (head size 64, as vLLM needs;
-    2 KV heads per 4 query heads). Qwen3 adds a per-head RMSNorm of queries and keys and has no
-    attention bias; its head size is a config field (128 in the real models), set to 64 here."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+):  # fmt: skip
+    """The transformers config of :func:`tiny_model` (a Qwen2Config or Qwen3Config)."""
+    from transformers import Qwen2Config, Qwen3Config
 
     check_arch(arch)
-    config_cls, model_cls = (
-        (Qwen3Config, Qwen3ForCausalLM) if arch == "qwen3" else (Qwen2Config, Qwen2ForCausalLM)
-    )
+    config_cls = Qwen3Config if arch == "qwen3" else Qwen2Config
     heads = max(1, hidden // 64)
     extra = {"head_dim": 64} if arch == "qwen3" else {}
-    cfg = config_cls(
+    return config_cls(
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=hidden * 2,
@@ -138,6 +129,24 @@ def tiny_model(
         pad_token_id=0,
         **extra,
     )
+
+
+def tiny_model(
+    vocab_size: int,
+    hidden: int = 64,
+    layers: int = 2,
+    seed: int = 0,
+    tie_embeddings: bool = True,
+    arch: str = "qwen2",
+):
+    """A randomly initialised Qwen2ForCausalLM or Qwen3ForCausalLM (head size 64, as vLLM needs;
+    2 KV heads per 4 query heads). Qwen3 adds a per-head RMSNorm of queries and keys and has no
+    attention bias; its head size is a config field (128 in the real models), set to 64 here."""
+    import torch
+    from transformers import Qwen2ForCausalLM, Qwen3ForCausalLM
+
+    cfg = tiny_config(vocab_size, hidden, layers, tie_embeddings, arch)
+    model_cls = Qwen3ForCausalLM if arch == "qwen3" else Qwen2ForCausalLM
     torch.manual_seed(seed)
     return model_cls(cfg)
 

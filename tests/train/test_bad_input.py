@@ -34,6 +34,16 @@ def without_extras(monkeypatch):
             "TrainConfig.env: 'alfworld' needs textworld (the [alfworld] extra)",
         ),
         (["--model", "{tmp}/missing"], "TrainConfig.model: '{tmp}/missing' is not a model folder"),
+        # peft drops a misspelt name silently when another name matches: named here, per name
+        (
+            ["--lora-rank", "4", "--lora-targets", "q_proj,v_prj"],
+            "TrainConfig.lora_targets: 'v_prj' matches no module of the model; its linear layers "
+            "are down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj",
+        ),
+        (
+            ["--lora-rank", "4", "--lora-targets", "layers"],
+            "TrainConfig.lora_targets: 'layers' names a ModuleList, which LoRA cannot wrap",
+        ),
     ],
 )
 def test_setup_errors_are_one_line_exit_2_before_the_model(
