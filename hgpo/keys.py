@@ -156,25 +156,79 @@ def hierarchy(
     K = _check(K, early)
     if include_actions and batch.action is None:
         raise ValueError("include_actions=True needs StepBatch.action, which is None")
-    n, L = batch.n_steps, K + 1
-    ids = np.empty((L, n), dtype=np.int64)  # every entry is written chunk by chunk
-    A = np.zeros((L, n)) if returns is not None else None
-    info = np.zeros((L, n), dtype=np.bool_) if returns is not None else None
-    hist = [np.zeros(2, dtype=np.int64) for _ in range(L)]
-    offset = np.zeros(L, dtype=np.int64)
+    out = _Outputs.empty(K, batch.n_steps, returns is not None)
     back = None
     if batch.branches is not None:  # [branching] one chunk; contexts read across branch points
-        perm, bounds = None, np.array([0, n], dtype=np.int64)
+        perm, bounds = None, np.array([0, batch.n_steps], dtype=np.int64)
         back = lookback_rows(batch, K)
     else:
         perm, bounds = _chunks(batch, CHUNK_ROWS if chunk_rows is None else chunk_rows)
     for lo, hi in itertools.pairwise(bounds.tolist()):
         rows = slice(lo, hi) if perm is None else perm[lo:hi]
-        _chunk(
-            batch, rows, K, returns, include_actions, early, (norm, std, eps, leave_one_out),
-            ids, A, info, hist, offset, back,
-        )  # fmt: skip
-    return Hierarchy(ids, offset, hist, A, info)
+        _chunk(batch, rows, K, returns, include_actions, early, (norm, std, eps, leave_one_out),
+               out, back)  # fmt: skip
+    return Hierarchy(out.ids, out.offset, out.hist, out.A, out.info)
+
+
+@dataclass
+class _Outputs:
+    """What :func:`hierarchy` fills chunk by chunk: ``ids``, ``A`` and ``info`` per (level,
+    row) (see :class:`Hierarchy`), the size histogram per level and ``offset``, the groups
+    numbered so far per level."""
+
+    ids: np.ndarray
+    A: np.ndarray | None
+    info: np.ndarray | None
+    hist: list[np.ndarray]
+    offset: np.ndarray
+
+    @classmethod
+    def empty(cls, K: int, n: int, with_returns: bool) -> _Outputs:
+        L = K + 1
+        return cls(
+            ids=np.empty((L, n), dtype=np.int64),  # every entry is written chunk by chunk
+            A=np.zeros((L, n)) if with_returns else None,
+            info=np.zeros((L, n), dtype=np.bool_) if with_returns else None,
+            hist=[np.zeros(2, dtype=np.int64) for _ in range(L)],
+            offset=np.zeros(L, dtype=np.int64),
+        )
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """One chunk's columns as small codes (:func:`_codes`): rollout group ``g`` and state ``s``
+    with their bounds, step ``t``, and ``past``, what a context holds per earlier step (s, or
+    the pair (s, a) with ``include_actions``)."""
+
+    g: np.ndarray
+    g_n: int
+    s: np.ndarray
+    s_n: int
+    t: np.ndarray
+    past: np.ndarray
+    past_n: int
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """The steps still to split at the next level: ``cand`` (chunk rows) whose group has >= 2
+    members, ``prev`` that group's dense rank among such groups (``n_prev`` of them), and
+    ``alone``, the steps alone at some level so far (alone at every deeper one, Eq. 5)."""
+
+    cand: np.ndarray
+    prev: np.ndarray
+    n_prev: int
+    alone: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """One level's groups among the candidates: ``members`` (chunk rows) in key order,
+    ``size`` per group and ``rank``, each member's group."""
+
+    members: np.ndarray
+    size: np.ndarray
+    rank: np.ndarray
 
 
 def _chunk(
@@ -185,85 +239,128 @@ def _chunk(
     include_actions: bool,
     early: str,
     norm_args: tuple[str, str, float, bool],
-    ids_out: np.ndarray,
-    A_out: np.ndarray | None,
-    info_out: np.ndarray | None,
-    hist_out: list[np.ndarray],
-    offset: np.ndarray,
+    out: _Outputs,
     back_rows: np.ndarray | None = None,
 ) -> None:
-    """The hierarchy of one chunk of whole rollout groups, written into the outputs.
+    """The hierarchy of one chunk of whole rollout groups, written into ``out``: level 0
+    groups by (g, s_t), level k > 0 splits each shared level-(k-1) group by s_{t-k}.
 
     back_rows: int64[K + 1, n] the row of s_{t-k} of each step (branched batches, one chunk),
     or None: the row k before (trajectories contiguous).
     """
+    cols = _columns(batch, rows, include_actions)
+    x = R[rows] if R is not None else None
+    glob = (lambda i: i + rows.start) if isinstance(rows, slice) else (lambda i: rows[i])
+    m = cols.t.shape[0]
+    everyone = np.arange(m, dtype=np.int64)  # level 0: every step, in one candidate group
+    shared = _Shared(everyone, everyone, m, np.zeros(0, dtype=np.int64))
+    for k in range(K + 1):
+        if k == 0:
+            key, bound = cols.g * cols.s_n + cols.s, cols.g_n * cols.s_n
+        else:
+            if early == "drop":
+                shared = _drop_early(shared, cols.t, k, out, glob)
+            key, bound = _refined_key(cols, shared, k, back_rows)
+        groups = _group(key, bound, shared.cand)
+        _record(out, k, groups, shared.alone, glob)
+        shared = _still_shared(groups, shared.alone)
+        if x is not None and shared.n_prev:
+            _normalise(out, k, groups, shared, x, norm_args, glob)
+
+
+def _columns(batch: StepBatch, rows: slice | np.ndarray, include_actions: bool) -> _Columns:
     g, g_n = _codes(batch.group[rows])
     s, s_n = _codes(batch.state[rows])
-    t = batch.step[rows]
-    x = R[rows] if R is not None else None
-    m = t.shape[0]
     if include_actions:
         a, a_n = _codes(batch.action[rows])
         past, past_n = _codes(s * a_n + a) if s_n * a_n >= _PACK else (s * a_n + a, s_n * a_n)
     else:
         past, past_n = s, s_n
-    glob = (lambda i: i + rows.start) if isinstance(rows, slice) else (lambda i: rows[i])
+    return _Columns(g, g_n, s, s_n, batch.step[rows], past, past_n)
 
-    # Candidates for level k: the steps whose level-(k-1) group has >= 2 members (all steps
-    # at level 0), with that group's dense rank among such groups.
-    cand = np.arange(m, dtype=np.int64)
-    key = g * s_n + s
-    bound = g_n * s_n
-    alone = np.zeros(0, dtype=np.int64)  # steps alone at level k - 1: alone at k as well
-    prev, n_prev = cand, m  # level k - 1 group (dense among shared groups) of each candidate
-    for k in range(K + 1):
-        if k > 0:
-            if early == "drop":
-                ids_out[k, glob(np.flatnonzero(t < k))] = -1
-                keep = t[cand] >= k
-                cand, prev = cand[keep], prev[keep]
-                alone = alone[t[alone] >= k]
-            back = cand - k if back_rows is None else back_rows[k, cand]
-            shifted = np.where(t[cand] >= k, past[np.maximum(back, 0)] + 1, 0)
-            bound = n_prev * (past_n + 1)
-            key = prev * (past_n + 1) + shifted
-        order = _sort(key, bound)
-        members = cand[order]
-        ks = key[order]
-        boundary = np.empty(ks.shape[0], dtype=np.bool_)
-        if ks.shape[0]:
-            boundary[0] = True
-            np.not_equal(ks[1:], ks[:-1], out=boundary[1:])
-        starts = np.flatnonzero(boundary)
-        size = np.diff(starts, append=ks.shape[0])
-        rank = np.cumsum(boundary) - 1  # group of each member, in sorted order
-        n_groups = starts.shape[0]
-        ids_out[k, glob(members)] = rank + offset[k]
-        ids_out[k, glob(alone)] = offset[k] + n_groups + np.arange(alone.shape[0])
-        h = np.bincount(size, weights=size).astype(np.int64) if n_groups else np.zeros(0, np.int64)
-        if h.shape[0] > hist_out[k].shape[0]:
-            hist_out[k] = np.concatenate(
-                (hist_out[k], np.zeros(h.shape[0] - hist_out[k].shape[0], np.int64))
-            )
-        hist_out[k][: h.shape[0]] += h
-        hist_out[k][1] += alone.shape[0]
-        offset[k] += n_groups + alone.shape[0]
 
-        multi = size >= 2
-        in_multi = multi[rank]
-        alone = np.concatenate((alone, members[~in_multi]))
-        cand = members[in_multi]
-        n_prev = int(np.count_nonzero(multi))
-        multi_rank = np.cumsum(multi) - 1
-        prev = multi_rank[rank[in_multi]]
-        if x is not None and n_prev:
-            m_size = size[multi]
-            m_start = np.zeros(n_prev, dtype=np.int64)
-            np.cumsum(m_size[:-1], out=m_start[1:])
-            vals, tied = segment_normalise(x[cand], prev, m_start, m_size, *norm_args)
-            where = glob(cand)
-            A_out[k, where] = vals
-            info_out[k, where] = ~tied[prev]
+def _drop_early(shared: _Shared, t: np.ndarray, k: int, out: _Outputs, glob) -> _Shared:
+    """``early="drop"``: the steps with t < k leave level k and every deeper one (id -1)."""
+    out.ids[k, glob(np.flatnonzero(t < k))] = -1
+    keep = t[shared.cand] >= k
+    return _Shared(
+        shared.cand[keep], shared.prev[keep], shared.n_prev, shared.alone[t[shared.alone] >= k]
+    )
+
+
+def _refined_key(
+    cols: _Columns, shared: _Shared, k: int, back_rows: np.ndarray | None
+) -> tuple[np.ndarray, int]:
+    """Level k's key of each candidate and its bound: its level-(k-1) group and its entry k
+    steps back, plus one, or 0, the start-of-trajectory marker, when t < k."""
+    cand = shared.cand
+    back = cand - k if back_rows is None else back_rows[k, cand]
+    shifted = np.where(cols.t[cand] >= k, cols.past[np.maximum(back, 0)] + 1, 0)
+    return shared.prev * (cols.past_n + 1) + shifted, shared.n_prev * (cols.past_n + 1)
+
+
+def _group(key: np.ndarray, bound: int, cand: np.ndarray) -> _Groups:
+    """The candidates grouped by equal keys (a sort)."""
+    order = _sort(key, bound)
+    ks = key[order]
+    boundary = np.empty(ks.shape[0], dtype=np.bool_)
+    if ks.shape[0]:
+        boundary[0] = True
+        np.not_equal(ks[1:], ks[:-1], out=boundary[1:])
+    starts = np.flatnonzero(boundary)
+    size = np.diff(starts, append=ks.shape[0])
+    return _Groups(cand[order], size, np.cumsum(boundary) - 1)
+
+
+def _record(out: _Outputs, k: int, groups: _Groups, alone: np.ndarray, glob) -> None:
+    """Level k's ids (the candidates' groups, then one group per step alone), its size
+    histogram and its group count."""
+    n_groups = groups.size.shape[0]
+    out.ids[k, glob(groups.members)] = groups.rank + out.offset[k]
+    out.ids[k, glob(alone)] = out.offset[k] + n_groups + np.arange(alone.shape[0])
+    size = groups.size
+    h = np.bincount(size, weights=size).astype(np.int64) if n_groups else np.zeros(0, np.int64)
+    if h.shape[0] > out.hist[k].shape[0]:
+        out.hist[k] = np.concatenate(
+            (out.hist[k], np.zeros(h.shape[0] - out.hist[k].shape[0], np.int64))
+        )
+    out.hist[k][: h.shape[0]] += h
+    out.hist[k][1] += alone.shape[0]
+    out.offset[k] += n_groups + alone.shape[0]
+
+
+def _still_shared(groups: _Groups, alone: np.ndarray) -> _Shared:
+    """The next level's candidates: the members of groups with >= 2 members; the others join
+    the steps alone."""
+    multi = groups.size >= 2
+    in_multi = multi[groups.rank]
+    multi_rank = np.cumsum(multi) - 1
+    return _Shared(
+        cand=groups.members[in_multi],
+        prev=multi_rank[groups.rank[in_multi]],
+        n_prev=int(np.count_nonzero(multi)),
+        alone=np.concatenate((alone, groups.members[~in_multi])),
+    )
+
+
+def _normalise(
+    out: _Outputs,
+    k: int,
+    groups: _Groups,
+    shared: _Shared,
+    x: np.ndarray,
+    norm_args: tuple[str, str, float, bool],
+    glob,
+) -> None:
+    """A_k (Eq. 6) of the steps in level-k groups of >= 2 members: their returns normalised
+    within the group, and whether the group is informative (returns not all equal)."""
+    m_size = groups.size[groups.size >= 2]
+    m_start = np.zeros(shared.n_prev, dtype=np.int64)
+    np.cumsum(m_size[:-1], out=m_start[1:])
+    vals, tied = segment_normalise(x[shared.cand], shared.prev, m_start, m_size, *norm_args)
+    where = glob(shared.cand)
+    out.A[k, where] = vals
+    out.info[k, where] = ~tied[shared.prev]
 
 
 def context_keys(

@@ -5,13 +5,15 @@
         --preset tiny --env alfworld --alfworld-games-dir GAMES --action-mode score ...
 
 Runs ``python -m hgpo.train`` once per (scheme, seed) with the arguments after ``--`` plus
-``--rollout-scheme SCHEME --branch-budget B --seed S --out-dir OUT/SCHEME/seedS`` (a run whose
-metrics already hold every iteration is not run again), then prints, per scheme, the mean over
-seeds of each run's per-iteration means: level-K utilisation (the estimator's
-``level{K}/utilisation``: share of steps whose level-K group has two or more members), env
-steps per iteration (``n_steps``: one row per env step), episodes (roots) and branches per
-iteration, rollout seconds per env step; with a 95% t interval over seeds, and the paired
-difference to ``independent`` (same seed: same tasks in every iteration, same initial weights).
+``--rollout-scheme SCHEME --branch-budget B --seed S --out-dir OUT/SCHEME/seedS --resume`` (a
+run whose metrics already hold every iteration is not run again; every flag, and the runs'
+arguments through ``hgpo.train --print-config``, is checked before the first run), then
+prints, per scheme, the mean over seeds of each run's per-iteration means: level-K utilisation
+(the estimator's ``level{K}/utilisation``: share of steps whose level-K group has two or more
+members), env steps per iteration (``n_steps``: one row per env step), episodes (roots) and
+branches per iteration, rollout seconds per env step; with a 95% t interval over seeds, and the
+paired difference to ``independent`` (same seed: same tasks in every iteration, same initial
+weights).
 docs/branching.md ("In the LLM trainer") has the figures and the exact command.
 """
 
@@ -21,24 +23,116 @@ import argparse
 import json
 import subprocess
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
+from hgpo.options import bad, check_int, check_number
 from hgpo.train.metrics import read_metrics
+from studies.cli import check_out_dir
+from toyenvs.branching import parse_scheme
 
 
-def _run(args: list[str], scheme: str, budget: float, seed: int, out: Path, iters: int) -> None:
-    if (out / "metrics.jsonl").exists() and len(read_metrics(out)) >= iters:
+@dataclass(frozen=True)
+class Study:
+    """The checked command line: the runs' arguments (after ``--``) and this study's own."""
+
+    out: Path
+    schemes: tuple[str, ...]
+    seeds: tuple[int, ...]
+    branch_budget: float
+    iterations: int
+    K: int
+    run_args: tuple[str, ...]
+
+    def run_dir(self, scheme: str, seed: int) -> Path:
+        return self.out / scheme.replace(":", "_") / f"seed{seed}"
+
+    def run_argv(self, scheme: str, seed: int) -> list[str]:
+        """``python -m hgpo.train``'s arguments for one run (``--resume``: a run killed after
+        a checkpoint goes on from it; without one it starts afresh)."""
+        return [
+            *self.run_args, "--rollout-scheme", scheme, "--branch-budget", str(self.branch_budget),
+            "--seed", str(seed), "--out-dir", str(self.run_dir(scheme, seed)),
+            "--iterations", str(self.iterations), "--progress", "false", "--resume",
+        ]  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m studies.train_branching",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--schemes", nargs="+", default=["independent", "branch:singleton"],
+                    help="rollout schemes; the first must be independent (the reference)")  # fmt: skip
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--branch-budget", type=float, default=0.5)
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--K", type=int, default=None,
+                    help="the level whose utilisation is read (default: the runs' "
+                    "--history-length; another value is an error)")  # fmt: skip
+    return ap
+
+
+def parse(argv: list[str]) -> Study:
+    """The study of ``argv`` (its own flags, then ``--`` and the runs' arguments), every value
+    checked before any run: a ValueError naming the flag and the value. The runs' arguments
+    go through ``hgpo.train --print-config`` once per scheme (the trainer's own checks)."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = _parser().parse_args(argv[:cut])
+    for i, scheme in enumerate(a.schemes):
+        parse_scheme(scheme, where="--schemes")
+        if a.schemes.index(scheme) != i:
+            raise bad("--schemes", "distinct schemes", scheme)
+    if a.schemes[0] != "independent":
+        raise bad("--schemes", "'independent' first (the reference)", a.schemes[0])
+    for seed in a.seeds:
+        check_int("--seeds", seed, lo=0)
+    if len(set(a.seeds)) != len(a.seeds):
+        raise bad("--seeds", "distinct seeds", a.seeds)
+    check_number("--branch-budget", a.branch_budget, lo=0, hi=1, lo_open=True)
+    check_int("--iterations", a.iterations, lo=1)
+    check_out_dir(a.out)
+    study = Study(Path(a.out), tuple(a.schemes), tuple(a.seeds), a.branch_budget, a.iterations,
+                  -1, tuple(argv[cut + 1 :]))  # fmt: skip
+    K = min(_run_config(study, scheme)["history_length"] for scheme in study.schemes)
+    if a.K is not None and a.K != K:  # (the runs of the schemes differ in the scheme only)
+        raise bad("--K", f"the runs' --history-length {K} (or left out)", a.K)
+    return replace(study, K=K)
+
+
+def _run_config(study: Study, scheme: str) -> dict:
+    """The validated TrainConfig of the runs of ``scheme`` (``--print-config``)."""
+    argv = study.run_argv(scheme, study.seeds[0])
+    r = subprocess.run([sys.executable, "-m", "hgpo.train", *argv, "--print-config"],
+                       capture_output=True, text=True)  # fmt: skip
+    if r.returncode:
+        last = (r.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise ValueError(f"the runs' arguments (after --) with --rollout-scheme {scheme}: {last}")
+    return json.loads(r.stdout)
+
+
+def _run(study: Study, scheme: str, seed: int) -> None:
+    """One training run, unless its metrics already hold every iteration; SystemExit with the
+    run's exit status and its error when it fails."""
+    out = study.run_dir(scheme, seed)
+    if (out / "metrics.jsonl").exists() and len(read_metrics(out)) >= study.iterations:
         return
-    cmd = [sys.executable, "-m", "hgpo.train", *args, "--rollout-scheme", scheme]
-    cmd += ["--branch-budget", str(budget), "--seed", str(seed), "--out-dir", str(out)]
-    cmd += ["--iterations", str(iters), "--progress", "false"]
+    cmd = [sys.executable, "-m", "hgpo.train", *study.run_argv(scheme, seed)]
     print("+", " ".join(cmd[1:]), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode == 2:  # the trainer's one-line error (a setting this machine cannot run)
+        last = (r.stderr.strip().splitlines() or ["(no message)"])[-1].removeprefix("error: ")
+        print(f"error: run {scheme} seed {seed}: {last}", file=sys.stderr)
+        raise SystemExit(2)
     if r.returncode:
-        raise SystemExit(f"run failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        print(f"error: run {scheme} seed {seed} failed ({r.returncode}):\n{r.stderr[-3000:]}",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(r.returncode)
 
 
 def _ci(x: np.ndarray) -> str:
@@ -68,26 +162,8 @@ def _figures(out: Path, K: int) -> dict[str, float]:
 TRUTH = ("truth/J", "truth/hgpo/mse_all", "truth/hgpo/grad_cos", "truth/gigpo/grad_cos")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    rest = argv[argv.index("--") + 1 :] if "--" in argv else []
-    own = argv[: argv.index("--")] if "--" in argv else argv
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--schemes", nargs="+", default=["independent", "branch:singleton"])
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--branch-budget", type=float, default=0.5)
-    ap.add_argument("--iterations", type=int, default=3)
-    ap.add_argument("--K", type=int, default=2, help="the run's --history-length")
-    a = ap.parse_args(own)
-    if a.schemes[0] != "independent":
-        ap.error("--schemes: the first must be 'independent' (the reference)")
-    figs: dict[str, list[dict[str, float]]] = {}
-    for scheme in a.schemes:
-        for seed in a.seeds:
-            out = Path(a.out) / scheme.replace(":", "_") / f"seed{seed}"
-            _run(rest, scheme, a.branch_budget, seed, out, a.iterations)
-            figs.setdefault(scheme, []).append(_figures(out, a.K))
+def _print_tables(a: Study, figs: dict[str, list[dict[str, float]]]) -> None:
+    """Per scheme: the mean over seeds ± 95% t, and the paired difference to independent."""
     ref = np.array([f["util"] for f in figs["independent"]])
     print(f"\n{len(a.seeds)} seeds x {a.iterations} iterations; mean ± 95% t over seeds")
     print(f"| scheme | level-{a.K} util | paired diff | env steps/iter | episodes (roots)/iter "
@@ -109,6 +185,21 @@ def main(argv: list[str] | None = None) -> int:
                 base = np.array([f[k] for f in figs["independent"]])
                 cells += [_ci(x), "" if scheme == "independent" else _ci(x - base)]
             print(f"| {scheme} | " + " | ".join(cells) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        a = parse(argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    figs: dict[str, list[dict[str, float]]] = {}
+    for scheme in a.schemes:
+        for seed in a.seeds:
+            _run(a, scheme, seed)
+            figs.setdefault(scheme, []).append(_figures(a.run_dir(scheme, seed), a.K))
+    _print_tables(a, figs)
     print(json.dumps({s: fs for s, fs in figs.items()}))
     return 0
 

@@ -1,0 +1,80 @@
+"""``python -m studies.train_branching``: named errors before any run, and a tiny CPU study
+(two schemes, one seed, one iteration of the tiny model on the T-maze) that a second call
+reads back without training again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from studies.train_branching import main
+
+RUN = [
+    "--preset", "tiny", "--env", "toy:tmaze:length=1", "--history-length", "2",
+    "--max-steps", "9", "--action-mode", "score", "--groups-per-iter", "2", "--group-size", "4",
+    "--truth-every", "1", "--val-every", "0", "--save-every", "0", "--mini-batch-size", "16",
+    "--micro-batch-size", "8",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("own", "run", "needle"),
+    [
+        (["--schemes", "independent", "branch:deep"], [], "--schemes: must be one of independent"),
+        (["--schemes", "branch:uniform"], [], "--schemes: must be 'independent' first"),
+        (["--schemes", "independent", "independent"], [], "--schemes: must be distinct schemes"),
+        (["--seeds", "0", "0"], [], "--seeds: must be distinct seeds, got [0, 0]"),
+        (["--seeds", "-1"], [], "--seeds: must be an integer >= 0, got -1"),
+        (["--branch-budget", "nan"], [], "--branch-budget: must be a finite number in (0, 1]"),
+        (["--iterations", "0"], [], "--iterations: must be an integer >= 1, got 0"),
+        (["--K", "4"], RUN, "--K: must be the runs' --history-length 2 (or left out), got 4"),
+        (
+            [],
+            [*RUN, "--lr", "nan"],
+            "the runs' arguments (after --) with --rollout-scheme independent: python -m "
+            "hgpo.train: error: TrainConfig.lr: must be a finite number > 0, got nan",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_before_any_run(own, run, needle, tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main(["--out", str(out), *own, "--", *run]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: " + needle), err
+    assert err.count("\n") == 1
+    assert not any(out.glob("*/seed*/metrics.jsonl"))
+
+
+def test_an_unwritable_out_is_named(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    assert main(["--out", str(tmp_path / "a_file"), "--", *RUN]) == 2
+    assert "error: --out: " in capsys.readouterr().err
+
+
+def test_a_run_the_trainer_refuses_is_named_with_its_error(tmp_path, capsys):
+    # --truth-every needs whole episodes: the trainer refuses at its start, not at parse time
+    argv = ["--out", str(tmp_path), "--seeds", "0", "--", *RUN, "--max-steps", "8"]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: run independent seed 0: TrainConfig.max_steps=8 is below"), err
+
+
+def test_tiny_study_prints_its_tables_and_reads_finished_runs_back(tmp_path, capsys):
+    argv = ["--out", str(tmp_path), "--schemes", "independent", "branch:singleton",
+            "--seeds", "0", "--iterations", "1", "--", *RUN]  # fmt: skip
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert first.count("+ -m hgpo.train") == 2
+    assert "| scheme | level-2 util | paired diff |" in first
+    assert "| branch:singleton |" in first and "truth/hgpo/mse_all" in first
+    figs = json.loads(first.strip().splitlines()[-1])
+    assert figs["independent"][0]["branches"] == 0
+    assert figs["branch:singleton"][0]["branches"] > 0
+    # every run holds its iteration: the second call trains nothing and prints the same
+    assert main(argv) == 0
+    second = capsys.readouterr().out
+    assert "+ -m hgpo.train" not in second
+    assert json.loads(second.strip().splitlines()[-1]) == figs
