@@ -15,14 +15,15 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 
-def check_model(path_or_id: str) -> None:
-    """Fail early and clearly when the model can be neither found locally nor in the HF cache."""
+def check_model(path_or_id: str, where: str = "TrainConfig.model") -> None:
+    """Fail early and clearly (a ValueError naming ``where``) when the model can be neither
+    found locally nor in the HF cache."""
     p = Path(path_or_id).expanduser()
     looks_local = path_or_id.startswith((".", "/", "~")) or p.exists()
     if looks_local:
         if not (p / "config.json").exists():
             raise ValueError(
-                f"TrainConfig.model: {path_or_id!r} is not a model folder (no config.json there)"
+                f"{where}: {path_or_id!r} is not a model folder (no config.json there)"
             )
         return
     from transformers import AutoConfig
@@ -31,7 +32,7 @@ def check_model(path_or_id: str) -> None:
         AutoConfig.from_pretrained(path_or_id)
     except Exception as e:  # OSError offline, HTTP errors online
         raise ValueError(
-            f"TrainConfig.model: cannot load {path_or_id!r} (not a local folder, and not "
+            f"{where}: cannot load {path_or_id!r} (not a local folder, and not "
             f"available from the Hugging Face hub or its cache): {type(e).__name__}"
         ) from None
 

@@ -131,8 +131,9 @@ def finetune(
 
 
 def check_args(args: argparse.Namespace) -> set[int]:
-    """Named errors for the numeric flags and an unwritable ``--out``, before any work; the
-    epochs of ``--save-epochs``."""
+    """Named errors for the numeric flags, an unwritable ``--out`` and a ``--model`` that is
+    neither a model folder nor in the Hugging Face cache, before any work; the epochs of
+    ``--save-epochs``."""
     check_int("--tasks", args.tasks, lo=1)
     check_int("--epochs", args.epochs, lo=1)
     check_number("--lr", args.lr, lo=0.0, lo_open=True)
@@ -143,6 +144,10 @@ def check_args(args: argparse.Namespace) -> set[int]:
             raise bad("--save-epochs", f"comma-separated epochs in 1..{args.epochs}", item)
         snapshots.add(int(item))
     check_writable_dir("--out", args.out, "--out")
+    if args.model != TINY_MODEL:
+        from hgpo.train.model import check_model
+
+        check_model(args.model, "--model")
     return snapshots
 
 

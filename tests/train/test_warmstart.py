@@ -49,6 +49,7 @@ def test_warmstart_fits_expert_responses(tmp_path):
         ),
         (["--tasks", "100000"], "--tasks: must be an integer in 1..60 (the training tasks), got"),
         (["--out", "/proc/hgpo/warm"], "--out: cannot write to '/proc/hgpo/warm'"),
+        (["--model", "/no/model"], "--model: '/no/model' is not a model folder (no config.json"),
     ],
 )
 def test_bad_flags_stop_before_any_work(tmp_path, flags, message, capsys):
