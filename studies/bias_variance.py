@@ -759,6 +759,11 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("envs", "Ks", "stages", "estimators", "norms"):
         kw[k] = tuple(kw[k])
     try:
+        if not a.scheme:  # [branching] (a flag that would change nothing is an error)
+            for name in sorted({"budgets", "branch_budget"} & given_dests(p, argv)):
+                flag = "--" + name.replace("_", "-")
+                raise bad(flag, "given with --scheme (it does nothing without one)",
+                          getattr(a, name))  # fmt: skip
         cfg = StudyConfig(**kw)
         if a.scheme:  # [branching] the rollout-scheme comparison, studies/branching_study.py
             return _scheme_main(p, a, cfg)

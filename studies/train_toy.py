@@ -707,6 +707,9 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("envs", "settings", "Ks", "schemes"):
         kw[k] = tuple(kw[k])
     try:
+        if not kw["schemes"] and "branch_budget" in given:  # it would change nothing
+            raise bad("--branch-budget", "given with --scheme (it does nothing without one)",
+                      a.branch_budget)  # fmt: skip
         cfg = TrainToyConfig(**kw)
         check_out_dir(cfg.out)
         check_backend(cfg.backend, cfg.ray_address)

@@ -117,6 +117,9 @@ def test_bias_variance_config_table(kw, match):
         (["--alph", "1"], r"unrecognized arguments: --alph 1"),  # no abbreviations
         (["--bat", "12"], r"unrecognized arguments: --bat 12"),
         (["--estimator-options", "leave_one_out=maybe"], r"leave_one_out: must be true or false, got 'maybe'"),
+        # flags that only a --scheme study reads: an error without one (they would do nothing)
+        (["--budgets", "nan"], r"--budgets: must be given with --scheme \(it does nothing without one\), got \[nan\]"),
+        (["--branch-budget", "0.3"], r"--branch-budget: must be given with --scheme \(it does nothing without one\), got 0\.3"),
     ],
 )  # fmt: skip
 def test_bias_variance_cli_table(tmp_path, no_work, capsys, argv, match):
@@ -210,7 +213,7 @@ def test_train_toy_config_table(tmp_path, kw, match):
         (["--quick", "--K", "99"], r"--K: must be an integer in 0\.\.6, got 99"),
         (["--quick", "--full"], r"argument --full: not allowed with argument --quick"),
         (["--quick", "--scheme", "branch:sometimes"], r"--scheme \(tmaze:length=3\): scheme: must be one of"),
-        (["--quick", "--scheme", "branch:uniform", "--branch-budget", "0"], r"--branch-budget: must be a finite number in \(0\.0, 1\.0\], got 0\.0"),
+        (["--quick", "--scheme", "branch:uniform", "--branch-budget", "0"], r"--branch-budget: must be a finite number in \(0\.0, 1\.0\], got 0\.0"),        (["--quick", "--branch-budget", "0.3"], r"--branch-budget: must be given with --scheme \(it does nothing without one\), got 0\.3"),
     ],
 )  # fmt: skip
 def test_train_toy_cli_table(tmp_path, no_work, capsys, argv, match):
