@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hgpo.options import check_writable_dir
 from hgpo.train.metrics import read_metrics
 from studies.metrics import mean_ci
 
@@ -27,13 +28,19 @@ METRICS = ("bias2", "variance", "mse", "mse_all", "sign", "grad_cos")
 
 
 def load(runs: list[str]) -> dict[str, list[list[dict]]]:
-    """Rows of every run, grouped by the trained estimator (folder name ``<est>-s<seed>``)."""
+    """Rows of every run, grouped by the trained estimator (folder name ``<est>-s<seed>``);
+    ValueError naming a run that is not such a folder or logged no truth."""
     out: dict[str, list[list[dict]]] = defaultdict(list)
     for run in runs:
         m = re.fullmatch(r"(.+)-s(\d+)", Path(run).name)
         if not m:
             raise ValueError(f"runs: folder {run!r} is not named <estimator>-s<seed>")
-        out[m.group(1)].append(read_metrics(run))
+        rows = read_metrics(run)
+        for key, why in (("success_rate", "no finished iteration"),
+                         ("truth/J", "no truth/ metrics; train it with --truth-every N")):  # fmt: skip
+            if not any(key in r for r in rows):
+                raise ValueError(f"runs: {run!r} logged {why}")
+        out[m.group(1)].append(rows)
     return dict(out)
 
 
@@ -126,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--out", default="toy_llm", help="prefix of the PNG files")
     args = ap.parse_args(argv)
-    data = load(args.runs)
+    try:
+        data = load(args.runs)
+        check_writable_dir("--out", str(Path(args.out).parent), "--out")
+    except ValueError as e:
+        ap.error(str(e))
     print(learning_table(data))
     text, stats = truth_table(data)
     print()

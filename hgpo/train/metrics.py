@@ -89,9 +89,34 @@ class MetricsLogger:
 
 
 def read_metrics(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every row of a run's metrics.jsonl."""
+    """Every row of a run's metrics.jsonl.
+
+    A last line without its newline is one the run was writing when it was killed (each row
+    is written with its newline and fsynced): it is left out, as a resumed run drops it.
+    Raises ValueError naming the folder when there is no metrics.jsonl, and the file and line
+    for any other line that is not a JSON object.
+    """
     path = Path(out_dir) / METRICS_FILE
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(
+            f"{str(out_dir)!r} has no readable {METRICS_FILE} ({e.strerror or type(e).__name__}): "
+            "not the folder of a python -m hgpo.train run"
+        ) from None
+    lines = text.split("\n")
+    rows = []
+    for i, line in enumerate(lines[:-1], start=1):  # (the last piece: after the last newline)
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: line {i} is not a JSON object: {line[:80]!r}")
+        rows.append(row)
+    return rows
 
 
 @dataclass

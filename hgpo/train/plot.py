@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from hgpo.options import check_writable_dir
 from hgpo.train.metrics import read_metrics
 
 PANELS = ("success_rate", "score_mean", "invalid_rate", "kl")
@@ -21,8 +22,9 @@ def plot(runs: list[str], out: str | None = None, panels: Sequence[str] | None =
     """Draw the curves of ``runs``; returns the PNG's path.
 
     ``panels``: the metrics to draw (default :data:`PANELS`, where a metric a run lacks is an
-    empty line). Raises ValueError when the given ``panels`` are empty or name a metric that
-    no run logged.
+    empty line). Raises ValueError, before drawing, when a run has no metrics, the given
+    ``panels`` are empty or name a metric that no run logged, or the PNG's folder is not
+    writable.
     """
     import matplotlib
 
@@ -39,6 +41,8 @@ def plot(runs: list[str], out: str | None = None, panels: Sequence[str] | None =
                 f"panels: no run logged the metric {key!r}; logged: {', '.join(sorted(logged))}"
             )
     panels = list(panels or PANELS)
+    path = Path(out) if out else Path(runs[0]) / "curve.png"
+    check_writable_dir("--out", str(path.parent), "--out")
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
     for n, (run, rows) in enumerate(data.items()):
         for ax, key in zip(axes[0], panels, strict=True):
@@ -56,7 +60,6 @@ def plot(runs: list[str], out: str | None = None, panels: Sequence[str] | None =
                 ax.set_ylim(-0.05, 1.05)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    path = Path(out) if out else Path(runs[0]) / "curve.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -43,3 +43,28 @@ def test_tables_pool_every_truth_row_and_group_by_trained_estimator(tmp_path):
 def test_a_folder_not_named_estimator_seed_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="not named <estimator>-s<seed>"):
         load([_run(tmp_path / "whatever", [0.0], [None])])
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda p: str(p / "hgpo-s0"), "'{p}/hgpo-s0' has no readable metrics.jsonl"),
+        (lambda p: _run(p / "hgpo-s0", [0.0], [None]), "logged no truth/ metrics; train it with"),
+    ],
+)
+def test_bad_runs_are_one_line_exit_2_before_any_figure(tmp_path, capsys, make, needle):
+    run = make(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main([run, "--out", str(tmp_path / "fig")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert needle.format(p=tmp_path) in err and "Traceback" not in err
+    assert not list(tmp_path.glob("fig*"))
+
+
+def test_an_unwritable_out_is_named_before_any_figure(tmp_path, capsys):
+    run = _run(tmp_path / "hgpo-s0", [0.0], [1.0])
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit):
+        main([run, "--out", str(tmp_path / "a_file" / "fig")])
+    assert "error: --out: cannot write to" in capsys.readouterr().err

@@ -100,3 +100,25 @@ def test_plot_panels_include_validation_metrics(tmp_path):
         plot([str(tmp_path)], str(out), ["val/valid_unseen/success"])
     with pytest.raises(ValueError, match="at least one metric"):
         plot([str(tmp_path)], str(out), [])
+
+
+def test_plot_names_a_folder_without_metrics_and_creates_nothing(tmp_path, capsys):
+    from hgpo.train.plot import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "no_run")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"error: '{tmp_path / 'no_run'}' has no readable metrics.jsonl" in err
+    assert not (tmp_path / "no_run").exists()
+
+
+def test_read_metrics_drops_a_line_cut_by_a_kill_and_names_a_bad_one(tmp_path):
+    from hgpo.train.metrics import read_metrics
+
+    good = json.dumps({"iteration": 1, "success_rate": 0.5})
+    (tmp_path / "metrics.jsonl").write_text(good + "\n" + '{"iteration": 2, "succ')
+    assert read_metrics(tmp_path) == [{"iteration": 1, "success_rate": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("[1, 2]\n" + good + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 1 is not a JSON object: '\[1, 2\]'"):
+        read_metrics(tmp_path)
