@@ -11,12 +11,15 @@ agreement and Spearman correlation (every variant), and the batch policy gradien
 exact one (cosine, relative error); per level k of the hierarchy the same, plus step
 utilisation and group sizes; and it checks Proposition 4.1. Results land in a folder:
 results.csv / results.json (every figure with its settings and seed), levels.csv, report.md
-and PNG plots.
+and PNG plots; cells/ keeps every finished cell, so a killed study resumes (--fresh: anew).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
 import os
 import sys
 import time
@@ -37,6 +40,7 @@ from studies.backend import (
     run_tasks,
 )
 from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
+from studies.io import atomic_write_json
 
 __all__ = ["StudyConfig", "main", "parse_env", "run_cell", "run_study"]
 
@@ -599,30 +603,66 @@ def proposition_41(
     }  # fmt: skip
 
 
-def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
-    """Run every (env, K, stage) cell (``workers`` processes, or Ray tasks: studies.backend) and
-    write the results folder; :class:`studies.backend.SweepError` lists the cells that failed."""
-    check_out_dir(cfg.out)  # before any cell: a folder that cannot be written fails now
+def run_study(cfg: StudyConfig, progress: bool = True, fresh: bool = False) -> dict[str, Any]:
+    """Run every missing (env, K, stage) cell (``workers`` processes, or Ray tasks:
+    studies.backend) and write the results folder; :class:`studies.backend.SweepError` lists
+    the cells that failed.
+
+    Finished cells are kept in ``out/cells/<key>.json`` (key = the cell and a hash of every
+    setting that changes its result, :func:`cell_key`), so a killed study resumes where it
+    stopped, with the same numbers; ``fresh`` deletes them first.
+    """
+    out = check_out_dir(cfg.out)  # before any cell: a folder that cannot be written fails now
+    cells_dir = out / "cells"
+    if fresh and cells_dir.exists():
+        for p in cells_dir.glob("*.json"):
+            p.unlink()
+    cells_dir.mkdir(parents=True, exist_ok=True)
+    for p in cells_dir.glob("*.tmp"):  # a write cut short by a kill
+        p.unlink()
     cells = [(e, K, s) for e in cfg.envs for K in cfg.Ks for s in cfg.stages]
     seeds = np.random.SeedSequence(cfg.seed).spawn(len(cells))
     tasks = [
         Task(f"{e} K={K} stage={s}", (cfg, e, K, s, int(sq.generate_state(1)[0] % 2**31)))
         for (e, K, s), sq in zip(cells, seeds, strict=True)
     ]
+    paths = {t.key: cells_dir / f"{cell_key(*t.args)}.json" for t in tasks}
+    todo = [t for t in tasks if not paths[t.key].exists()]
+    if len(todo) < len(tasks) and progress:
+        print(f"resuming: {len(tasks) - len(todo)} of {len(tasks)} cells already in {cells_dir}",
+              file=sys.stderr)  # fmt: skip
     # Handed out the likely longest first (larger K, then an imitated stage before the
     # untrained one), so that no worker ends alone on a long cell; seeds and rows keep the grid.
-    first = sorted(range(len(cells)), key=lambda i: (-cells[i][1], cells[i][2] == "untrained"))
-    by_key: dict[str, dict[str, Any]] = {}
+    todo.sort(key=lambda t: (-t.args[2], t.args[3] == "untrained"))
     sweep = run_tasks(
-        run_cell, [tasks[i] for i in first], by_key.__setitem__, backend=cfg.backend,
-        workers=cfg.workers, ray_address=cfg.ray_address, progress=progress, desc="cells",
+        run_cell, todo, lambda key, res: atomic_write_json(paths[key], res),
+        backend=cfg.backend, workers=cfg.workers, ray_address=cfg.ray_address,
+        progress=progress, desc="cells", total=len(tasks),
     )  # fmt: skip
     if sweep.failures:
         raise SweepError(sweep.failures, len(tasks))
-    results = [by_key[t.key] for t in tasks]
+    # (every cell read back from its file: a fresh study and a resumed one report the same)
+    results = [json.loads(paths[t.key].read_text()) for t in tasks]
     from studies.bias_variance_report import write_results
 
     return write_results(cfg, results)
+
+
+_GRID = ("envs", "Ks", "stages", "workers", "backend", "ray_address", "out")
+"""StudyConfig fields that do not change a cell's result (its own env, K and stage and its
+seed enter the key themselves)."""
+
+
+def cell_key(cfg: StudyConfig, env: str, K: int, stage: str, cell_seed: int) -> str:
+    """The file name of a cell's result: the cell, and a hash of every setting that changes
+    it (a snapshot stage: the file's bytes too)."""
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _GRID}
+    cell = {"env": env, "K": K, "stage": stage, "seed": cell_seed}
+    if Path(stage).is_file():
+        cell["snapshot"] = hashlib.sha1(Path(stage).read_bytes()).hexdigest()
+    blob = json.dumps({"settings": settings, **cell}, sort_keys=True)
+    slug = "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in f"{env}_K{K}_{stage}")
+    return f"{slug[:80]}_{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
 
 
 # ---------------------------------------------------------------------------- command line
@@ -725,6 +765,8 @@ def _add_run_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
         "keep their values)",
     )
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--fresh", action="store_true",
+                   help="discard the finished cells in --out first (a study resumes otherwise)")  # fmt: skip
 
 
 def _add_scheme_options(p: argparse.ArgumentParser) -> None:
@@ -753,7 +795,8 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
     branching = ("scheme", "budgets", "branch_budget")  # [branching]
-    kw = {k: v for k, v in vars(a).items() if k not in ("quick", "no_progress", *branching)}
+    kw = {k: v for k, v in vars(a).items()
+          if k not in ("quick", "no_progress", "fresh", *branching)}  # fmt: skip
     if a.quick:
         kw = apply_preset(kw, QUICK, given_dests(p, argv))
     for k in ("envs", "Ks", "stages", "estimators", "norms"):
@@ -773,7 +816,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     t0 = time.perf_counter()
     try:
-        summary = run_study(cfg, progress=not a.no_progress)
+        summary = run_study(cfg, progress=not a.no_progress, fresh=a.fresh)
     except SweepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

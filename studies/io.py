@@ -9,7 +9,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_json", "write_csv"]
+__all__ = ["atomic_write_json", "plain", "write_csv"]
+
+
+def plain(x: Any) -> Any:
+    """A numpy scalar or array as the Python value JSON writes (``json.dump``'s ``default``):
+    int, float, bool or a list; a TypeError for anything else."""
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"{type(x).__name__} is not JSON serializable")
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -32,7 +44,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, allow_nan=True)
+            json.dump(obj, f, allow_nan=True, default=plain)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -25,3 +25,40 @@ def test_quick_study_writes_results_and_is_reproducible(tmp_path, capsys):
 
 
 # The bad-input table of StudyConfig and of the command line: tests/studies/test_bad_input.py.
+
+
+def test_a_killed_study_reruns_only_its_missing_cells_with_the_same_numbers(tmp_path, monkeypatch):
+    from studies import bias_variance as bv
+
+    out = tmp_path / "study"
+    args = ["--envs", "keydoor:size=4", "--K", "2", "--stages", "untrained", "0.5",
+            "--batches", "10", "--groups", "4", "--workers", "1", "--no-progress",
+            "--out", str(out)]  # fmt: skip
+    ran: list = []
+    real = bv.run_cell
+    monkeypatch.setattr(bv, "run_cell", lambda *a: ran.append(a[1:4]) or real(*a))
+    files = ("results.csv", "levels.csv", "results.json", "report.md")
+    assert main(args) == 0 and len(ran) == 2
+    first = {f: (out / f).read_bytes() for f in files}
+    # nothing missing: no cell runs again, and every output is the same, byte for byte
+    ran.clear()
+    assert main(args) == 0 and ran == []
+    assert {f: (out / f).read_bytes() for f in files} == first
+    # killed after one cell: the other cell's file is missing, a write was cut short
+    cells = sorted((out / "cells").glob("*.json"))
+    assert len(cells) == 2
+    cells[0].unlink()
+    (out / "cells" / "cut.json.tmp").write_text('{"rows": [')
+    assert main(args) == 0 and len(ran) == 1
+    assert not list((out / "cells").glob("*.tmp"))
+    rows = lambda: [{k: v for k, v in r.items() if k != "gt_seconds"}  # noqa: E731
+                    for r in json.loads((out / "results.json").read_text())["rows"]]  # fmt: skip
+    again = rows()
+    (out / "results.json").write_bytes(first["results.json"])
+    assert again == rows()  # the rerun cell's numbers are the killed study's (but its timing)
+    # --fresh runs every cell; a setting that changes the numbers makes other cells
+    ran.clear()
+    assert main([*args, "--fresh"]) == 0 and len(ran) == 2
+    ran.clear()
+    assert main([*args, "--alpha", "2"]) == 0 and len(ran) == 2
+    assert len(list((out / "cells").glob("*.json"))) == 4
