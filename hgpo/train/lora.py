@@ -45,8 +45,13 @@ def target_names(text: str) -> str | list[str]:
     return "all-linear" if names == ["all-linear"] else names
 
 
-ADAPTABLE = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-"""The torch layers a LoRA adapter can wrap (peft's LoRA layers)."""
+def adaptable() -> tuple[type, ...]:
+    """The layer types a LoRA adapter can wrap (peft's LoRA layers; transformers' Conv1D is
+    GPT-2's linear layer)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention,
+            Conv1D)  # fmt: skip
 
 
 def check_targets(model: nn.Module, text: str) -> None:
@@ -59,19 +64,20 @@ def check_targets(model: nn.Module, text: str) -> None:
     if names == "all-linear":
         return
     modules = dict(model.named_modules())
-    layers = sorted({k.rsplit(".", 1)[-1] for k, m in modules.items() if isinstance(m, nn.Linear)})
+    ok = adaptable()
+    layers = sorted({k.rsplit(".", 1)[-1] for k, m in modules.items() if isinstance(m, ok)})
     for name in names:
         hits = [m for k, m in modules.items() if k == name or k.endswith("." + name)]
         if not hits:
             raise ValueError(
-                f"TrainConfig.lora_targets: {name!r} matches no module of the model; its linear "
-                f"layers are {', '.join(layers)} (or give all-linear)"
+                f"TrainConfig.lora_targets: {name!r} matches no module of the model; the layers "
+                f"LoRA can wrap are {', '.join(layers)} (or give all-linear)"
             )
-        if not all(isinstance(m, ADAPTABLE) for m in hits):
-            kind = next(type(m).__name__ for m in hits if not isinstance(m, ADAPTABLE))
+        if not all(isinstance(m, ok) for m in hits):
+            kind = next(type(m).__name__ for m in hits if not isinstance(m, ok))
             raise ValueError(
                 f"TrainConfig.lora_targets: {name!r} names a {kind}, which LoRA cannot wrap; "
-                f"name linear layers ({', '.join(layers)}) or give all-linear"
+                f"name layers it can ({', '.join(layers)}) or give all-linear"
             )
 
 

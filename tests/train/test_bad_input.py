@@ -37,8 +37,9 @@ def without_extras(monkeypatch):
         # peft drops a misspelt name silently when another name matches: named here, per name
         (
             ["--lora-rank", "4", "--lora-targets", "q_proj,v_prj"],
-            "TrainConfig.lora_targets: 'v_prj' matches no module of the model; its linear layers "
-            "are down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj",
+            "TrainConfig.lora_targets: 'v_prj' matches no module of the model; the layers LoRA "
+            "can wrap are down_proj, embed_tokens, gate_proj, k_proj, lm_head, o_proj, q_proj, "
+            "up_proj, v_proj (or give all-linear)",
         ),
         (
             ["--lora-rank", "4", "--lora-targets", "layers"],

@@ -95,3 +95,23 @@ def test_lora_resume_ends_where_a_straight_run_ends(tmp_path):
     assert [r["iteration"] for r in resumed] == [1, 2, 3]
     for k in ("pg_loss", "kl", "entropy", "grad_norm", "adv_mean"):
         assert resumed[-1][k] == pytest.approx(straight[-1][k], rel=1e-6, abs=1e-9), k
+
+
+def test_targets_are_checked_name_by_name_on_a_meta_skeleton():
+    """peft drops a name that matches nothing when another name matches: the preflight check
+    names it. GPT-2's linear layers are transformers' Conv1D, which LoRA wraps too."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from hgpo.train.lora import check_targets
+    from hgpo.train.tiny import tiny_config
+
+    with torch.device("meta"):
+        qwen = AutoModelForCausalLM.from_config(tiny_config(100, arch="qwen3"))
+        gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=64, n_head=2))
+    check_targets(qwen, "all-linear")
+    check_targets(qwen, "q_proj, v_proj")
+    check_targets(gpt2, "c_attn,c_proj")
+    with pytest.raises(ValueError, match="'v_prj' matches no module of the model; the layers"):
+        check_targets(qwen, "q_proj,v_prj")
+    with pytest.raises(ValueError, match="'self_attn' names a Qwen3Attention, which LoRA cannot"):
+        check_targets(qwen, "self_attn")
