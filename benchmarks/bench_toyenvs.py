@@ -5,6 +5,7 @@ sizes.
     python -m benchmarks.bench_toyenvs --exact    # also the exact-solver size sweep
     python -m benchmarks.bench_toyenvs --branching  # only the rollout schemes' cost per step
     python -m benchmarks.bench_toyenvs --branching --fit  # also: a trajectory's cost
+    python -m benchmarks.bench_toyenvs --branching --checks  # also: the checks, compiled
     python -m benchmarks.bench_toyenvs --neural   # only the NeuralPolicy figures (targets)
 
 Throughput counts env step + policy sampling + context keys (k = 0..K) per step, one thread,
@@ -362,6 +363,94 @@ def bench_branching_fit(K: int, rounds: int, groups: int = 64, steps: int = 200)
     print(f"fit: {a * 1e9:.1f} ns per row + {b * 1e9:.0f} ns per trajectory")
 
 
+@njit(cache=True)
+def _compiled_checks(step, traj, group, parent, state):
+    """(diagnosis for ``--checks``, not used by the product) The checks a branched StepBatch
+    makes in numpy (``hgpo.batch._parented_starts`` and ``hgpo.branching.branch_layout``, on
+    a batch whose trajectory ids are 0..n-1 in order and whose branches start at or after
+    their parent's first own step, as every rollout kernel writes them) in one compiled
+    pass. Returns (trajectory starts, their number, fault): fault 0 when every check holds."""
+    n = step.shape[0]
+    starts = np.empty(n, np.int64)
+    ns = 1
+    starts[0] = 0
+    for i in range(1, n):  # rows: a trajectory starts where its id changes; else step + 1,
+        if traj[i] != traj[i - 1]:  # same group, same parent
+            starts[ns] = i
+            ns += 1
+        elif step[i] != step[i - 1] + 1 or group[i] != group[i - 1] or parent[i] != parent[i - 1]:
+            return starts, ns, 1
+    vlen = np.empty(ns, np.int64)
+    for j in range(ns):  # trajectories: a root at step 0; a branch of an earlier trajectory at
+        f = starts[j]  # a step 1..T_p - 1, in its group, from its state at that step
+        b, p = step[f], parent[f]
+        vlen[j] = b + (starts[j + 1] if j + 1 < ns else n) - f
+        if traj[f] != j:
+            return starts, ns, 2
+        if p < 0:
+            if b != 0 or p < -1:
+                return starts, ns, 3
+            continue
+        if p >= j or b < 1 or b >= vlen[p] or b < step[starts[p]]:
+            return starts, ns, 4
+        r = starts[p] + b - step[starts[p]]
+        if group[r] != group[f] or state[r] != state[f]:
+            return starts, ns, 5
+    return starts, ns, 0
+
+
+def bench_branching_checks(K: int, rounds: int, groups: int = 64, steps: int = 200) -> None:
+    """What the branched StepBatch's checks cost (``--checks``): its numpy row pass and
+    branch layout on the same ``branch:uniform`` batch as the cost table, against the same
+    checks in one compiled pass (:func:`_compiled_checks`, checked to agree on every batch);
+    today's unbranched row pass beside. Fastest of ``rounds`` bursts of 200 calls, warm."""
+    from hgpo.batch import StepBatch, _parented_starts, _trajectory_starts
+    from hgpo.branching import branch_layout
+    from toyenvs.branching import branch_arrays, parse_scheme
+
+    env = toyenvs.make("keydoor", size=5)
+    pol = toyenvs.TabularPolicy(env, K=K)
+    tasks = np.resize(env.tasks, groups)
+    today = toyenvs.rollout(env, pol, tasks=tasks, n_rollouts=8, seed=1).batch
+    r = branch_arrays(env, pol, tasks, 1, parse_scheme("branch:uniform", env.horizon), steps, 0.5)
+    cols = ("group", "traj", "step", "reward", "state", "action", "invalid")
+    b = StepBatch(**{k: r[k] for k in cols}, parent=r["parent"])
+    starts, ns, fault = _compiled_checks(b.step, b.traj, b.group, b.parent, b.state)
+    assert fault == 0 and np.array_equal(starts[:ns], b.traj_start)
+
+    def best(fn) -> float:
+        t = []
+        for _ in range(rounds):
+            c0 = time.process_time()
+            for _ in range(200):
+                fn()
+            t.append((time.process_time() - c0) / 200)
+        return min(t) * 1e6
+
+    rows = b.n_steps
+    figs = {
+        "today: unbranched row pass (numpy)": (
+            best(lambda: _trajectory_starts(today.step, today.traj, today.group)),
+            today.n_steps,
+        ),
+        "branched: row pass (numpy)": (
+            best(lambda: _parented_starts(b.step, b.traj, b.group, b.parent)), rows,
+        ),
+        "branched: branch layout (numpy)": (
+            best(lambda: branch_layout(b.parent, b.traj, b.group, b.state, b.step,
+                                       b.traj_start, b.traj_len, True)), rows,
+        ),
+        "branched: both, one compiled pass": (
+            best(lambda: _compiled_checks(b.step, b.traj, b.group, b.parent, b.state)), rows,
+        ),
+    }  # fmt: skip
+    print(f"\nbranched StepBatch checks, branch:uniform, keydoor 5x5 K={K}, {groups} groups x "
+          f"{steps} steps ({rows:,} rows, {b.n_traj} trajectories; today {today.n_steps:,} rows, "
+          f"{today.n_traj}); fastest of {rounds} bursts of 200 calls, {_load()}")  # fmt: skip
+    for label, (us, n) in figs.items():
+        print(f"{label:<38}{us:>8.1f} us{us / n * 1e3:>8.2f} ns per row")
+
+
 def _load() -> str:
     return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -377,12 +466,16 @@ def main() -> None:
                     help="--branching: bursts of 10 calls per scheme, taken in turn")  # fmt: skip
     ap.add_argument("--fit", action="store_true",
                     help="--branching: also the kernel's cost per row and per trajectory")  # fmt: skip
+    ap.add_argument("--checks", action="store_true",
+                    help="--branching: also the branched StepBatch's checks, numpy and compiled")  # fmt: skip
     ap.add_argument("--neural", action="store_true", help="only the NeuralPolicy figures")
     args = ap.parse_args()
     if args.branching:
         bench_branching(args.K, args.rounds)
         if args.fit:
             bench_branching_fit(args.K, max(args.rounds // 2, 3))
+        if args.checks:
+            bench_branching_checks(args.K, max(args.rounds // 2, 3))
         return
     if args.neural:
         report_neural(args.seconds, args.repeat)
