@@ -40,7 +40,7 @@ from studies.backend import (
     run_tasks,
 )
 from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
-from studies.io import atomic_write_json
+from studies.io import atomic_write_json, finished_dir
 
 __all__ = ["StudyConfig", "main", "parse_env", "run_cell", "run_study"]
 
@@ -613,13 +613,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, fresh: bool = False) -> d
     stopped, with the same numbers; ``fresh`` deletes them first.
     """
     out = check_out_dir(cfg.out)  # before any cell: a folder that cannot be written fails now
-    cells_dir = out / "cells"
-    if fresh and cells_dir.exists():
-        for p in cells_dir.glob("*.json"):
-            p.unlink()
-    cells_dir.mkdir(parents=True, exist_ok=True)
-    for p in cells_dir.glob("*.tmp"):  # a write cut short by a kill
-        p.unlink()
+    cells_dir = finished_dir(out / "cells", fresh)
     cells = [(e, K, s) for e in cfg.envs for K in cfg.Ks for s in cfg.stages]
     seeds = np.random.SeedSequence(cfg.seed).spawn(len(cells))
     tasks = [

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_json", "plain", "write_csv"]
+__all__ = ["atomic_write_json", "finished_dir", "plain", "write_csv"]
 
 
 def plain(x: Any) -> Any:
@@ -51,3 +51,17 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def finished_dir(path: Path, fresh: bool) -> Path:
+    """The folder where a study keeps its finished pieces (one JSON each, written by
+    :func:`atomic_write_json`), so a killed study resumes: created if needed, its JSON files
+    deleted when ``fresh``, and the temporary files of writes cut short by a kill removed."""
+    path = Path(path)
+    if fresh and path.exists():
+        for p in path.glob("*.json"):
+            p.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+    for p in path.glob("*.tmp"):
+        p.unlink()
+    return path

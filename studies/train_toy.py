@@ -36,7 +36,7 @@ import numpy as np
 from hgpo.options import bad, check_choice, check_int, check_number, parse_name_values
 from studies.backend import BACKENDS, SweepError, Task, check_backend, run_tasks
 from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
-from studies.io import atomic_write_json
+from studies.io import atomic_write_json, finished_dir
 from studies.train_toy_settings import DEFAULT_SETTINGS, FULL_SETTINGS
 
 __all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
@@ -616,13 +616,7 @@ def run_study(cfg: TrainToyConfig, progress: bool = True, fresh: bool = False) -
     changes its result), so a killed study resumes where it stopped; ``fresh`` deletes them.
     """
     out = check_out_dir(cfg.out)  # before any run: a folder that cannot be written fails now
-    runs_dir = out / "runs"
-    if fresh and runs_dir.exists():
-        for p in runs_dir.glob("*.json"):
-            p.unlink()
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    for p in runs_dir.glob("*.tmp"):  # a write cut short by a kill
-        p.unlink()
+    runs_dir = finished_dir(out / "runs", fresh)
     runs = _runs(cfg)
     paths = [runs_dir / f"{_run_key(cfg, r)}.json" for r in runs]
     todo = [Task(p.stem, (cfg, r)) for r, p in zip(runs, paths, strict=True) if not p.exists()]
