@@ -1,6 +1,6 @@
 """How biased, how noisy and how useful for the policy gradient is each advantage estimator?
 
-    python -m studies.bias_variance                 # the small default, about 2 minutes
+    python -m studies.bias_variance                 # the small default, 1-2 minutes
     python -m studies.bias_variance --help          # every option
 
 On toyenvs POMDPs the true advantage A*(z, a) = Q(z, a) - V(z) of every step is known exactly
