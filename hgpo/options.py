@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import tempfile
 from collections.abc import Iterable
 from typing import Any
 
@@ -127,18 +128,21 @@ def check_number(
     return float(value)
 
 
-def check_writable_dir(where: str, path: str, flag: str) -> None:
+def check_writable_dir(where: str, path: str | os.PathLike[str], flag: str) -> None:
     """Folder ``path`` exists (or can be made) and a file can be written in it, else an
-    OptionError naming ``where`` and the flag to change, before any work."""
-    probe = os.path.join(path, f".write-test-{os.getpid()}")
+    OptionError naming ``where`` and the flag to change, before any work (a path under /proc,
+    a read-only folder, a file). The probe is a temporary file, gone even after a kill."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OptionError(
+            f"{where}: {str(path)!r} exists and is not a folder; give a writable {flag}"
+        )
     try:
         os.makedirs(path, exist_ok=True)
-        with open(probe, "w"):
+        with tempfile.TemporaryFile(dir=path, prefix=".write-check-"):
             pass
-        os.unlink(probe)
     except OSError as e:
         raise OptionError(
-            f"{where}: cannot write to {path!r} ({e.strerror or type(e).__name__}); "
+            f"{where}: cannot write to {str(path)!r} ({e.strerror or type(e).__name__}); "
             f"give a writable {flag}"
         ) from None
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from hgpo.options import check_writable_dir
 
 __all__ = ["NET_DTYPES", "apply_preset", "check_out_dir", "given_dests"]
 
@@ -33,16 +34,6 @@ def apply_preset(values: dict[str, Any], preset: dict[str, Any], given: set[str]
 
 def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
     """Create folder ``path`` if needed and check a file can be written in it, before any work;
-    a ValueError naming ``flag`` otherwise (a path under /proc, a read-only folder, a file)."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise ValueError(f"{flag}: {str(path)!r} exists and is not a folder")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=p, prefix=".write-check-"):
-            pass
-    except OSError as exc:
-        raise ValueError(
-            f"{flag}: cannot write to folder {str(path)!r} ({exc.strerror or exc})"
-        ) from None
-    return p
+    a ValueError naming ``flag`` otherwise (:func:`hgpo.options.check_writable_dir`)."""
+    check_writable_dir(flag, path, flag)
+    return Path(path)

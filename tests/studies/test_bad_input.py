@@ -49,10 +49,10 @@ def _read_only(tmp_path: Path) -> str:
 
 
 OUT_CASES = [
-    (lambda tmp: "/proc/x", r"--out: cannot write to folder '/proc/x'"),
-    (_file, r"--out: '.*a_file' exists and is not a folder"),
-    (lambda tmp: _file(tmp) + "/sub", r"--out: cannot write to folder '.*a_file/sub'"),
-    (_read_only, r"--out: cannot write to folder '.*ro' \(Permission denied\)"),
+    (lambda tmp: "/proc/x", r"--out: cannot write to '/proc/x' \(No such file or directory\); give a writable --out"),
+    (_file, r"--out: '.*a_file' exists and is not a folder; give a writable --out"),
+    (lambda tmp: _file(tmp) + "/sub", r"--out: cannot write to '.*a_file/sub' \(Not a directory\)"),
+    (_read_only, r"--out: cannot write to '.*ro' \(Permission denied\)"),
 ]
 
 
@@ -109,7 +109,7 @@ def test_bias_variance_config_table(kw, match):
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["--out", "/proc/x"], r"--out: cannot write to folder '/proc/x'"),
+        (["--out", "/proc/x"], r"--out: cannot write to '/proc/x' \(No such file or directory\); give a writable --out"),
         (["--seed", "-1"], r"--seed: must be an integer >= 0, got -1"),
         (["--alpha", "inf"], r"--alpha: must be a finite number >= 0\.0, got inf"),
         (["--quick", "--K", "99"], r"--K: must be an integer in 0\.\.8, got 99"),
@@ -204,7 +204,7 @@ def test_train_toy_config_table(tmp_path, kw, match):
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["--out", "/proc/x"], r"--out: cannot write to folder '/proc/x'"),
+        (["--out", "/proc/x"], r"--out: cannot write to '/proc/x' \(No such file or directory\); give a writable --out"),
         (["--seed", "-1"], r"--seed: must be an integer >= 0, got -1"),
         (["--settings", "hgpo:alpha=inf"], r"--settings 'hgpo:alpha=inf': EstimatorConfig\.alpha: must be a finite number"),
         (["--settings", "hgpo:alpha=-1"], r"alpha"),

@@ -67,4 +67,4 @@ def test_an_unwritable_out_is_named_before_any_figure(tmp_path, capsys):
     (tmp_path / "a_file").write_text("")
     with pytest.raises(SystemExit):
         main([run, "--out", str(tmp_path / "a_file" / "fig")])
-    assert "error: --out: cannot write to" in capsys.readouterr().err
+    assert "a_file' exists and is not a folder; give a writable --out" in capsys.readouterr().err
