@@ -49,7 +49,10 @@ def _read_only(tmp_path: Path) -> str:
 
 
 OUT_CASES = [
-    (lambda tmp: "/proc/x", r"--out: cannot write to '/proc/x' \(No such file or directory\); give a writable --out"),
+    (
+        lambda tmp: "/proc/x",
+        r"--out: cannot write to '/proc/x' \(No such file or directory\); give a writable --out",
+    ),
     (_file, r"--out: '.*a_file' exists and is not a folder; give a writable --out"),
     (lambda tmp: _file(tmp) + "/sub", r"--out: cannot write to '.*a_file/sub' \(Not a directory\)"),
     (_read_only, r"--out: cannot write to '.*ro' \(Permission denied\)"),
