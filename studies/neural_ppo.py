@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 import toyenvs
-from studies.tabular_ppo import PPOSettings, UpdateStats
+from studies.tabular_ppo import PPOSettings, UpdateStats, check_finite_update
 
 __all__ = ["NeuralPPO", "ppo_loss"]
 
@@ -96,8 +96,7 @@ class NeuralPPO:
                 loss.backward()
                 clip = s.grad_clip if s.grad_clip > 0 else float("inf")
                 gn = float(torch.nn.utils.clip_grad_norm_(params, clip))
-                if not np.isfinite(gn):
-                    raise FloatingPointError(f"non-finite gradient norm {gn} in a PPO update")
+                check_finite_update(loss.item(), gn)
                 self.opt.step()
                 stats.append((mb.size, f["pg_loss"], f["kl"], f["clip_frac"], f["entropy"], gn))
         w = np.array([x[0] for x in stats], dtype=np.float64)

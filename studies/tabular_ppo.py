@@ -186,8 +186,11 @@ class TabularPPO:
         stats = []
         for _ in range(s.epochs):
             for mb in np.array_split(rng.permutation(n), max(1, min(s.minibatches, n))):
-                _, grad, f = self.loss_and_grad(context[mb], action[mb], advantages[mb], old_lp[mb])
+                loss, grad, f = self.loss_and_grad(
+                    context[mb], action[mb], advantages[mb], old_lp[mb]
+                )
                 gn = float(np.sqrt((grad * grad).sum()))
+                check_finite_update(loss, gn)
                 if s.grad_clip > 0 and gn > s.grad_clip:
                     grad *= s.grad_clip / gn
                 self.adam.step(self.pol.logits, grad)
@@ -196,6 +199,17 @@ class TabularPPO:
         cols = np.array([x[1:] for x in stats])
         m = (w[:, None] * cols).sum(axis=0) / w.sum()
         return UpdateStats(*(float(v) for v in m))
+
+
+def check_finite_update(loss: float, grad_norm: float) -> None:
+    """FloatingPointError when a mini-batch's PPO loss or gradient norm is NaN or infinite:
+    the run stops before that update (the policy is left as it was), and a study saves
+    nothing of it."""
+    if not (np.isfinite(loss) and np.isfinite(grad_norm)):
+        raise FloatingPointError(
+            f"the PPO loss ({loss}) or its gradient norm ({grad_norm}) is not finite: the run "
+            "stops before the update (lower --lr)"
+        )
 
 
 class ValueTable:
@@ -228,6 +242,11 @@ class ValueTable:
                 err = self.V[context[mb]] - targets[mb]
                 grad = np.zeros_like(self.V)
                 np.add.at(grad, context[mb], 2.0 * err / mb.size)
-                self.adam.step(self.V, grad)
                 losses.append(float((err * err).mean()))
+                if not np.isfinite(losses[-1]):
+                    raise FloatingPointError(
+                        f"the critic's loss is not finite ({losses[-1]}): the run stops before "
+                        "the update (lower --critic-lr)"
+                    )
+                self.adam.step(self.V, grad)
         return float(np.mean(losses[-max(1, minibatches) :]))

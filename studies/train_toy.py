@@ -534,14 +534,17 @@ def _train_iteration(
     curve's row."""
     tasks = rng.choice(setup.train_tasks, size=cfg.groups, replace=True)
     rb = _collect(setup.env, setup.pol, tasks, int(rng.integers(2**31)), scheme, cfg)
-    adv = _iteration_advantages(cfg, setup, rb, upd_rng)
-    truth = (
-        _truth_figures(setup.env, setup.pol, rb, adv.A, setup.train_tasks, cfg)
-        if cfg.truth_every and (it == 1 or it % cfg.truth_every == 0)
-        else {}
-    )
-    old_lp = setup.ppo.old_log_probs(rb.context, rb.batch.action)
-    st = setup.ppo.update(rb.context, rb.batch.action, adv.A, old_lp, upd_rng)
+    try:  # a non-finite loss (PPO's, or the critic's) stops the run, which is then not saved
+        adv = _iteration_advantages(cfg, setup, rb, upd_rng)
+        truth = (
+            _truth_figures(setup.env, setup.pol, rb, adv.A, setup.train_tasks, cfg)
+            if cfg.truth_every and (it == 1 or it % cfg.truth_every == 0)
+            else {}
+        )
+        old_lp = setup.ppo.old_log_probs(rb.context, rb.batch.action)
+        st = setup.ppo.update(rb.context, rb.batch.action, adv.A, old_lp, upd_rng)
+    except FloatingPointError as e:
+        raise FloatingPointError(f"iteration {it}: {e}") from None
     return _curve_row(cfg, it, rb, adv, st, setup.pol.n_contexts, truth)
 
 

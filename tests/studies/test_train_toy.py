@@ -182,6 +182,28 @@ def test_study_writes_its_folder_and_resumes_without_redoing_runs(
     assert "Table 1" in (out / "report.md").read_text()
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow warnings on the way
+@pytest.mark.parametrize(
+    ("setting", "kw", "needle"),
+    [
+        ("grpo", {"lr": 1e308}, "iteration 1: the PPO loss (nan) or its gradient norm (nan) is "
+         "not finite: the run stops before the update (lower --lr)"),
+        ("gae", {"critic_lr": 1e308}, "iteration 1: the critic's loss is not finite (inf)"),
+    ],
+)  # fmt: skip
+def test_a_non_finite_loss_stops_the_run_and_saves_nothing(tmp_path, setting, kw, needle):
+    from studies.backend import SweepError
+
+    cfg = _cfg(tmp_path, seeds=1, settings=(setting,), **kw)
+    with pytest.raises(FloatingPointError) as e:
+        tt.run_one(cfg, {"env": "tmaze:length=2", "setting": setting, "K": 2, "seed": 0})
+    assert needle in str(e.value)
+    with pytest.raises(SweepError, match="1 of 1 tasks failed"):
+        tt.run_study(cfg, progress=False)
+    assert not list((Path(cfg.out) / "runs").glob("*.json"))
+    assert not (Path(cfg.out) / "results.json").exists()
+
+
 def test_changed_settings_do_not_reuse_old_runs(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, seeds=1, settings=("grpo",))
     tt.run_study(cfg, progress=False)
