@@ -51,6 +51,7 @@ import json
 import sys
 import types
 from contextlib import redirect_stdout
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,31 +127,57 @@ def random_case(rng: np.random.Generator, estimator: str) -> dict[str, Any]:
     )
 
 
+@dataclass(frozen=True)
+class _RefInputs:
+    """What the authors' trainer hands its advantage function for one case (torch tensors
+    of the run's float type, object arrays of string ids)."""
+
+    scores: Any  # [n, L] the episode reward at each step's last response token, less 0.1 x invalid
+    step_rewards: Any  # [n] the discounted step returns, less 0.1 x invalid
+    response_mask: Any  # [n, L]
+    anchor_obs: np.ndarray
+    uid: np.ndarray
+    traj_uid: np.ndarray
+
+
 def run_reference(
     case: dict[str, Any], mods: dict[str, types.ModuleType], float64: bool
 ) -> np.ndarray:
     """The reference pipeline on one case; returns the per-step advantage."""
     import torch
 
+    torch.set_default_dtype(torch.float64 if float64 else torch.float32)
+    try:
+        inputs = _reference_inputs(case, mods, float64)
+        with redirect_stdout(io.StringIO()):
+            adv = _reference_advantages(case, mods, inputs)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    return adv[:, 0].double().numpy()  # every row has >= 1 response token
+
+
+def _reference_inputs(
+    case: dict[str, Any], mods: dict[str, types.ModuleType], float64: bool
+) -> _RefInputs:
+    """The glue of the authors' trainer before the estimator (module docstring): step
+    returns, the episode reward at the last response token, the invalid-action penalty."""
+    import torch
+
     fdt = torch.float64 if float64 else torch.float32
     ndt = np.float64 if float64 else np.float32
-    torch.set_default_dtype(fdt)
     n = len(case["group"])
     L = max(case["resp_len"])
     rewards = np.asarray(case["reward"], dtype=ndt)
     traj = np.asarray(case["traj"])
-    # The rollout loop's uids are strings; ours are ints. Strings keep np.unique's order
-    # irrelevant (nothing depends on it) and exercise to_hashable on str observations.
-    uid = np.array([f"g{g}" for g in case["group"]], dtype=object)
-    traj_uid = np.array([f"t{t:04d}" for t in case["traj"]], dtype=object)
-    anchor_obs = np.array([f"obs {s}" for s in case["state"]], dtype=object)
     invalid = np.asarray(case["invalid"], dtype=bool)
     resp_len = np.asarray(case["resp_len"])
     response_mask = torch.zeros((n, L), dtype=fdt)
     for i, m in enumerate(resp_len):
         response_mask[i, :m] = 1.0
-    dp = mods["core_hgpo"].DataProto
-    batch = dp(
+    # The rollout loop's uids are strings; ours are ints. Strings keep np.unique's order
+    # irrelevant (nothing depends on it) and exercise to_hashable on str observations.
+    traj_uid = np.array([f"t{t:04d}" for t in case["traj"]], dtype=object)
+    batch = mods["core_hgpo"].DataProto(
         batch={"input_ids": torch.zeros((n, 1), dtype=torch.long)},
         non_tensor_batch={
             "rewards": rewards,
@@ -158,8 +185,7 @@ def run_reference(
             "active_masks": np.ones(n, dtype=bool),
         },
     )
-    est = case["estimator"]
-    core = mods["core_hgpo"] if est == "hgpo" else mods["core_gigpo"]
+    core = mods["core_hgpo"] if case["estimator"] == "hgpo" else mods["core_gigpo"]
     with redirect_stdout(io.StringIO()):
         step_rewards = core.compute_step_discounted_returns(batch=batch, gamma=case["gamma"])
     # rollout_loop: episode_rewards accumulated step by step in float32 (float64 run: f64).
@@ -175,51 +201,43 @@ def run_reference(
         inv = torch.tensor(1 - np.float32(not invalid[i]), dtype=fdt)
         scores[i, resp_len[i] - 1] -= 0.1 * inv
         step_rewards[i] -= 0.1 * inv
-    mode = MODES[case["env"]]
-    with redirect_stdout(io.StringIO()):
-        if est == "hgpo":
-            adv, _ = core.compute_hgpo_outcome_advantage(
-                token_level_rewards=scores,
-                step_rewards=step_rewards,
-                response_mask=response_mask,
-                anchor_obs=anchor_obs,
-                index=uid,
-                traj_index=traj_uid,
-                history_length=case["K"],
-                mode=mode,
-                length_weight_alpha=case["alpha"],
-                base_group=case["base_group"],
-            )
-        elif est == "gigpo":
-            adv, _ = core.compute_gigpo_outcome_advantage(
-                token_level_rewards=scores,
-                step_rewards=step_rewards,
-                response_mask=response_mask,
-                anchor_obs=anchor_obs,
-                index=uid,
-                traj_index=traj_uid,
-                step_advantage_w=1.0,
-                mode=mode,
-            )
-        elif est == "grpo":
-            adv, _ = mods["core_algos"].compute_grpo_outcome_advantage(
-                token_level_rewards=scores,
-                response_mask=response_mask,
-                index=uid,
-                traj_index=traj_uid,
-                norm_adv_by_std_in_grpo=(mode == "mean_std_norm"),
-            )
-        elif est == "rloo":
-            adv, _ = mods["core_algos"].compute_rloo_outcome_advantage(
-                token_level_rewards=scores,
-                response_mask=response_mask,
-                index=uid,
-                traj_index=traj_uid,
-            )
-        else:
-            raise ValueError(est)
-    torch.set_default_dtype(torch.float32)
-    return adv[:, 0].double().numpy()  # every row has >= 1 response token
+    return _RefInputs(
+        scores=scores,
+        step_rewards=step_rewards,
+        response_mask=response_mask,
+        anchor_obs=np.array([f"obs {s}" for s in case["state"]], dtype=object),
+        uid=np.array([f"g{g}" for g in case["group"]], dtype=object),
+        traj_uid=traj_uid,
+    )
+
+
+def _reference_advantages(
+    case: dict[str, Any], mods: dict[str, types.ModuleType], x: _RefInputs
+) -> Any:
+    """The case's estimator in the reference code, as its trainer calls it ([n, L] tensor)."""
+    est, mode = case["estimator"], MODES[case["env"]]
+    common = dict(token_level_rewards=x.scores, response_mask=x.response_mask, index=x.uid,
+                  traj_index=x.traj_uid)  # fmt: skip
+    if est == "hgpo":
+        adv, _ = mods["core_hgpo"].compute_hgpo_outcome_advantage(
+            **common, step_rewards=x.step_rewards, anchor_obs=x.anchor_obs,
+            history_length=case["K"], mode=mode, length_weight_alpha=case["alpha"],
+            base_group=case["base_group"],
+        )  # fmt: skip
+    elif est == "gigpo":
+        adv, _ = mods["core_gigpo"].compute_gigpo_outcome_advantage(
+            **common, step_rewards=x.step_rewards, anchor_obs=x.anchor_obs,
+            step_advantage_w=1.0, mode=mode,
+        )  # fmt: skip
+    elif est == "grpo":
+        adv, _ = mods["core_algos"].compute_grpo_outcome_advantage(
+            **common, norm_adv_by_std_in_grpo=(mode == "mean_std_norm")
+        )
+    elif est == "rloo":
+        adv, _ = mods["core_algos"].compute_rloo_outcome_advantage(**common)
+    else:
+        raise ValueError(est)
+    return adv
 
 
 def case_batch(case: dict[str, Any]) -> StepBatch:
@@ -283,7 +301,7 @@ def classify(a: np.ndarray, f32: np.ndarray, f64: np.ndarray) -> np.ndarray:
     return np.where(ok64 & ok32, 0, np.where(ok64, 1, np.where(ok32, 2, 3)))
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -295,87 +313,101 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")
     p.add_argument("--golden-cases", type=int, default=12, help="cases per estimator in the file")
-    args = p.parse_args(argv)
+    return p
+
+
+@dataclass
+class _Report:
+    """One estimator's comparison over its cases."""
+
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))
+    """Rows per class (:data:`CLASSES`)."""
+    worst: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    """max |ours - f32| on "both" rows, on "float64 only" rows; max |ours - f64| on both."""
+    bad_cases: list[tuple[int, int]] = field(default_factory=list)
+    """(case, rows) where a row differs beyond what rounding decides."""
+    first_bad: dict[str, Any] | None = None
+    golden: list[dict[str, Any]] = field(default_factory=list)
+    """The cases for the golden file: the first ones and every one with a row not "both"."""
+
+
+def _compare(est: str, args: argparse.Namespace, refs: tuple[dict, dict], rng) -> _Report:
+    """``args.cases`` random cases of ``est``: ours against both reference runs."""
+    rep = _Report()
+    for c in range(args.cases):
+        case = random_case(rng, est)
+        a = ours(case)
+        f32 = run_reference(case, refs[0], float64=False)
+        f64 = run_reference(case, refs[1], float64=True)
+        cls = classify(a, f32, f64)
+        rep.counts += np.bincount(cls, minlength=4)
+        d32, d64 = np.abs(a - f32), np.abs(a - f64)
+        rep.worst = np.maximum(rep.worst, [d32[cls == 0].max(initial=0.0),
+                                           d32[cls == 1].max(initial=0.0),
+                                           d64[cls <= 1].max(initial=0.0)])  # fmt: skip
+        unexplained = (cls >= 2) & ~rounding_decided(case)
+        if unexplained.any():
+            rep.bad_cases.append((c, int(unexplained.sum())))
+            if rep.first_bad is None:
+                i = int(np.flatnonzero(unexplained)[0])
+                rep.first_bad = dict(case=c, row=i, ours=a[i], f64=f64[i], f32=f32[i],
+                                     **{k: case[k] for k in ("env", "K", "gamma", "alpha",
+                                                             "base_group")})  # fmt: skip
+        if args.write and (c < args.golden_cases or (cls >= 2).any()):
+            rep.golden.append({**case, "reference_f32": [float(np.float32(x)) for x in f32],
+                               "reference_f64": f64.tolist(),
+                               "classes": np.bincount(cls, minlength=4).tolist()})  # fmt: skip
+    return rep
+
+
+def _print_report(est: str, cases: int, rep: _Report) -> None:
+    shares = ", ".join(f"{name} {n}" for name, n in zip(CLASSES, rep.counts, strict=True))
+    bad = f"; UNEXPLAINED in {len(rep.bad_cases)} cases, first: {rep.first_bad}"
+    print(f"{est:<6} {cases} cases, {rep.counts.sum()} rows; ours equals: {shares}"
+          + (bad if rep.bad_cases else ""))  # fmt: skip
+    print(
+        f"       max |ours - f32|: {rep.worst[0]:.2g} where both agree, {rep.worst[1]:.2g} where"
+        f" only the float64 run agrees; max |ours - f64| on those rows: {rep.worst[2]:.2g}"
+    )
+
+
+def _write_golden(golden: list[dict[str, Any]], seed: int) -> None:
+    import torch
+
+    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "about": (
+            "Inputs and the outputs of the authors' public advantage code (verl-agent "
+            "recipe/hgpo/core_hgpo.py, gigpo/core_gigpo.py, verl core_algos grpo/rloo) "
+            "made by benchmarks/make_verl_agent_golden.py; reference_f32 as published "
+            "(float32), reference_f64 the same code with float32 replaced by float64."
+        ),
+        "reference": REF_COMMIT,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "seed": seed,
+        "cases": golden,
+    }
+    GOLDEN.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size / 1024:.0f} KiB, {len(golden)} cases)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
-    ref32 = load_reference(args.ref_dir, float64=False)
-    ref64 = load_reference(args.ref_dir, float64=True)
+    refs = (load_reference(args.ref_dir, float64=False), load_reference(args.ref_dir, float64=True))
     rng = np.random.default_rng(args.seed)
     golden: list[dict[str, Any]] = []
     status = 0
     for est in args.estimators:
-        counts = np.zeros(4, dtype=np.int64)
-        worst = np.zeros(3)  # max |ours - f32| on "both" rows, on "float64 only" rows; |ours - f64|
-        bad_cases: list[tuple[int, int]] = []
-        first_bad: dict[str, Any] | None = None
-        for c in range(args.cases):
-            case = random_case(rng, est)
-            a = ours(case)
-            f32 = run_reference(case, ref32, float64=False)
-            f64 = run_reference(case, ref64, float64=True)
-            cls = classify(a, f32, f64)
-            counts += np.bincount(cls, minlength=4)
-            d32, d64 = np.abs(a - f32), np.abs(a - f64)
-            worst = np.maximum(
-                worst,
-                [
-                    d32[cls == 0].max(initial=0.0),
-                    d32[cls == 1].max(initial=0.0),
-                    d64[cls <= 1].max(initial=0.0),
-                ],
-            )
-            unexplained = (cls >= 2) & ~rounding_decided(case)
-            if unexplained.any():
-                bad_cases.append((c, int(unexplained.sum())))
-                if first_bad is None:
-                    i = int(np.flatnonzero(unexplained)[0])
-                    first_bad = dict(
-                        case=c,
-                        row=i,
-                        ours=a[i],
-                        f64=f64[i],
-                        f32=f32[i],
-                        **{k: case[k] for k in ("env", "K", "gamma", "alpha", "base_group")},
-                    )
-            # The file keeps the first cases and every case where a row is not "both".
-            if args.write and (c < args.golden_cases or (cls >= 2).any()):
-                golden.append(
-                    {
-                        **case,
-                        "reference_f32": [float(np.float32(x)) for x in f32],
-                        "reference_f64": f64.tolist(),
-                        "classes": np.bincount(cls, minlength=4).tolist(),
-                    }
-                )
-        shares = ", ".join(f"{name} {n}" for name, n in zip(CLASSES, counts, strict=True))
-        print(
-            f"{est:<6} {args.cases} cases, {counts.sum()} rows; ours equals: {shares}"
-            + (f"; UNEXPLAINED in {len(bad_cases)} cases, first: {first_bad}" if bad_cases else "")
-        )
-        print(
-            f"       max |ours - f32|: {worst[0]:.2g} where both agree, {worst[1]:.2g} where only"
-            f" the float64 run agrees; max |ours - f64| on those rows: {worst[2]:.2g}"
-        )
-        if bad_cases:
-            status = 1
+        rep = _compare(est, args, refs, rng)
+        _print_report(est, args.cases, rep)
+        golden += rep.golden
+        status |= bool(rep.bad_cases)
     if args.write:
-        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "about": (
-                "Inputs and the outputs of the authors' public advantage code (verl-agent "
-                "recipe/hgpo/core_hgpo.py, gigpo/core_gigpo.py, verl core_algos grpo/rloo) "
-                "made by benchmarks/make_verl_agent_golden.py; reference_f32 as published "
-                "(float32), reference_f64 the same code with float32 replaced by float64."
-            ),
-            "reference": REF_COMMIT,
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "seed": args.seed,
-            "cases": golden,
-        }
-        GOLDEN.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-        print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size / 1024:.0f} KiB, {len(golden)} cases)")
+        _write_golden(golden, args.seed)
     return status
 
 
