@@ -91,10 +91,10 @@ class MetricsLogger:
 def read_metrics(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every row of a run's metrics.jsonl.
 
-    A last line without its newline is one the run was writing when it was killed (each row
-    is written with its newline and fsynced): it is left out, as a resumed run drops it.
-    Raises ValueError naming the folder when there is no metrics.jsonl, and the file and line
-    for any other line that is not a JSON object.
+    A last line without its newline that is not a whole JSON object is one the run was
+    writing when it was killed (each row is written with its newline and fsynced): it is left
+    out, as a resumed run drops it. Raises ValueError naming the folder when there is no
+    metrics.jsonl, and the file and line for any other line that is not a JSON object.
     """
     path = Path(out_dir) / METRICS_FILE
     try:
@@ -106,17 +106,24 @@ def read_metrics(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         ) from None
     lines = text.split("\n")
     rows = []
-    for i, line in enumerate(lines[:-1], start=1):  # (the last piece: after the last newline)
+    for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if not isinstance(row, dict):
+        row = _json_object(line)
+        if row is None and i == len(lines):  # (no newline after it: cut by a kill)
+            break
+        if row is None:
             raise ValueError(f"{path}: line {i} is not a JSON object: {line[:80]!r}")
         rows.append(row)
     return rows
+
+
+def _json_object(line: str) -> dict[str, Any] | None:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 @dataclass

@@ -119,6 +119,8 @@ def test_read_metrics_drops_a_line_cut_by_a_kill_and_names_a_bad_one(tmp_path):
     good = json.dumps({"iteration": 1, "success_rate": 0.5})
     (tmp_path / "metrics.jsonl").write_text(good + "\n" + '{"iteration": 2, "succ')
     assert read_metrics(tmp_path) == [{"iteration": 1, "success_rate": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text(good + "\n" + good)  # whole, but no newline: kept
+    assert len(read_metrics(tmp_path)) == 2
     (tmp_path / "metrics.jsonl").write_text("[1, 2]\n" + good + "\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 1 is not a JSON object: '\[1, 2\]'"):
         read_metrics(tmp_path)
