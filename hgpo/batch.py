@@ -214,9 +214,15 @@ class StepBatch:
                 raise ValueError(
                     f"StepBatch.invalid must be one-dimensional, got shape {inv.shape}"
                 )
-            if inv.size and inv.dtype != np.bool_ and not np.all((inv == 0) | (inv == 1)):
-                bad = inv[np.flatnonzero((inv != 0) & (inv != 1))[0]]
-                raise ValueError(f"StepBatch.invalid must be boolean, got {bad.item()!r}")
+            if inv.size and inv.dtype != np.bool_:
+                values = inv.tolist()  # (Python values: None or 2**70 in an object array too)
+                if inv.dtype.kind in "iuf":
+                    ok = (inv == 0) | (inv == 1)
+                else:
+                    ok = np.array([type(v) in (int, float) and v in (0, 1) for v in values])
+                if not ok.all():
+                    bad = values[int(np.flatnonzero(~ok)[0])]
+                    raise ValueError(f"StepBatch.invalid must be boolean, got {bad!r}")
             set_(self, "invalid", np.ascontiguousarray(inv, dtype=np.bool_))
 
     def _check_values(self) -> None:
@@ -321,17 +327,41 @@ class StepBatch:
                 bad = next(x for x in r if not isinstance(x, numbers.Real))
                 raise ValueError(f"from_trajectories: trajectory {i} has a reward {bad!r}")
 
-        def flat(seqs: Iterable[Iterable[Any]] | None) -> np.ndarray | None:
-            return None if seqs is None else np.concatenate([np.asarray(list(x)) for x in seqs])
+        for i, g in enumerate(groups):  # (np.asarray would read 1.5 as 1 and True as 1)
+            if isinstance(g, bool | np.bool_) or not isinstance(g, numbers.Integral):
+                raise ValueError(f"from_trajectories: groups[{i}] must be an integer, got {g!r}")
+
+        def flat(name: str, seqs: Iterable[Iterable[Any]] | None) -> np.ndarray | None:
+            """One sequence per trajectory, each of that trajectory's length, concatenated."""
+            if seqs is None:
+                return None
+            seqs = list(seqs)
+            for i, x in enumerate(seqs):
+                if isinstance(x, str | bytes) or not isinstance(x, Iterable):
+                    raise ValueError(
+                        f"from_trajectories: {name}[{i}] must be a sequence, got {x!r}"
+                    )
+            seqs = [list(x) for x in seqs]
+            if len(seqs) != len(lens):
+                raise ValueError(
+                    f"from_trajectories: {name} lists {len(seqs)} trajectories, expected "
+                    f"{len(lens)} (one per group entry)"
+                )
+            for i, (x, n) in enumerate(zip(seqs, lens, strict=True)):
+                if len(x) != n:
+                    raise ValueError(
+                        f"from_trajectories: trajectory {i} has {len(x)} {name} but {n} rewards"
+                    )
+            return np.concatenate([np.asarray(x) for x in seqs])
 
         return cls(
             group=np.repeat(np.asarray(groups, dtype=np.int64), lens),
             traj=np.repeat(np.arange(len(lens), dtype=np.int64), lens),
             step=np.concatenate([np.arange(n, dtype=np.int64) for n in lens]),
             reward=np.concatenate([np.asarray(r, dtype=np.float64) for r in rewards]),
-            state=flat(states),
-            action=flat(actions),
-            invalid=flat(invalid),
+            state=flat("states", states),
+            action=flat("actions", actions),
+            invalid=flat("invalid", invalid),
         )
 
 

@@ -14,7 +14,7 @@ from hgpo.options import OptionError, check_bool, check_choice, check_int, check
 
 __all__ = ["MAX_K", "EstimatorConfig", "check_K", "field_docs", "reference_config"]
 
-_CHOICES: dict[str, tuple[str, ...]] = {
+CHOICES: dict[str, tuple[str, ...]] = {  # the string fields of EstimatorConfig
     "norm": ("mean_std", "mean"),
     "std": ("population", "sample"),
     "episode_std": ("population", "sample"),
@@ -139,7 +139,7 @@ class EstimatorConfig:
     Episode-level groups are unchanged (the rloo estimator is GRPO's leave-one-out)."""
 
     def __post_init__(self) -> None:
-        for name, choices in _CHOICES.items():
+        for name, choices in CHOICES.items():
             check_choice(f"EstimatorConfig.{name}", getattr(self, name), choices)
         fixed: dict[str, Any] = {
             "K": check_K("EstimatorConfig.K", self.K),

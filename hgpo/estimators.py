@@ -18,7 +18,13 @@ from hgpo.batch import StepBatch
 from hgpo.config import EstimatorConfig
 from hgpo.groups import dense_rank, group_by, normalise
 from hgpo.keys import Hierarchy, hierarchy
-from hgpo.returns import check_finite, discounted_returns, episode_returns, penalised_rewards
+from hgpo.returns import (
+    check_finite,
+    check_step_values,
+    discounted_returns,
+    episode_returns,
+    penalised_rewards,
+)
 
 __all__ = [
     "ESTIMATORS",
@@ -398,12 +404,7 @@ def gae(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None
     """
     if values is None:
         raise ValueError("estimator 'gae' needs values: float64[n] state values V(s_t)")
-    V = np.asarray(values, dtype=np.float64)
-    if V.shape != (batch.n_steps,):
-        raise ValueError(f"gae: values has shape {V.shape}, expected ({batch.n_steps},)")
-    if not np.isfinite(V).all():
-        i = int(np.flatnonzero(~np.isfinite(V))[0])
-        raise ValueError(f"gae: values[{i}] is {float(V[i])}; values must be finite")
+    V = check_step_values(batch, values, "gae: values")
     r = penalised_rewards(batch, cfg.invalid_penalty)
     V_next = np.zeros_like(V)
     V_next[:-1] = V[1:]
@@ -426,6 +427,10 @@ ESTIMATORS: dict[str, Estimator] = {
     "hgpo-uniform": hgpo_uniform,
     "gae": gae,
 }
+
+
+READS_VALUES = ("gae",)
+"""The estimators that read ``values`` (a critic's V(s_t))."""
 
 
 def get_estimator(name: str) -> Estimator:
@@ -453,6 +458,11 @@ def compute_advantages(
     fn = get_estimator(name)
     cfg = config if config is not None else EstimatorConfig()
     check_inputs(name, batch, cfg)
+    if values is not None and name not in READS_VALUES:
+        raise ValueError(
+            f"values: estimator {name!r} does not read state values (only "
+            f"{', '.join(READS_VALUES)} does); leave values out"
+        )
     if options:
         cfg = cfg.replace(**options)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported just below

@@ -17,9 +17,10 @@ import numpy as np
 
 from hgpo.batch import StepBatch
 from hgpo.branching import lookback_rows
-from hgpo.config import check_K
+from hgpo.config import CHOICES, check_K
 from hgpo.groups import dense_rank, segment_normalise
-from hgpo.options import check_choice
+from hgpo.options import check_bool, check_choice, check_int, check_number
+from hgpo.returns import check_batch, check_step_values
 
 __all__ = [
     "CHUNK_ROWS",
@@ -154,6 +155,17 @@ def hierarchy(
     sort, so no two different contexts can share a group.
     """
     K = _check(K, early)
+    check_bool("include_actions", include_actions)
+    check_choice("norm", norm, CHOICES["norm"])
+    check_choice("std", std, CHOICES["std"])
+    check_number("eps", eps, lo=0.0)
+    check_bool("leave_one_out", leave_one_out)
+    if chunk_rows is not None:
+        check_int("chunk_rows", chunk_rows, lo=1)
+    if returns is not None:
+        returns = check_step_values(batch, returns, "returns")
+    else:
+        check_batch(batch)
     if include_actions and batch.action is None:
         raise ValueError("include_actions=True needs StepBatch.action, which is None")
     out = _Outputs.empty(K, batch.n_steps, returns is not None)

@@ -6,9 +6,16 @@ import numpy as np
 
 from hgpo.batch import StepBatch
 from hgpo.branching import virtual_episode_returns
-from hgpo.options import check_number
+from hgpo.options import OptionError, check_number
 
-__all__ = ["check_finite", "discounted_returns", "episode_returns", "penalised_rewards"]
+__all__ = [
+    "check_batch",
+    "check_finite",
+    "check_step_values",
+    "discounted_returns",
+    "episode_returns",
+    "penalised_rewards",
+]
 
 
 def check_finite(
@@ -30,8 +37,37 @@ def check_finite(
     return values
 
 
+def check_batch(batch: object) -> StepBatch:
+    """``batch`` if it is a StepBatch, else an OptionError naming its type."""
+    if not isinstance(batch, StepBatch):
+        raise OptionError(f"batch: must be a StepBatch, got {type(batch).__name__}")
+    return batch
+
+
+def check_step_values(batch: StepBatch, values: object, name: str) -> np.ndarray:
+    """``values`` as float64[n], one finite real number per step of ``batch``; a ValueError
+    naming ``name`` otherwise (another length or shape, booleans, complex numbers, strings,
+    NaN or inf)."""
+    check_batch(batch)
+    arr = np.asarray(values)
+    n = batch.n_steps
+    if arr.dtype.kind not in "iuf":
+        raise OptionError(f"{name}: must be {n} real numbers, one per step, got dtype {arr.dtype}")
+    if arr.shape != (n,):
+        raise OptionError(
+            f"{name}: must be one value per step, shape ({n},), got shape {arr.shape}"
+        )
+    arr = np.asarray(arr, dtype=np.float64)
+    finite = np.isfinite(arr)
+    if not finite.all():
+        i = int(np.flatnonzero(~finite)[0])
+        raise ValueError(f"{name}[{i}] is {float(arr[i])}; every value must be finite")
+    return arr
+
+
 def penalised_rewards(batch: StepBatch, invalid_penalty: float) -> np.ndarray:
     """float64[n] r_t - penalty * invalid_t (the reward the paper's return propagates)."""
+    invalid_penalty = check_number("invalid_penalty", invalid_penalty, lo=0.0)
     if batch.invalid is None or invalid_penalty == 0.0:
         return batch.reward
     with np.errstate(over="ignore"):
@@ -61,7 +97,7 @@ def discounted_returns(
         lengths differ a lot), so the work is O(n) and the arrays of a block stay in cache.
     """
     gamma = check_number("gamma", gamma, lo=0.0, hi=1.0)
-    r = batch.reward if rewards is None else np.asarray(rewards, dtype=np.float64)
+    r = batch.reward if rewards is None else check_step_values(batch, rewards, "rewards")
     if gamma == 0.0:
         return check_finite(batch, r.copy(), "return")
     out = np.empty_like(r)
@@ -128,6 +164,8 @@ def episode_returns(batch: StepBatch, rewards: np.ndarray | None = None) -> np.n
     back), so the rounding, and hence which groups are exactly tied, is fixed by definition.
     A branch's episode is its virtual full trajectory, its parent's prefix then its own rows.
     """
+    if rewards is not None:
+        rewards = check_step_values(batch, rewards, "rewards")
     if batch.branches is not None:  # [branching] the parent's prefix counts too
         return virtual_episode_returns(batch, batch.reward if rewards is None else rewards)
     return discounted_returns(batch, 1.0, rewards)[batch.traj_start]

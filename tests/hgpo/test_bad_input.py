@@ -14,6 +14,8 @@ from hgpo import (
     state_ids,
 )
 from hgpo.estimators import hgpo as hgpo_fn
+from hgpo.keys import hierarchy
+from hgpo.returns import discounted_returns, episode_returns, penalised_rewards
 
 
 def batch(**over):
@@ -58,6 +60,9 @@ BATCH_TABLE = [
         (dict(group=[True, True, True]), r"group must hold integers, got dtype bool"),
         (dict(state=[[1], [2, 3], [1]]), r"StepBatch\.state: must be a sequence of integers"),
         (dict(invalid=[0, 2, 0]), r"invalid must be boolean, got 2"),
+        (dict(invalid=[None, 0, 0]), r"invalid must be boolean, got None"),
+        (dict(invalid=[2**70, 0, 0]), r"invalid must be boolean, got 1180591620717411303424"),
+        (dict(invalid=["1", 0, 0]), r"invalid must be boolean, got '1'"),
 ]  # fmt: skip
 
 
@@ -104,8 +109,15 @@ def test_trajectory_ids_need_not_rise_only_be_unique():
         (([0], [["x"]], [[0]]), r"trajectory 0 has a reward 'x'"),
         (([0], [[None]], [[0]]), r"trajectory 0 has a reward None"),
         (([0], [[1.0]], [["kitchen"]]), r"StepBatch\.state must hold integers.*state_ids"),
+        # groups are integers as given (numpy would read 1.5 and True as 1)
+        (([1.5], [[1.0]], [[0]]), r"from_trajectories: groups\[0\] must be an integer, got 1\.5"),
+        (([True], [[1.0]], [[0]]), r"from_trajectories: groups\[0\] must be an integer, got True"),
+        # actions / invalid: one sequence per trajectory, of its length (else rows shift)
+        (([0, 0], [[0.0], [1.0]], [[0], [0]], [[0, 1], []]), r"trajectory 0 has 2 actions but 1 rewards"),
+        (([0, 0], [[0.0], [1.0]], [[0], [0]], [[0, 1]]), r"actions lists 1 trajectories, expected 2"),
+        (([0], [[0.0]], [[0]], None, [None]), r"from_trajectories: invalid\[0\] must be a sequence, got None"),
     ],
-)
+)  # fmt: skip
 def test_from_trajectories_table(args, match):
     with pytest.raises(ValueError, match=match):
         StepBatch.from_trajectories(*args)
@@ -176,7 +188,11 @@ def test_config_accepts_numpy_scalars_and_stores_python_numbers():
         (lambda: compute_advantages("hgpo", batch(), alpha=math.inf), r"EstimatorConfig\.alpha: must be a finite number"),
         (lambda: compute_advantages("grpo", batch(), eps=math.inf), r"EstimatorConfig\.eps: must be a finite number"),
         (lambda: compute_advantages("gae", batch()), r"gae' needs values"),
-        (lambda: compute_advantages("gae", batch(), values=np.zeros(2)), r"values has shape \(2,\), expected \(3,\)"),
+        (lambda: compute_advantages("gae", batch(), values=np.zeros(2)), r"gae: values: must be one value per step, shape \(3,\), got shape \(2,\)"),
+        (lambda: compute_advantages("gae", batch(), values=np.ones(3, dtype=bool)), r"gae: values: must be 3 real numbers, one per step, got dtype bool"),
+        (lambda: compute_advantages("gae", batch(), values=np.ones(3, dtype=complex)), r"gae: values: must be 3 real numbers, one per step, got dtype complex128"),
+        (lambda: compute_advantages("gae", batch(), values=["1", "2", "3"]), r"gae: values: must be 3 real numbers, one per step, got dtype <U1"),
+        (lambda: compute_advantages("grpo", batch(), values=np.zeros(3)), r"values: estimator 'grpo' does not read state values \(only gae does\); leave values out"),
         (lambda: compute_advantages("gae", batch(), values=[0.0, math.nan, 0.0]), r"values\[1\] is nan"),
         # finite rewards whose return overflows: the trajectory is named
         (lambda: compute_advantages("hgpo", StepBatch.from_trajectories([0, 0], [[1e308, 1e308], [0.0, 0.0]], [[0, 1], [0, 1]]), gamma=1.0),
@@ -206,11 +222,39 @@ def test_compute_advantages_table(call, match):
         (dict(K="2"), r"^K: must be an integer"),
         (dict(K=1, include_actions=True), r"include_actions=True needs StepBatch\.action"),
         (dict(K=1, early="late"), r"^early: must be one of 'paper', 'drop', got 'late'$"),
+        (dict(K=1, include_actions="x"), r"^include_actions: must be true or false, got 'x'$"),
     ],
 )
 def test_context_keys_table(kw, match):
     with pytest.raises(ValueError, match=match):
         context_keys(batch(), **kw)
+
+
+R3 = np.array([1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: hierarchy(batch(), 1, R3, norm="x"), r"^norm: must be one of 'mean_std', 'mean', got 'x'$"),
+        (lambda: hierarchy(batch(), 1, R3, std="x"), r"^std: must be one of 'population', 'sample'"),
+        (lambda: hierarchy(batch(), 1, R3, eps=math.nan), r"^eps: must be a finite number >= 0\.0, got nan$"),
+        (lambda: hierarchy(batch(), 1, R3, eps=-1.0), r"^eps: must be a finite number >= 0\.0, got -1\.0$"),
+        (lambda: hierarchy(batch(), 1, R3, leave_one_out=2), r"^leave_one_out: must be true or false, got 2$"),
+        (lambda: hierarchy(batch(), 1, R3, chunk_rows=0), r"^chunk_rows: must be an integer >= 1, got 0$"),
+        (lambda: hierarchy(batch(), 1, np.zeros(10)), r"^returns: must be one value per step, shape \(3,\), got shape \(10,\)$"),
+        (lambda: hierarchy(batch(), 1, np.array([1.0, math.nan, 1.0])), r"^returns\[1\] is nan; every value must be finite$"),
+        (lambda: hierarchy(None, 1), r"^batch: must be a StepBatch, got NoneType$"),
+        (lambda: discounted_returns(batch(), 0.9, np.zeros(10)), r"^rewards: must be one value per step, shape \(3,\)"),
+        (lambda: discounted_returns(batch(), 0.9, np.full(3, math.inf)), r"^rewards\[0\] is inf; every value must be finite$"),
+        (lambda: episode_returns(batch(), np.ones(3, dtype=bool)), r"^rewards: must be 3 real numbers, one per step, got dtype bool$"),
+        (lambda: penalised_rewards(batch(), math.nan), r"^invalid_penalty: must be a finite number >= 0\.0, got nan$"),
+    ],
+)  # fmt: skip
+def test_hierarchy_and_returns_table(call, match):
+    """The lower-level functions check what compute_advantages checks through its config."""
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_state_ids():
