@@ -172,6 +172,7 @@ class POMDP:
         An upper bound on what any context policy achieves; reached when the context holds
         enough history to tell the aliased states apart (see each family's docstring).
         """
+        gamma = check_number("gamma", gamma, lo=0.0, hi=1.0)
         return mdp_optimal_values(self, gamma)[:, 0][self.tasks]
 
     def __repr__(self) -> str:
@@ -245,3 +246,19 @@ def split_tasks(tasks: np.ndarray, heldout_frac: float, seed: int) -> tuple[np.n
     held = np.sort(tasks[perm[:n_held]])
     train = np.sort(tasks[perm[n_held:]])
     return train, held
+
+
+def check_tasks(env: POMDP, tasks: Any) -> np.ndarray:
+    """``tasks`` as int64 start states of ``env`` (default: ``env.tasks``), or a ValueError:
+    a non-empty one-dimensional integer array (not bool, not 1.5) of non-terminal states in
+    0..n_states - 1."""
+    if tasks is None:
+        return env.tasks.copy()
+    t = np.asarray(tasks)
+    if t.ndim != 1 or t.size == 0 or not np.issubdtype(t.dtype, np.integer):
+        raise ValueError(f"tasks must be a non-empty 1-d integer array of start states, got {t!r}")
+    if t.min() < 0 or t.max() >= env.n_states:
+        raise ValueError(f"tasks must be start states in 0..{env.n_states - 1}, got {t}")
+    if env.terminal[t].any():
+        raise ValueError(f"tasks holds terminal state(s) {t[env.terminal[t]]}")
+    return t.astype(np.int64)

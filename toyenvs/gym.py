@@ -9,7 +9,7 @@ import numpy as np
 from gymnasium import spaces
 
 from hgpo.options import bad, check_int
-from toyenvs.core import INVALID_PENALTY, POMDP
+from toyenvs.core import INVALID_PENALTY, POMDP, check_tasks
 from toyenvs.families import make
 
 __all__ = ["POMDPEnv", "make_gym"]
@@ -35,9 +35,7 @@ class POMDPEnv(gym.Env):
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.pomdp = env
-        self.tasks = env.tasks if tasks is None else np.asarray(tasks, dtype=np.int64)
-        if self.tasks.size == 0:
-            raise ValueError("tasks must not be empty")
+        self.tasks = check_tasks(env, tasks)
         self.observation_space = spaces.Discrete(env.n_obs)
         self.action_space = spaces.Discrete(env.n_actions)
         self.render_mode = render_mode

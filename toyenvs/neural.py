@@ -40,8 +40,9 @@ from torch.nn import functional as F
 
 from hgpo.options import bad, check_choice, check_int, check_number
 from toyenvs import _kernels as kn
-from toyenvs.core import POMDP
-from toyenvs.policy import context_radix, decode_context, encode_context
+from toyenvs._kernels import SEED_MAX
+from toyenvs.core import POMDP, check_tasks
+from toyenvs.policy import check_temperature, context_radix, decode_context, encode_context
 
 __all__ = ["ARCHS", "DTYPES", "ContextNet", "NeuralPolicy", "check_neural"]
 
@@ -178,7 +179,7 @@ def check_neural(env: Any, K: Any, arch: Any, width: Any, layers: Any, seed: Any
     check_choice("NeuralPolicy.arch", arch, ARCHS)
     check_int("NeuralPolicy.width", width, lo=1)
     check_int("NeuralPolicy.layers", layers, lo=1)
-    check_int("NeuralPolicy.seed", seed, lo=0)
+    check_int("NeuralPolicy.seed", seed, lo=0, hi=SEED_MAX)
     try:
         context_radix(env.n_obs, env.n_actions, int(K))
     except ValueError:
@@ -237,7 +238,7 @@ class NeuralPolicy:
         check_neural(env, K, arch, width, layers, seed)
         check_choice("NeuralPolicy.evaluate", evaluate, EVALUATE)
         check_choice("NeuralPolicy.dtype", dtype, DTYPES)
-        check_number("NeuralPolicy.temperature", temperature, lo=0, lo_open=True)
+        check_temperature(temperature, "NeuralPolicy.temperature")
         check_number("NeuralPolicy.init_scale", init_scale, lo=0)
         meta = {
             "n_obs": env.n_obs, "n_actions": env.n_actions, "K": int(K), "arch": arch,
@@ -332,7 +333,7 @@ class NeuralPolicy:
 
     @temperature.setter
     def temperature(self, value: float) -> None:
-        self._temperature = check_number("NeuralPolicy.temperature", value, lo=0, lo_open=True)
+        self._temperature = check_temperature(value, "NeuralPolicy.temperature")
 
     def kernel_tables(self) -> tuple[Any, ...]:
         """The kernels' table arguments (same layout as TabularPolicy), refreshed if stale."""
@@ -419,8 +420,9 @@ class NeuralPolicy:
 
     def cover(self, env: POMDP, tasks: np.ndarray) -> None:
         """Add rows for every context reachable from the start states ``tasks`` of ``env``."""
+        tasks = check_tasks(env, tasks)
         done = self._covered.setdefault(id(env), set())
-        new = sorted({int(s) for s in np.asarray(tasks).ravel()} - done)
+        new = sorted({int(s) for s in tasks} - done)
         if not new:
             return
         codes = kn.reachable_contexts(
@@ -536,7 +538,16 @@ class NeuralPolicy:
         return vec.double().numpy().copy()
 
     def set_flat_parameters(self, vec: np.ndarray) -> None:
-        """Overwrite the parameters from a flat vector (``flat_parameters`` order)."""
+        """Overwrite the parameters from a flat vector (``flat_parameters`` order); every
+        value finite."""
+        vec = np.asarray(vec)
+        n = sum(p.numel() for p in self.net.parameters())
+        if vec.shape != (n,) or vec.dtype.kind not in "iuf":
+            raise bad("set_flat_parameters", f"a float vector of the {n} parameters",
+                      f"{vec.dtype} of shape {vec.shape}")  # fmt: skip
+        if not np.isfinite(vec).all():
+            i = int(np.flatnonzero(~np.isfinite(vec))[0])
+            raise bad(f"set_flat_parameters: parameter {i}", "a finite number", float(vec[i]))
         with torch.no_grad():
             dtype = next(self.net.parameters()).dtype  # the network keeps its precision
             nn.utils.vector_to_parameters(torch.as_tensor(vec, dtype=dtype),

@@ -11,15 +11,17 @@ first met, with initial logits that depend only on (seed, context code), never o
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from hgpo.options import check_choice, check_int, check_number
+from hgpo.options import bad, check_choice, check_int, check_number
 from toyenvs import _kernels as kn
-from toyenvs.core import POMDP
+from toyenvs._kernels import SEED_MAX
+from toyenvs.core import POMDP, check_tasks
 
 __all__ = ["TabularPolicy", "context_radix", "decode_context", "encode_context"]
 
@@ -33,14 +35,28 @@ def context_radix(n_obs: int, n_actions: int, K: int) -> tuple[int, int]:
     Raises:
         ValueError when M^K * n_obs does not fit in int64.
     """
+    n_obs = check_int("n_obs", n_obs, lo=1)
+    n_actions = check_int("n_actions", n_actions, lo=1)
+    K = check_int("K", K, lo=0)
     M = (n_obs + 1) * (n_actions + 1)
-    size = M**K * n_obs
-    if size - 1 > _INT64_MAX:
+    # (M^K is computed only once it is known to need at most ~64 bits: K = 2**40 would not end)
+    fits = K * math.log2(M) <= 64
+    size = M**K * n_obs if fits else None
+    if size is None or size - 1 > _INT64_MAX:
+        bits = size.bit_length() if size is not None else math.ceil(K * math.log2(M))
         raise ValueError(
             f"K={K} contexts over {n_obs} observations and {n_actions} actions need "
-            f"{size.bit_length()} bits; the int64 context code holds 63. Use a smaller K"
+            f"{bits} bits; the int64 context code holds 63. Use a smaller K"
         )
     return M, size
+
+
+def check_temperature(value: Any, where: str = "temperature") -> float:
+    """A temperature: a finite number > 0 whose inverse is finite too (1e-320 is not)."""
+    value = check_number(where, value, lo=0.0, lo_open=True)
+    if not math.isfinite(1.0 / value):
+        raise bad(where, "a number > 0 whose inverse is finite", value)
+    return value
 
 
 def encode_context(
@@ -131,9 +147,9 @@ class TabularPolicy:
         init_scale: float, capacity: int,
     ) -> None:  # fmt: skip
         K = check_int("K", K, lo=0)
-        temperature = check_number("temperature", temperature, lo=0.0, lo_open=True)
+        temperature = check_temperature(temperature)
         init = check_choice("init", init, _INITS)
-        seed = check_int("seed", seed, lo=0)
+        seed = check_int("seed", seed, lo=0, hi=SEED_MAX)
         init_scale = check_number("init_scale", init_scale, lo=0.0)
         capacity = check_int("capacity", capacity, lo=1)
         self.M, self.n_codes = context_radix(n_obs, n_actions, int(K))
@@ -184,7 +200,7 @@ class TabularPolicy:
 
     @temperature.setter
     def temperature(self, value: float) -> None:
-        self._temperature = check_number("temperature", value, lo=0.0, lo_open=True)
+        self._temperature = check_temperature(value)
         self._dirty = True
 
     @property
@@ -217,7 +233,9 @@ class TabularPolicy:
         return self.run_growing(call)
 
     def cover(self, env: POMDP, tasks: np.ndarray) -> None:
-        """Nothing to do: the table adds a row when a kernel first meets a context."""
+        """Nothing to do (the table adds a row when a kernel first meets a context) but check
+        ``tasks``."""
+        check_tasks(env, tasks)
 
     def pullback(self, logit_grad: np.ndarray) -> np.ndarray:
         """float64[n_contexts * A]: the parameters are the logits, so dJ/dtheta = dJ/dlogits."""

@@ -12,7 +12,7 @@ from hgpo.options import check_int
 from toyenvs import _kernels as kn
 from toyenvs._kernels import SEED_MAX
 from toyenvs.branching import branched_rollout, check_budget, parse_scheme
-from toyenvs.core import INVALID_PENALTY, POMDP
+from toyenvs.core import INVALID_PENALTY, POMDP, check_tasks
 from toyenvs.policy import TabularPolicy
 
 if TYPE_CHECKING:
@@ -59,19 +59,6 @@ class Rollouts:
         return self.batch.n_steps
 
 
-def _check_tasks(env: POMDP, tasks: np.ndarray | None) -> np.ndarray:
-    if tasks is None:
-        return env.tasks.copy()
-    t = np.asarray(tasks)
-    if t.ndim != 1 or t.size == 0 or not np.issubdtype(t.dtype, np.integer):
-        raise ValueError(f"tasks must be a non-empty 1-d integer array of start states, got {t!r}")
-    if t.min() < 0 or t.max() >= env.n_states:
-        raise ValueError(f"tasks must be start states in 0..{env.n_states - 1}, got {t}")
-    if env.terminal[t].any():
-        raise ValueError(f"tasks holds terminal state(s) {t[env.terminal[t]]}")
-    return t.astype(np.int64)
-
-
 def _check_common(
     env: POMDP, pol: TabularPolicy | NeuralPolicy, n_rollouts: int, seed: int
 ) -> None:
@@ -91,16 +78,17 @@ def env_args(env: POMDP) -> tuple[np.ndarray, ...]:
     )  # fmt: skip
 
 
+_BUFFERS = {
+    "group": np.int64, "traj": np.int64, "step": np.int64, "reward": np.float64,
+    "state": np.int64, "action": np.int64, "invalid": np.bool_, "hidden": np.int64,
+    "context": np.int64,
+}  # fmt: skip
+"""The per-row output columns of the rollout kernel and their dtypes."""
+
+
 def alloc_buffers(n_rows: int, n_traj: int, K: int) -> dict[str, np.ndarray]:
     """Output buffers of :func:`rollout_arrays` for up to ``n_rows`` steps (reusable)."""
-    out = {
-        name: np.empty(n_rows, dtype)
-        for name, dtype in (
-            ("group", np.int64), ("traj", np.int64), ("step", np.int64),
-            ("reward", np.float64), ("state", np.int64), ("action", np.int64),
-            ("invalid", np.bool_), ("hidden", np.int64), ("context", np.int64),
-        )
-    }  # fmt: skip
+    out = {name: np.empty(n_rows, dtype) for name, dtype in _BUFFERS.items()}
     out["context_keys"] = np.empty((K + 1, n_rows), np.int64)
     out["success"] = np.empty(n_traj, np.bool_)
     out["length"] = np.empty(n_traj, np.int64)
@@ -118,8 +106,27 @@ def rollout_arrays(
     """The raw kernel output as views of trimmed arrays, without building a StepBatch.
 
     ``buffers`` (from :func:`alloc_buffers`, large enough) avoids allocating the outputs, for
-    throughput runs; the returned arrays are then views into it.
+    throughput runs; the returned arrays are then views into it. The arguments are checked as
+    :func:`rollout` checks them (a start state out of range would be read out of bounds).
     """
+    tasks = check_tasks(env, tasks)
+    _check_common(env, pol, n_rollouts, seed)
+    if buffers is not None:
+        missing = [k for k in (*_BUFFERS, "context_keys", "success", "length") if k not in buffers]
+        if missing:
+            raise ValueError(f"buffers: must come from alloc_buffers, missing {missing}")
+    return _rollout_arrays(env, pol, tasks, int(n_rollouts), int(seed), buffers)
+
+
+def _rollout_arrays(
+    env: POMDP,
+    pol: TabularPolicy | NeuralPolicy,
+    tasks: np.ndarray,
+    n_rollouts: int,
+    seed: int,
+    buffers: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """:func:`rollout_arrays` on checked arguments."""
     n_traj = tasks.size * n_rollouts
     cap = n_traj * env.horizon
     if buffers is None:
@@ -172,11 +179,11 @@ def rollout(
     Returns:
         :class:`Rollouts`.
     """
-    tasks = _check_tasks(env, tasks)
+    tasks = check_tasks(env, tasks)
     _check_common(env, pol, n_rollouts, seed)
     if scheme != "independent" or steps is not None:  # [branching] toyenvs/branching.py
         return _branched(env, pol, tasks, int(n_rollouts), int(seed), scheme, steps, branch_budget)
-    r = rollout_arrays(env, pol, tasks, int(n_rollouts), int(seed))
+    r = _rollout_arrays(env, pol, tasks, int(n_rollouts), int(seed))
     batch = StepBatch(
         group=r["group"], traj=r["traj"], step=r["step"], reward=r["reward"], state=r["state"],
         action=r["action"], invalid=r["invalid"],

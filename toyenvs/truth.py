@@ -29,9 +29,9 @@ import numpy as np
 
 from hgpo.options import check_int, check_number
 from toyenvs import _kernels as kn
-from toyenvs.core import POMDP
+from toyenvs.core import POMDP, check_tasks
 from toyenvs.policy import TabularPolicy
-from toyenvs.rollout import Rollouts, _check_common, _check_tasks, env_args, rollout_arrays
+from toyenvs.rollout import Rollouts, _check_common, env_args, rollout_arrays
 
 if TYPE_CHECKING:
     from toyenvs.neural import NeuralPolicy
@@ -199,7 +199,7 @@ def enumerate_chain(
 
     K = check_int("K", K, lo=0)
     max_nodes = check_int("max_nodes", max_nodes, lo=1)
-    tasks = _check_tasks(env, tasks)
+    tasks = check_tasks(env, tasks)
     M, _ = context_radix(env.n_obs, env.n_actions, K)
     powM = np.array([M**k for k in range(K + 1)], dtype=np.int64)
     n_obs = env.n_obs
@@ -447,7 +447,7 @@ def mc_ground_truth(
         tasks: start states (default ``env.tasks``).
     """
     gamma = _check_gamma(gamma)
-    tasks = _check_tasks(env, tasks)
+    tasks = check_tasks(env, tasks)
     _check_common(env, pol, n_rollouts, seed)
     n_rollouts, seed = int(n_rollouts), int(seed)
     pol.cover(env, tasks)

@@ -1,0 +1,53 @@
+"""Bad input to the toyenvs API below rollout(): named errors, never an out-of-bounds read (a
+start state out of range used to segfault the kernels), a hang or a NaN policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import toyenvs
+from toyenvs.gym import POMDPEnv
+from toyenvs.rollout import rollout_arrays
+
+ENV = toyenvs.make("tmaze", length=2)
+
+
+def _tab():
+    return toyenvs.TabularPolicy(ENV, K=1)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: rollout_arrays(ENV, _tab(), np.array([10**7]), 1, 0), r"tasks must be start states in 0\.\."),
+        (lambda: rollout_arrays(ENV, _tab(), np.array([1.5]), 1, 0), r"tasks must be a non-empty 1-d integer array"),
+        (lambda: rollout_arrays(ENV, _tab(), np.array([0]), -1, 0), r"^n_rollouts: must be an integer >= 1, got -1$"),
+        (lambda: rollout_arrays(ENV, _tab(), np.array([0]), 1, True), r"^seed: must be an integer in 0\.\."),
+        (lambda: rollout_arrays(ENV, _tab(), np.array([0]), 1, 2**70), r"^seed: must be an integer in 0\.\."),
+        (lambda: rollout_arrays(ENV, _tab(), np.array([0]), 1, 0, buffers={}), r"^buffers: must come from alloc_buffers, missing \['group'"),
+        (lambda: _tab().cover(ENV, np.array([999])), r"tasks must be start states in 0\.\."),
+        (lambda: POMDPEnv(ENV, tasks=[-1]), r"tasks must be start states in 0\.\."),
+        (lambda: POMDPEnv(ENV, tasks=[True]), r"tasks must be a non-empty 1-d integer array"),
+        (lambda: ENV.optimal_values(float("nan")), r"^gamma: must be a finite number in \[0\.0, 1\.0\], got nan$"),
+        (lambda: toyenvs.context_radix(3, 2, 2**60), r"K=1152921504606846976 contexts .* the int64 context code holds 63"),
+        (lambda: toyenvs.context_radix(3, 2, 1.5), r"^K: must be an integer >= 0, got 1\.5$"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_a_network_policy_refuses_bad_tasks_and_non_finite_parameters():
+    pol = toyenvs.NeuralPolicy(ENV, K=1, width=8, layers=1)
+    with pytest.raises(ValueError, match=r"tasks must be start states in 0\.\."):
+        pol.cover(ENV, np.array([999]))
+    with pytest.raises(ValueError, match=r"NeuralPolicy\.seed: must be an integer in 0\.\."):
+        toyenvs.NeuralPolicy(ENV, K=1, seed=2**70)
+    vec = pol.flat_parameters()
+    with pytest.raises(ValueError, match=r"set_flat_parameters: parameter 0: must be a finite"):
+        pol.set_flat_parameters(np.full_like(vec, np.nan))
+    with pytest.raises(ValueError, match=r"set_flat_parameters: must be a float vector of the"):
+        pol.set_flat_parameters(vec[:-1])
+    pol.set_flat_parameters(vec)  # the right vector is taken
