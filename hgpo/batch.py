@@ -396,6 +396,11 @@ class StateIndexer:
         return obs
 
     def __call__(self, observations: Iterable[Any]) -> np.ndarray:
+        if isinstance(observations, str | bytes):  # (it would be split into characters)
+            raise ValueError(
+                "state_ids: observations must be a sequence of observations, got one "
+                f"{type(observations).__name__} ({observations[:40]!r}); pass [text] for one"
+            )
         ids = self._ids
         out = [ids.setdefault(self._hashable(o), len(ids)) for o in observations]
         return np.asarray(out, dtype=np.int64)

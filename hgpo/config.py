@@ -139,9 +139,11 @@ class EstimatorConfig:
     Episode-level groups are unchanged (the rloo estimator is GRPO's leave-one-out)."""
 
     def __post_init__(self) -> None:
-        for name, choices in CHOICES.items():
-            check_choice(f"EstimatorConfig.{name}", getattr(self, name), choices)
         fixed: dict[str, Any] = {
+            name: check_choice(f"EstimatorConfig.{name}", getattr(self, name), choices)
+            for name, choices in CHOICES.items()
+        }
+        fixed |= {
             "K": check_K("EstimatorConfig.K", self.K),
             "gamma": check_number("EstimatorConfig.gamma", self.gamma, lo=0.0, hi=1.0),
             "gae_lambda": check_number(
@@ -155,7 +157,7 @@ class EstimatorConfig:
             fixed[name] = check_number(f"EstimatorConfig.{name}", getattr(self, name), lo=0.0)
         for name in _BOOLS:
             fixed[name] = check_bool(f"EstimatorConfig.{name}", getattr(self, name))
-        for name, value in fixed.items():  # numpy scalars stored as Python numbers
+        for name, value in fixed.items():  # numpy scalars stored as Python numbers and str
             object.__setattr__(self, name, value)
         _check_weights(self.K, self.alpha, self.weight_offset, self.base_weight)
 

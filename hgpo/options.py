@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 
 class OptionError(ValueError):
     """A bad option value; the message names the option and the value."""
@@ -63,6 +65,8 @@ def parse_name_values(text: str, *, where: str = "options") -> dict[str, Any]:
             raise bad(where, "name=value items separated by commas", part)
         if key in out:
             raise OptionError(f"{where}: {key!r} is given twice in {text!r}")
+        if not raw.strip():
+            raise OptionError(f"{where}: {key!r} has no value in {part!r}; give {key}=VALUE")
         out[key] = parse_value(raw)
     return out
 
@@ -148,11 +152,25 @@ def check_writable_dir(where: str, path: str | os.PathLike[str], flag: str) -> N
 
 
 def check_choice(where: str, value: Any, choices: Iterable[Any]) -> Any:
-    """``value`` if it is one of ``choices``, else an error listing them."""
+    """The one of ``choices`` that ``value`` equals (a numpy string gives the plain one), else
+    an error listing them; a value of another kind (an array, True for 1) never matches."""
     options = tuple(choices)
-    if value not in options:
-        raise bad(where, "one of " + ", ".join(repr(c) for c in options), value)
-    return value
+    for c in options:
+        if _same_kind(value, c) and value == c:
+            return c
+    raise bad(where, "one of " + ", ".join(repr(c) for c in options), value)
+
+
+def _same_kind(value: Any, choice: Any) -> bool:
+    """Whether ``value`` may be compared with ``choice``: both strings, both bools, both
+    numbers (numpy scalars included; a bool is not a number here), else the same type."""
+    if isinstance(value, bool | np.bool_) or isinstance(choice, bool):
+        return isinstance(value, bool | np.bool_) and isinstance(choice, bool)
+    if isinstance(choice, str):
+        return isinstance(value, str)
+    if isinstance(choice, numbers.Number):
+        return isinstance(value, numbers.Number)
+    return type(value) is type(choice)
 
 
 def check_bool(where: str, value: Any) -> bool:

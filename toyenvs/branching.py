@@ -74,7 +74,7 @@ def parse_scheme(text: str, horizon: int | None = None, where: str = "scheme") -
 def _parse_scheme(text: str, horizon: int | None, where: str) -> Scheme:
     if text.startswith("tree:"):
         parts = text[5:].split(",")
-        if not all(p.strip().isdigit() for p in parts):
+        if not all(p.isascii() and p.isdigit() for p in parts):
             raise bad(where, "tree:D with D comma-separated depths >= 1, e.g. tree:2,4", text)
         depths = tuple(sorted({int(p) for p in parts}))
         hi = None if horizon is None else horizon - 1

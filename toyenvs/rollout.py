@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hgpo.batch import StepBatch
-from hgpo.options import check_int
+from hgpo.options import check_int, check_number
 from toyenvs import _kernels as kn
 from toyenvs._kernels import SEED_MAX
 from toyenvs.branching import branched_rollout, check_budget, parse_scheme
@@ -181,6 +181,7 @@ def rollout(
     """
     tasks = check_tasks(env, tasks)
     _check_common(env, pol, n_rollouts, seed)
+    check_number("branch_budget", branch_budget, lo=0.0, hi=1.0, lo_open=True)
     if scheme != "independent" or steps is not None:  # [branching] toyenvs/branching.py
         return _branched(env, pol, tasks, int(n_rollouts), int(seed), scheme, steps, branch_budget)
     r = _rollout_arrays(env, pol, tasks, int(n_rollouts), int(seed))

@@ -15,6 +15,7 @@ from hgpo import (
 )
 from hgpo.estimators import hgpo as hgpo_fn
 from hgpo.keys import hierarchy
+from hgpo.options import parse_name_values
 from hgpo.returns import discounted_returns, episode_returns, penalised_rewards
 
 
@@ -255,6 +256,22 @@ def test_hierarchy_and_returns_table(call, match):
     """The lower-level functions check what compute_advantages checks through its config."""
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_state_ids_refuses_one_string_and_config_choices_refuse_arrays():
+    with pytest.raises(
+        ValueError, match=r"state_ids: observations must be a sequence of observations, got one str"
+    ):
+        state_ids("abc")
+    with pytest.raises(
+        ValueError, match=r"EstimatorConfig\.norm: must be one of 'mean_std', 'mean', got array"
+    ):
+        EstimatorConfig(norm=np.array(["mean"]))
+    assert type(EstimatorConfig(norm=np.str_("mean")).norm) is str
+    with pytest.raises(
+        ValueError, match=r"options: 'alpha' has no value in 'alpha='; give alpha=VALUE"
+    ):
+        parse_name_values("alpha=")
 
 
 def test_state_ids():

@@ -32,6 +32,9 @@ def _tab():
         (lambda: ENV.optimal_values(float("nan")), r"^gamma: must be a finite number in \[0\.0, 1\.0\], got nan$"),
         (lambda: toyenvs.context_radix(3, 2, 2**60), r"K=1152921504606846976 contexts .* the int64 context code holds 63"),
         (lambda: toyenvs.context_radix(3, 2, 1.5), r"^K: must be an integer >= 0, got 1\.5$"),
+        # a branch share that would change nothing is still checked; depths are ASCII digits
+        (lambda: toyenvs.rollout(ENV, _tab(), branch_budget=float("nan")), r"^branch_budget: must be a finite number in \(0\.0, 1\.0\], got nan$"),
+        (lambda: toyenvs.rollout(ENV, _tab(), scheme="tree:\uff11", steps=20), r"^scheme: must be tree:D with D comma-separated depths"),
     ],
 )  # fmt: skip
 def test_bad_input_is_named(call, match):

@@ -60,9 +60,18 @@ def test_bad_policy_arguments() -> None:
         ({"temperature": True}, r"^temperature: must be a finite number > 0\.0, got True$"),
         ({"init": "zeros"}, r"^init: must be one of 'uniform', 'random', got 'zeros'$"),
         ({"seed": -3}, r"^seed: must be an integer in 0\.\.9223372036854775807, got -3$"),
-        ({"seed": 2**64}, r"^seed: must be an integer in 0\.\.9223372036854775807, got 18446744073709551616$"),
-        ({"temperature": 1e-320}, r"^temperature: must be a number > 0 whose inverse is finite, got 1e-320$"),
-        ({"K": 2**40}, r"K=1099511627776 contexts over .* need \d+ bits; the int64 context code holds 63"),
+        (
+            {"seed": 2**64},
+            r"^seed: must be an integer in 0\.\.9223372036854775807, got 18446744073709551616$",
+        ),
+        (
+            {"temperature": 1e-320},
+            r"^temperature: must be a number > 0 whose inverse is finite, got 1e-320$",
+        ),
+        (
+            {"K": 2**40},
+            r"K=1099511627776 contexts over .* need \d+ bits; the int64 context code holds 63",
+        ),
         ({"seed": True}, r"^seed: must be an integer in 0\.\.9223372036854775807, got True$"),
         ({"init_scale": float("inf")}, r"^init_scale: must be a finite number >= 0\.0, got inf$"),
         ({"init_scale": "1"}, r"^init_scale: must be a finite number >= 0\.0, got '1'$"),
