@@ -39,7 +39,7 @@ from typing import Any, Literal, Protocol, overload
 
 import numpy as np
 
-from hgpo.options import bad, check_choice, check_int, check_number
+from hgpo.options import bad, check_bool, check_choice, check_int, check_number
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,15 @@ def env_supports_snapshot(env: object) -> bool:
         and callable(getattr(env, "snapshot", None))
         and callable(getattr(env, "restore", None))
     )
+
+
+def _sequence(where: str, value: Any) -> Sequence[Any]:
+    """``value`` if it is a list, tuple or one-dimensional array (not a str, not a number)."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        return value.tolist()
+    if not isinstance(value, list | tuple):
+        raise bad(where, "a list (one entry per slot)", value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -394,6 +403,9 @@ class BatchedEnv:
         A slot whose reset crashes is retried once after its worker is rebuilt.
         """
         group_n = check_int("group_n", group_n, lo=1)
+        tasks = _sequence("BatchedEnv.reset: tasks", tasks)
+        for i, t in enumerate(tasks):  # (int() would read 1.5, True and "0" as tasks)
+            check_int(f"BatchedEnv.reset: tasks[{i}]", t, lo=0)
         if len(tasks) * group_n != self.num_envs:
             raise ValueError(
                 f"len(tasks) * group_n must equal num_envs={self.num_envs}: "
@@ -432,11 +444,16 @@ class BatchedEnv:
         live after this step (None for a slot that is done, crashed or was not stepped), taken
         in the same round trip to the workers as the step.
         """
+        actions = _sequence("BatchedEnv.step: actions", actions)
         if len(actions) != self.num_envs:
             raise ValueError(
                 f"actions must have one entry per env: len(actions)={len(actions)}, "
                 f"num_envs={self.num_envs}"
             )
+        for i, a in enumerate(actions):  # (a slot's env would crash on it, its episode lost)
+            if not self.done[i] and not isinstance(a, str):
+                raise bad(f"BatchedEnv.step: actions[{i}]", "a str (the text action)", a)
+        snapshot = check_bool("BatchedEnv.step: snapshot", snapshot)
         if snapshot:
             self._require_snapshot("step(..., snapshot=True)")
         live = {s: actions[s] for s in range(self.num_envs) if not self.done[s]}
@@ -474,7 +491,8 @@ class BatchedEnv:
             )
 
     def _check_slots(self, what: str, slots: Sequence[int]) -> list[int]:
-        out = [int(s) for s in slots]
+        slots = _sequence(f"BatchedEnv.{what}: slots", slots)
+        out = [check_int(f"BatchedEnv.{what}: slots[{i}]", s) for i, s in enumerate(slots)]
         wrong = [s for s in out if not 0 <= s < self.num_envs]
         if wrong:
             raise ValueError(
@@ -525,6 +543,10 @@ class BatchedEnv:
         that slot's crash: it is done, its info says ``crashed`` with the error, as for a crash
         during a step.
         """
+        pairs = _sequence("BatchedEnv.restore: pairs", pairs)
+        for i, pair in enumerate(pairs):
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise bad(f"BatchedEnv.restore: pairs[{i}]", "a (slot, Snapshot) pair", pair)
         slots = self._check_slots("restore", [s for s, _ in pairs])
         wrong = [type(snap).__name__ for _, snap in pairs if not isinstance(snap, Snapshot)]
         if wrong:

@@ -96,6 +96,8 @@ def alfworld_games(
 
 def alfworld_factory(game_files: list[str], max_steps: int = 50) -> Callable[[], TextEnv]:
     """Factory of ALFWorld envs (the real engine) over ``game_files``."""
+    if isinstance(game_files, str) or not all(isinstance(g, str) for g in game_files):
+        raise bad("game_files", "a list of game file paths", game_files)
     if not game_files:
         raise ValueError("game_files must not be empty")
     check_int("max_steps", max_steps, lo=1)

@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hgpo.options import check_choice
+from hgpo.options import bad, check_bool, check_choice
 
 INVALID_ACTION_PENALTY = 0.1
 """Cost of an invalid response at its step (verl-agent ``invalid_action_penalty_coef``)."""
@@ -65,6 +65,7 @@ def parse_action(
     require_think: demand ``<think>`` and ``</think>`` (the reference always does).
     """
     check_choice("env", env, sorted(FALLBACK_CHARS))
+    check_bool("require_think", require_think)
     if not isinstance(response, str):
         raise ValueError(f"response must be a str, got response={type(response).__name__}")
     lowered = response.lower()
@@ -78,9 +79,21 @@ def parse_action(
         valid = False
     if _CJK.search(response):
         valid = False
-    if admissible is not None and action not in {a.strip().lower() for a in admissible}:
+    if admissible is not None and action not in _admissible_set(admissible):
         valid = False
     return ParsedAction(action, valid)
+
+
+def _admissible_set(admissible: Sequence[str]) -> set[str]:
+    """The admissible actions, stripped and lowercased; an error for one string or a
+    non-string entry (a string would be read as a set of letters)."""
+    if isinstance(admissible, str):
+        raise bad("admissible", "a list of actions, not one string", admissible)
+    try:
+        return {a.strip().lower() for a in admissible}
+    except AttributeError:
+        bad_one = next(a for a in admissible if not isinstance(a, str))
+        raise bad("admissible", "a list of str actions", bad_one) from None
 
 
 def project_actions(

@@ -321,7 +321,7 @@ class ToyTextEnv:
         self.env = spec.build()
         self.text = render(self.env)
         self.tasks = split_tasks(self.env, split)
-        self.seed, self.slot, self.episodes = int(seed), 0, 0
+        self.seed, self.slot, self.episodes = check_int("seed", seed, lo=0), 0, 0
         self._s, self._t, self._won = 0, 0, False
         self.rng = np.random.default_rng(0)
         self._last: tuple[str, dict[str, Any]] | None = None
@@ -417,8 +417,11 @@ def _make_env(spec: ToySpec, split: str, seed: int) -> ToyTextEnv:
 
 def toy_factory(spec: ToySpec, split: str = "train", seed: int = 0) -> Callable[[], ToyTextEnv]:
     """Factory of :class:`ToyTextEnv` slots for :class:`agentenvs.batched.BatchedEnv`."""
+    if not isinstance(spec, ToySpec):
+        raise bad("toy_factory: spec", "a ToySpec (agentenvs.toytext.parse_toy_spec)", spec)
+    seed = check_int("seed", seed, lo=0)
     split_tasks(spec.build(), split)  # validates the split
-    return functools.partial(_make_env, spec, split, int(seed))
+    return functools.partial(_make_env, spec, split, seed)
 
 
 def toy_corpus(spec: str) -> list[str]:

@@ -103,3 +103,64 @@ def test_memory_and_parser_options():
         ValueError, match=r"^env: must be one of 'alfworld', 'webshop', got 'sokoban'$"
     ):
         parse_action("<action>go</action>", env="sokoban")
+
+
+def _batch(n=2):
+    from agentenvs.toytext import toy_factory
+
+    return BatchedEnv(toy_factory(parse_toy_spec("toy:tmaze:length=1")), num_envs=n,
+                      num_workers=1)  # fmt: skip
+
+
+def test_batched_env_calls_check_their_arguments_in_this_process():
+    """Before: int() read 1.5, True and "0" as tasks or slots, and a non-str action crashed
+    its slot's env, losing the episode."""
+    env = _batch()
+    try:
+        for tasks, message in (
+            ([1.5, 0], "BatchedEnv.reset: tasks[0]: must be an integer >= 0, got 1.5"),
+            ([True, 0], "BatchedEnv.reset: tasks[0]: must be an integer >= 0, got True"),
+            ("00", "BatchedEnv.reset: tasks: must be a list (one entry per slot), got '00'"),
+        ):
+            with pytest.raises(ValueError) as e:
+                env.reset(tasks)
+            assert str(e.value) == message
+        env.reset([0, 0])
+        with pytest.raises(ValueError, match=r"^BatchedEnv\.step: actions\[1\]: must be a str"):
+            env.step(["left", None])
+        with pytest.raises(ValueError, match=r"^BatchedEnv\.step: snapshot: must be true or false"):
+            env.step(["left", "left"], snapshot="no")
+        with pytest.raises(
+            ValueError, match=r"^BatchedEnv\.park: slots\[0\]: must be an integer, got 1\.5"
+        ):
+            env.park([1.5])
+        with pytest.raises(ValueError, match=r"^BatchedEnv\.snapshot: slots: must be a list"):
+            env.snapshot(0)
+        with pytest.raises(
+            ValueError, match=r"^BatchedEnv\.restore: pairs\[0\]: must be a \(slot, Snapshot\) pair"
+        ):
+            env.restore([5])
+    finally:
+        env.close()
+
+
+def test_text_env_helpers_refuse_strings_read_as_sequences_and_coerced_seeds():
+    from agentenvs.toytext import toy_factory
+
+    spec = parse_toy_spec("toy:tmaze:length=1")
+    with pytest.raises(ValueError, match=r"^seed: must be an integer >= 0, got 1\.5$"):
+        toy_factory(spec, seed=1.5)
+    with pytest.raises(ValueError, match=r"^toy_factory: spec: must be a ToySpec"):
+        toy_factory("toy:tmaze:length=1")
+    with pytest.raises(ValueError, match=r"^seed: must be an integer >= 0, got True$"):
+        ToyTextEnv(spec, seed=True)
+    with pytest.raises(
+        ValueError, match=r"^game_files: must be a list of game file paths, got 'abc'$"
+    ):
+        alfworld_factory("abc")
+    with pytest.raises(ValueError, match=r"^admissible: must be a list of actions, not one string"):
+        parse_action("<think>x</think><action>a</action>", admissible="abc")
+    with pytest.raises(ValueError, match=r"^admissible: must be a list of str actions, got 1$"):
+        parse_action("<think>x</think><action>a</action>", admissible=[1, 2])
+    with pytest.raises(ValueError, match=r"^require_think: must be true or false, got 'no'$"):
+        parse_action("<action>a</action>", require_think="no")
