@@ -132,6 +132,21 @@ def check_number(
     return float(value)
 
 
+def check_int_array(where: str, value: Any) -> np.ndarray:
+    """``value`` as an int64 array of integers as given: a float (even 1.0), a bool, a string
+    or None is an OptionError naming ``where``, never truncated."""
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):  # ragged nesting
+        raise bad(where, "an array of integers", value) from None
+    if arr.dtype.kind not in "iu":
+        shown = arr.tolist() if arr.size <= 8 else f"a {arr.dtype} array"
+        raise bad(where, "an array of integers", shown)
+    if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise bad(where, "integers in the int64 range", int(arr.max()))
+    return arr.astype(np.int64, copy=False)
+
+
 def check_writable_dir(where: str, path: str | os.PathLike[str], flag: str) -> None:
     """Folder ``path`` exists (or can be made) and a file can be written in it, else an
     OptionError naming ``where`` and the flag to change, before any work (a path under /proc,

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.options import check_int, check_number
+from hgpo.options import bad, check_int, check_number
 
 __all__ = ["GOAL_REWARD", "INVALID_PENALTY", "POMDP", "add_slip", "mdp_optimal_values"]
 
@@ -252,6 +252,8 @@ def check_tasks(env: POMDP, tasks: Any) -> np.ndarray:
     """``tasks`` as int64 start states of ``env`` (default: ``env.tasks``), or a ValueError:
     a non-empty one-dimensional integer array (not bool, not 1.5) of non-terminal states in
     0..n_states - 1."""
+    if not isinstance(env, POMDP):
+        raise bad("env", "a toyenvs.POMDP (toyenvs.make)", type(env).__name__)
     if tasks is None:
         return env.tasks.copy()
     t = np.asarray(tasks)

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hgpo.options import bad, check_choice, check_int, check_number
+from hgpo.options import bad, check_choice, check_int, check_int_array, check_number
 from toyenvs import _kernels as kn
 from toyenvs._kernels import SEED_MAX
 from toyenvs.core import POMDP, check_tasks
@@ -434,7 +434,7 @@ class NeuralPolicy:
 
     def index_of(self, codes: np.ndarray, insert: bool = True) -> np.ndarray:
         """int64 rows of context codes; new codes get rows (or -1 when ``insert=False``)."""
-        codes = np.ascontiguousarray(codes, dtype=np.int64)
+        codes = np.ascontiguousarray(check_int_array("codes", codes))
         if codes.size and (codes.min() < 0 or codes.max() >= self.n_codes):
             raise ValueError(f"context codes must lie in 0..{self.n_codes - 1}")
         rows = kn.table_find_many(codes, self._htab)
@@ -447,7 +447,7 @@ class NeuralPolicy:
 
     # ---- probabilities, torch forward, gradients ------------------------------------------
     def _rows(self, context_ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(context_ids, dtype=np.int64)
+        ids = check_int_array("context_ids", context_ids)
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_contexts):
             raise ValueError(f"context_ids must lie in 0..{self.n_contexts - 1}")
         return ids

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.options import bad, check_choice, check_int, check_number
+from hgpo.options import bad, check_choice, check_int, check_int_array, check_number
 from toyenvs import _kernels as kn
 from toyenvs._kernels import SEED_MAX
 from toyenvs.core import POMDP, check_tasks
@@ -75,12 +75,11 @@ def encode_context(
         raise ValueError(
             f"past_obs has {len(past_obs)} entries but past_actions {len(past_actions)}"
         )
-    if not 0 <= obs < n_obs:
-        raise ValueError(f"obs must lie in 0..{n_obs - 1}, got {obs}")
-    pairs = [o * (n_actions + 1) + a for o, a in zip(past_obs, past_actions, strict=True)]
-    for o, a in zip(past_obs, past_actions, strict=True):
-        if not (0 <= o < n_obs and 0 <= a < n_actions):
-            raise ValueError(f"past (obs, action) = ({o}, {a}) out of range")
+    check_int("obs", obs, lo=0, hi=n_obs - 1)
+    for i, (o, a) in enumerate(zip(past_obs, past_actions, strict=True)):
+        check_int(f"past_obs[{i}]", o, lo=0, hi=n_obs - 1)
+        check_int(f"past_actions[{i}]", a, lo=0, hi=n_actions - 1)
+    pairs = [int(o) * (n_actions + 1) + int(a) for o, a in zip(past_obs, past_actions, strict=True)]
     pairs = ([M - 1] * K + pairs)[len(pairs) :] if K else []
     P = 0
     for j, pair in enumerate(reversed(pairs)):
@@ -93,8 +92,7 @@ def decode_context(
 ) -> tuple[list[int], list[int], int]:
     """Inverse of :func:`encode_context`: (past_obs, past_actions, obs), padding as -1."""
     M, size = context_radix(n_obs, n_actions, K)
-    if not 0 <= code < size:
-        raise ValueError(f"code must lie in 0..{size - 1}, got {code}")
+    check_int("code", code, lo=0, hi=size - 1)
     P, obs = divmod(int(code), n_obs)
     past_obs, past_actions = [], []
     for _ in range(K):
@@ -248,7 +246,7 @@ class TabularPolicy:
     # ---- lookups -----------------------------------------------------------------------
     def index_of(self, codes: np.ndarray, insert: bool = True) -> np.ndarray:
         """int64 dense rows of context codes; new codes get a row (or -1 when ``insert=False``)."""
-        codes = np.ascontiguousarray(codes, dtype=np.int64)
+        codes = np.ascontiguousarray(check_int_array("codes", codes))
         if codes.size and (codes.min() < 0 or codes.max() >= self.n_codes):
             raise ValueError(f"context codes must lie in 0..{self.n_codes - 1}")
         if not insert:
@@ -260,7 +258,7 @@ class TabularPolicy:
             self._grow()
 
     def _rows(self, context_ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(context_ids, dtype=np.int64)
+        ids = check_int_array("context_ids", context_ids)
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_contexts):
             raise ValueError(f"context_ids must lie in 0..{self.n_contexts - 1}")
         return ids

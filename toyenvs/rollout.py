@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hgpo.batch import StepBatch
-from hgpo.options import check_int, check_number
+from hgpo.options import bad, check_int, check_number
 from toyenvs import _kernels as kn
 from toyenvs._kernels import SEED_MAX
 from toyenvs.branching import branched_rollout, check_budget, parse_scheme
@@ -62,6 +62,8 @@ class Rollouts:
 def _check_common(
     env: POMDP, pol: TabularPolicy | NeuralPolicy, n_rollouts: int, seed: int
 ) -> None:
+    if not hasattr(pol, "run_visited"):
+        raise bad("pol", "a toyenvs.TabularPolicy or NeuralPolicy", type(pol).__name__)
     if pol.n_obs != env.n_obs or pol.n_actions != env.n_actions:
         raise ValueError(
             f"policy has n_obs={pol.n_obs}, n_actions={pol.n_actions}; env has "

@@ -32,6 +32,15 @@ def _tab():
         (lambda: ENV.optimal_values(float("nan")), r"^gamma: must be a finite number in \[0\.0, 1\.0\], got nan$"),
         (lambda: toyenvs.context_radix(3, 2, 2**60), r"K=1152921504606846976 contexts .* the int64 context code holds 63"),
         (lambda: toyenvs.context_radix(3, 2, 1.5), r"^K: must be an integer >= 0, got 1\.5$"),
+        (lambda: toyenvs.rollout(None, _tab()), r"^env: must be a toyenvs\.POMDP \(toyenvs\.make\), got 'NoneType'$"),
+        (lambda: toyenvs.rollout(ENV, None), r"^pol: must be a toyenvs\.TabularPolicy or NeuralPolicy, got 'NoneType'$"),
+        (lambda: toyenvs.exact_ground_truth(ENV, None), r"^pol: must be a toyenvs\.TabularPolicy or NeuralPolicy"),
+        # rows, codes and histories are integers as given (1.5 was row 1, True row 1)
+        (lambda: _tab().probs([1.5]), r"^context_ids: must be an array of integers, got \[1\.5\]$"),
+        (lambda: _tab().probs([True]), r"^context_ids: must be an array of integers, got \[True\]$"),
+        (lambda: _tab().index_of([0.7]), r"^codes: must be an array of integers, got \[0\.7\]$"),
+        (lambda: _tab().encode([1.5], [0], 0), r"^past_obs\[0\]: must be an integer in 0\.\."),
+        (lambda: _tab().decode(1.5), r"^code: must be an integer in 0\.\."),
         # a branch share that would change nothing is still checked; depths are ASCII digits
         (lambda: toyenvs.rollout(ENV, _tab(), branch_budget=float("nan")), r"^branch_budget: must be a finite number in \(0\.0, 1\.0\], got nan$"),
         (lambda: toyenvs.rollout(ENV, _tab(), scheme="tree:\uff11", steps=20), r"^scheme: must be tree:D with D comma-separated depths"),
