@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agentenvs.memory import EpisodeMemory
+from hgpo.options import bad, check_int
 
 ALFWORLD_TEMPLATE_NO_HIS = """
 You are an expert agent operating in the ALFRED Embodied Environment.
@@ -85,6 +86,13 @@ def format_webshop_actions(available_actions: Sequence[str]) -> str:
     return "\n".join(f"'{s}'," for s in available_actions)
 
 
+def _check_prompt_args(memory: EpisodeMemory, history_length: int) -> None:
+    """The history arguments of a prompt, checked whether or not the memory is empty yet."""
+    if not isinstance(memory, EpisodeMemory):
+        raise bad("memory", "an agentenvs.memory.EpisodeMemory", type(memory).__name__)
+    check_int("history_length", history_length, lo=0)
+
+
 def alfworld_prompt(
     task: str,
     observation: str,
@@ -93,6 +101,7 @@ def alfworld_prompt(
     history_length: int,
 ) -> str:
     """The paper's ALFWorld prompt for the current step (no-history form at step 1 or K = 0)."""
+    _check_prompt_args(memory, history_length)
     actions = format_alfworld_actions(admissible)
     if len(memory) == 0 or history_length <= 0:
         return ALFWORLD_TEMPLATE_NO_HIS.format(
@@ -122,6 +131,7 @@ def webshop_prompt(
     Like the reference, a history prompt longer than 13,000 characters is replaced by the
     no-history prompt.
     """
+    _check_prompt_args(memory, history_length)
     actions = format_webshop_actions(available_actions)
     no_his = WEBSHOP_TEMPLATE_NO_HIS.format(
         task_description=task, current_observation=observation, available_actions=actions

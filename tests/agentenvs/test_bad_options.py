@@ -164,3 +164,16 @@ def test_text_env_helpers_refuse_strings_read_as_sequences_and_coerced_seeds():
         parse_action("<think>x</think><action>a</action>", admissible=[1, 2])
     with pytest.raises(ValueError, match=r"^require_think: must be true or false, got 'no'$"):
         parse_action("<action>a</action>", require_think="no")
+
+
+def test_prompts_check_their_history_arguments_before_the_first_step():
+    """Before: with an empty memory (step 1) any history_length passed, nan and -1 included."""
+    from agentenvs.prompts import alfworld_prompt, webshop_prompt
+
+    for prompt in (alfworld_prompt, webshop_prompt):
+        with pytest.raises(ValueError, match=r"^history_length: must be an integer >= 0, got nan$"):
+            prompt("task", "obs", ["go"], EpisodeMemory(), math.nan)
+        with pytest.raises(ValueError, match=r"^history_length: must be an integer >= 0, got -1$"):
+            prompt("task", "obs", ["go"], EpisodeMemory(), -1)
+        with pytest.raises(ValueError, match=r"^memory: must be an agentenvs\.memory\.EpisodeMemory"):
+            prompt("task", "obs", ["go"], None, 2)
