@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hgpo.options import check_int, check_number
+from hgpo.options import bad, check_int, check_number
 from toyenvs import _kernels as kn
 from toyenvs.core import POMDP, check_tasks
 from toyenvs.policy import TabularPolicy
@@ -118,6 +118,7 @@ class ExactGroundTruth:
         Raises:
             ValueError when a step's z is not in the chain (another env, K or task set).
         """
+        _check_rollouts(rb, self.K)
         if rb.K != self.K:
             raise ValueError(f"rollouts have K={rb.K}, the ground truth K={self.K}")
         if self._index is None:
@@ -183,6 +184,14 @@ class Chain:
         """int64[n_nodes] the time of each node, layers concatenated."""
         return np.repeat(
             np.arange(len(self.layer_s), dtype=np.int64), [s.size for s in self.layer_s]
+        )
+
+
+def _check_rollouts(rb: Any, K: int) -> None:
+    """``rb`` is a :class:`Rollouts` (what toyenvs.rollout returns), not e.g. its StepBatch."""
+    if not isinstance(rb, Rollouts):
+        raise bad(
+            "rollouts", "a toyenvs.Rollouts (what toyenvs.rollout returns)", type(rb).__name__
         )
 
 
@@ -348,8 +357,15 @@ class MCGroundTruth:
     _visits: Any = field(default=None, repr=False)
 
     def _stats(self, rb: Rollouts) -> tuple[np.ndarray, ...]:
+        _check_rollouts(rb, self.pol.K)
         if rb.K != self.pol.K:
             raise ValueError(f"rollouts have K={rb.K}, the policy K={self.pol.K}")
+        # (the kernel reads the env's tables at these states without bounds checks)
+        if rb.hidden.size and (rb.hidden.min() < 0 or rb.hidden.max() >= self.env.n_states):
+            raise ValueError(
+                f"rollouts hold hidden states outside 0..{self.env.n_states - 1} of this "
+                "ground truth's env (rollouts of another env?)"
+            )
         n_obs = self.env.n_obs
         P = rb.code // n_obs
         trip = np.stack([rb.batch.step, rb.hidden, P], axis=1)

@@ -63,3 +63,17 @@ def test_a_network_policy_refuses_bad_tasks_and_non_finite_parameters():
     with pytest.raises(ValueError, match=r"set_flat_parameters: must be a float vector of the"):
         pol.set_flat_parameters(vec[:-1])
     pol.set_flat_parameters(vec)  # the right vector is taken
+
+
+def test_ground_truths_name_rollouts_of_another_env_or_a_bare_batch():
+    other = toyenvs.make("keydoor", size=5)
+    rb = toyenvs.rollout(other, toyenvs.TabularPolicy(other, K=1), n_rollouts=2)
+    mc = toyenvs.mc_ground_truth(ENV, _tab(), n_rollouts=5)
+    ex = toyenvs.exact_ground_truth(ENV, _tab())
+    with pytest.raises(ValueError, match=r"rollouts hold hidden states outside 0\.\.\d+ of this"):
+        mc.advantage(rb)  # (the kernel would read the env's tables out of bounds)
+    with pytest.raises(ValueError, match=r"not reachable in this ground truth's chain"):
+        ex.advantage(rb)
+    for gt in (mc, ex):
+        with pytest.raises(ValueError, match=r"^rollouts: must be a toyenvs\.Rollouts"):
+            gt.advantage(rb.batch)
