@@ -175,5 +175,7 @@ def test_prompts_check_their_history_arguments_before_the_first_step():
             prompt("task", "obs", ["go"], EpisodeMemory(), math.nan)
         with pytest.raises(ValueError, match=r"^history_length: must be an integer >= 0, got -1$"):
             prompt("task", "obs", ["go"], EpisodeMemory(), -1)
-        with pytest.raises(ValueError, match=r"^memory: must be an agentenvs\.memory\.EpisodeMemory"):
+        with pytest.raises(
+            ValueError, match=r"^memory: must be an agentenvs\.memory\.EpisodeMemory"
+        ):
             prompt("task", "obs", ["go"], None, 2)
