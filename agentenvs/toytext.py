@@ -142,6 +142,8 @@ class ToyText:
 
     def action_id(self, text: str) -> int:
         """Index of the action named ``text`` (stripped, lower-cased), -1 when none is."""
+        if not isinstance(text, str):
+            raise bad("action", "a str (the text action)", text)
         try:
             return self.actions.index(text.strip().lower())
         except ValueError:
@@ -266,6 +268,10 @@ _RENDER: dict[str, Callable[[Any], tuple[list[str], list[str], list[str]]]] = {
 
 def render(env: Any) -> ToyText:
     """The text of every observation id of ``env`` (a toyenvs.POMDP of a known family)."""
+    from toyenvs.core import POMDP
+
+    if not isinstance(env, POMDP):
+        raise bad("render: env", "a toyenvs.POMDP", type(env).__name__)
     if env.name not in _RENDER:
         raise ValueError(f"render: no text rendering for family {env.name!r}; known: "
                          f"{', '.join(_RENDER)}")  # fmt: skip

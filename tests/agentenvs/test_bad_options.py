@@ -179,3 +179,14 @@ def test_prompts_check_their_history_arguments_before_the_first_step():
             ValueError, match=r"^memory: must be an agentenvs\.memory\.EpisodeMemory"
         ):
             prompt("task", "obs", ["go"], None, 2)
+
+
+def test_a_toy_text_env_names_a_non_str_action_and_render_a_non_env():
+    from agentenvs.toytext import render
+
+    env = ToyTextEnv(parse_toy_spec("toy:tmaze:length=1"))
+    env.reset(0)
+    with pytest.raises(ValueError, match=r"^action: must be a str \(the text action\), got None$"):
+        env.step(None)
+    with pytest.raises(ValueError, match=r"^render: env: must be a toyenvs\.POMDP, got 'NoneType'$"):
+        render(None)
