@@ -188,5 +188,7 @@ def test_a_toy_text_env_names_a_non_str_action_and_render_a_non_env():
     env.reset(0)
     with pytest.raises(ValueError, match=r"^action: must be a str \(the text action\), got None$"):
         env.step(None)
-    with pytest.raises(ValueError, match=r"^render: env: must be a toyenvs\.POMDP, got 'NoneType'$"):
+    with pytest.raises(
+        ValueError, match=r"^render: env: must be a toyenvs\.POMDP, got 'NoneType'$"
+    ):
         render(None)
