@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from hgpo.batch import StepBatch
-from hgpo.options import bad, check_int, check_number
+from hgpo.options import bad, check_int
 from toyenvs import _kernels as kn
 from toyenvs.core import POMDP
 
@@ -86,9 +86,9 @@ def _parse_scheme(text: str, horizon: int | None, where: str) -> Scheme:
     return Scheme(text)
 
 
-def check_budget(scheme: Scheme, steps: int | None, branch_budget: float) -> None:
-    """Named errors for a step budget or branch share that cannot be used, before any work."""
-    check_number("branch_budget", branch_budget, lo=0.0, hi=1.0, lo_open=True)
+def check_budget(scheme: Scheme, steps: int | None) -> None:
+    """Named errors for a step budget the scheme cannot use, before any work (the branch share
+    is checked by ``toyenvs.rollout`` under every scheme)."""
     if steps is None:
         if scheme.rule != "independent":
             raise bad(

@@ -117,18 +117,7 @@ def rollout_arrays(
         missing = [k for k in (*_BUFFERS, "context_keys", "success", "length") if k not in buffers]
         if missing:
             raise ValueError(f"buffers: must come from alloc_buffers, missing {missing}")
-    return _rollout_arrays(env, pol, tasks, int(n_rollouts), int(seed), buffers)
-
-
-def _rollout_arrays(
-    env: POMDP,
-    pol: TabularPolicy | NeuralPolicy,
-    tasks: np.ndarray,
-    n_rollouts: int,
-    seed: int,
-    buffers: dict[str, np.ndarray] | None = None,
-) -> dict[str, np.ndarray]:
-    """:func:`rollout_arrays` on checked arguments."""
+    n_rollouts, seed = int(n_rollouts), int(seed)
     n_traj = tasks.size * n_rollouts
     cap = n_traj * env.horizon
     if buffers is None:
@@ -186,7 +175,7 @@ def rollout(
     check_number("branch_budget", branch_budget, lo=0.0, hi=1.0, lo_open=True)
     if scheme != "independent" or steps is not None:  # [branching] toyenvs/branching.py
         return _branched(env, pol, tasks, int(n_rollouts), int(seed), scheme, steps, branch_budget)
-    r = _rollout_arrays(env, pol, tasks, int(n_rollouts), int(seed))
+    r = rollout_arrays(env, pol, tasks, n_rollouts, seed)  # (its checks cost a few us)
     batch = StepBatch(
         group=r["group"], traj=r["traj"], step=r["step"], reward=r["reward"], state=r["state"],
         action=r["action"], invalid=r["invalid"],
@@ -210,7 +199,7 @@ def _branched(
 ) -> Rollouts:
     """[branching] :func:`rollout` under a scheme with a step budget."""
     parsed = parse_scheme(scheme, env.horizon)
-    check_budget(parsed, steps, branch_budget)
+    check_budget(parsed, steps)
     r, batch = branched_rollout(env, pol, tasks, seed, parsed, int(steps), float(branch_budget))
     return Rollouts(
         batch=batch, hidden=r["hidden"], context=r["context"], code=r["context_keys"][pol.K],

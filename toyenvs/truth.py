@@ -118,9 +118,7 @@ class ExactGroundTruth:
         Raises:
             ValueError when a step's z is not in the chain (another env, K or task set).
         """
-        _check_rollouts(rb, self.K)
-        if rb.K != self.K:
-            raise ValueError(f"rollouts have K={rb.K}, the ground truth K={self.K}")
+        _check_rollouts(rb, self.K, "the ground truth")
         if self._index is None:
             P = self.node_code // self.env.n_obs
             object.__setattr__(
@@ -187,12 +185,15 @@ class Chain:
         )
 
 
-def _check_rollouts(rb: Any, K: int) -> None:
-    """``rb`` is a :class:`Rollouts` (what toyenvs.rollout returns), not e.g. its StepBatch."""
+def _check_rollouts(rb: Any, K: int, whose: str) -> None:
+    """``rb`` is a :class:`Rollouts` (what toyenvs.rollout returns, not e.g. its StepBatch)
+    of memory ``K``, the K of ``whose``."""
     if not isinstance(rb, Rollouts):
         raise bad(
             "rollouts", "a toyenvs.Rollouts (what toyenvs.rollout returns)", type(rb).__name__
         )
+    if rb.K != K:
+        raise ValueError(f"rollouts have K={rb.K}, {whose} K={K}")
 
 
 def enumerate_chain(
@@ -357,9 +358,7 @@ class MCGroundTruth:
     _visits: Any = field(default=None, repr=False)
 
     def _stats(self, rb: Rollouts) -> tuple[np.ndarray, ...]:
-        _check_rollouts(rb, self.pol.K)
-        if rb.K != self.pol.K:
-            raise ValueError(f"rollouts have K={rb.K}, the policy K={self.pol.K}")
+        _check_rollouts(rb, self.pol.K, "the policy")
         # (the kernel reads the env's tables at these states without bounds checks)
         if rb.hidden.size and (rb.hidden.min() < 0 or rb.hidden.max() >= self.env.n_states):
             raise ValueError(
