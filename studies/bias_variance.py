@@ -40,7 +40,7 @@ from studies.backend import (
     run_tasks,
 )
 from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
-from studies.io import atomic_write_json, finished_dir
+from studies.io import atomic_write_json, finished_dir, result_key
 
 __all__ = ["StudyConfig", "main", "parse_env", "run_cell", "run_study"]
 
@@ -654,9 +654,7 @@ def cell_key(cfg: StudyConfig, env: str, K: int, stage: str, cell_seed: int) -> 
     cell = {"env": env, "K": K, "stage": stage, "seed": cell_seed}
     if Path(stage).is_file():
         cell["snapshot"] = hashlib.sha1(Path(stage).read_bytes()).hexdigest()
-    blob = json.dumps({"settings": settings, **cell}, sort_keys=True)
-    slug = "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in f"{env}_K{K}_{stage}")
-    return f"{slug[:80]}_{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
+    return result_key(f"{env}_K{K}_{stage}"[:80], {"settings": settings, **cell})
 
 
 # ---------------------------------------------------------------------------- command line

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_json", "finished_dir", "plain", "write_csv"]
+__all__ = ["atomic_write_json", "finished_dir", "plain", "result_key", "write_csv"]
 
 
 def plain(x: Any) -> Any:
@@ -51,6 +51,17 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def result_key(slug: str, settings: Any) -> str:
+    """The file name of one finished piece of a study: ``slug`` with every character but
+    letters, digits and ``-_.=`` made ``_``, then the first 10 hex digits of the SHA-1 of
+    ``settings`` as sorted JSON (what changes the piece's result)."""
+    import hashlib
+
+    safe = "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in slug)
+    blob = json.dumps(settings, sort_keys=True)
+    return f"{safe}_{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
 
 
 def finished_dir(path: Path, fresh: bool) -> Path:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
 import sys
@@ -36,7 +35,7 @@ import numpy as np
 from hgpo.options import bad, check_choice, check_int, check_number, parse_name_values
 from studies.backend import BACKENDS, SweepError, Task, check_backend, run_tasks
 from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
-from studies.io import atomic_write_json, finished_dir
+from studies.io import atomic_write_json, finished_dir, result_key
 from studies.train_toy_settings import DEFAULT_SETTINGS, FULL_SETTINGS
 
 __all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
@@ -295,12 +294,10 @@ def _runs(cfg: TrainToyConfig) -> list[dict[str, Any]]:
 
 
 def _run_key(cfg: TrainToyConfig, run: dict[str, Any]) -> str:
-    blob = json.dumps({"cfg": cfg.run_fields(), **run}, sort_keys=True)
     slug = f"{run['env']}_{run['setting']}_K{run['K']}_s{run['seed']}"
     if "scheme" in run:
         slug += f"_{run['scheme']}"
-    slug = "".join(ch if ch.isalnum() or ch in "-_.=" else "_" for ch in slug)
-    return f"{slug}_{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
+    return result_key(slug, {"cfg": cfg.run_fields(), **run})
 
 
 # ---------------------------------------------------------------------------- one run
