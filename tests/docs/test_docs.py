@@ -1,0 +1,43 @@
+"""The docs stand alone and the README's timings say their machine and load (issue 27, item 17)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import readme_timings
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TIME = re.compile(r"(?<![\w.])\d+(\.\d+)? ?(s|min|minutes|seconds)\b")
+
+
+def paragraphs(text: str) -> list[str]:
+    """Blank-line separated blocks (a fenced block counts as one)."""
+    return [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_docs_point_to_nothing_outside_the_repository(doc: Path) -> None:
+    text = doc.read_text()
+    for outside in ("shared/docs", "/work/shared", "../shared", "shared/seed"):
+        assert outside not in text, f"{doc.name} points outside the repository: {outside}"
+
+
+def test_every_readme_timing_says_its_load() -> None:
+    """A paragraph of the README that gives a time says the load it was measured at."""
+    for block in paragraphs((ROOT / "README.md").read_text()):
+        if TIME.search(block):
+            assert "load" in block, f"a README timing without its load:\n{block[:300]}"
+
+
+def test_the_timed_commands_are_the_readmes() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for argv, _ in readme_timings.COMMANDS.values():
+        assert f"python -m {' '.join(argv)}" in readme
+
+
+def test_machine_names_cores() -> None:
+    assert re.fullmatch(r"\d+ cores \(.+\)", readme_timings.machine())
