@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hgpo.options import bad, check_choice, check_int, check_writable_dir
+from hgpo.options import ArgumentParser, bad, check_choice, check_int, check_writable_dir
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -348,11 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     Prints a JSON summary: games per split and how many held-out games repeat a training game's
     (task type, object, target, floorplan) (their layouts and object placements still differ).
     """
-    import argparse
-
-    ap = argparse.ArgumentParser(
-        prog="python -m agentenvs.alfworld.generator", description=main.__doc__
-    )
+    ap = ArgumentParser(prog="python -m agentenvs.alfworld.generator", description=main.__doc__)
     ap.add_argument("--out", required=True, help="folder to write (must not hold games yet)")
     ap.add_argument(
         "--task-type", default=None, choices=TASK_TYPES, help="default: all types in turn"

@@ -8,11 +8,10 @@ logged only at some iterations (validation) is drawn at those iterations.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from hgpo.options import check_writable_dir
+from hgpo.options import ArgumentParser, check_writable_dir
 from hgpo.train.metrics import read_metrics
 
 PANELS = ("success_rate", "score_mean", "invalid_rate", "kl")
@@ -67,7 +66,7 @@ def plot(runs: list[str], out: str | None = None, panels: Sequence[str] | None =
 
 def main(argv: list[str] | None = None) -> int:
     """Command line."""
-    ap = argparse.ArgumentParser(prog="python -m hgpo.train.plot", description=__doc__)
+    ap = ArgumentParser(prog="python -m hgpo.train.plot", description=__doc__)
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--out", default=None)
     ap.add_argument(

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.options import bad, check_int, check_number, check_writable_dir
+from hgpo.options import ArgumentParser, bad, check_int, check_number, check_writable_dir
 from hgpo.train.config import TINY_MODEL, TrainConfig, resolve
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ def check_args(args: argparse.Namespace) -> set[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         prog="python -m hgpo.train.warmstart",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
