@@ -22,7 +22,7 @@ from typing import Any
 
 from agentenvs.alfworld.env import AlfWorldEnv, official_games, planner_plan, play, run_expert
 from agentenvs.alfworld.generator import generate_split
-from hgpo.options import ArgumentParser, check_int
+from hgpo.options import ArgumentParser, check_int, exit_on_missing_extras
 
 
 def _check(args: tuple[bool, list[str]]) -> list[tuple[str, bool, int]]:
@@ -121,6 +121,7 @@ def main() -> None:
         help="the official games of SPLIT under $ALFWORLD_DATA (planner plans)",
     )  # fmt: skip
     a = ap.parse_args()
+    exit_on_missing_extras("python -m agentenvs.alfworld.solvability", "alfworld")
     split = a.official or a.split
     try:
         for flag, value, lo in (
