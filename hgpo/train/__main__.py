@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 
@@ -20,10 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     # the trainer's packages (torch, ...) and the env's, before any import of them
     extras = ("llm", cfg.env) if cfg.env in EXTRAS else ("llm",)
     exit_on_missing_extras(f"python -m hgpo.train --env {cfg.env}", *extras)
-    logging.basicConfig(
-        level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    from hgpo.train.logs import configure_logging
+
+    configure_logging(rank0=os.environ.get("RANK", "0") == "0")
     from hgpo.train.config import TrainConfigError
     from hgpo.train.preflight import note_resume, validate_config
 
