@@ -111,3 +111,12 @@ def test_importing_the_alfworld_engine_without_the_extra_names_it():
         "hgpo.options.MissingExtraError: the ALFWorld engine (agentenvs.alfworld.engine) needs "
         'fast_downward (the [alfworld] extra); install it with pip install -e ".[alfworld]"'
     )
+
+
+def test_the_warm_start_names_the_missing_extras(tmp_path):
+    r = _without("torch,bm25s", "hgpo.train.warmstart", "--env", "webshop", "--tasks", "1",
+                 "--out", str(tmp_path / "warm"))  # fmt: skip
+    assert _one_line(r) == (
+        "error: python -m hgpo.train.warmstart --env webshop needs torch (the [llm] extra) and "
+        'bm25s (the [webshop] extra); install them with pip install -e ".[llm,webshop]"'
+    )

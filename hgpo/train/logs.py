@@ -1,7 +1,7 @@
 """The trainer's log: what a user reads, without the libraries' noise.
 
-:func:`configure_logging` is called once by ``python -m hgpo.train`` before anything heavy is
-imported. What it removes, and why each is there otherwise:
+:func:`configure_logging` is called once by ``python -m hgpo.train`` (and by
+``python -m hgpo.train.warmstart``) before anything heavy is imported. What it removes, and why each is there otherwise:
 
 - bm25s sets its own logger to DEBUG on import (``logger.setLevel(logging.DEBUG)``), so with a
   root handler of level NOTSET its "Building index from IDs objects" lines pass an INFO root:
@@ -26,12 +26,13 @@ from hgpo.options import installed
 FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
-def configure_logging(rank0: bool) -> None:
-    """Root logging at INFO on rank 0 (WARNING on the others), and the libraries' noise off."""
+def configure_logging(rank0: bool, fmt: str = FORMAT) -> None:
+    """Root logging at INFO on rank 0 (WARNING on the others) in ``fmt``, and the libraries'
+    noise off."""
     level = logging.INFO if rank0 else logging.WARNING
     handler = logging.StreamHandler()  # stderr
     handler.setLevel(level)  # (a library's logger set to DEBUG stops here)
-    logging.basicConfig(level=level, format=FORMAT, handlers=[handler])
+    logging.basicConfig(level=level, format=fmt, handlers=[handler])
     quiet_libraries()
 
 

@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         panels = [p.strip() for p in args.panels.split(",") if p.strip()]
     try:
         print(plot(args.runs, args.out, panels))
-    except ValueError as e:
-        ap.error(str(e))
+    except ValueError as e:  # bad data, not bad flags: no pointer to --help
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
     return 0
 
 

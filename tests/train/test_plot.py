@@ -50,7 +50,11 @@ def test_a_non_numeric_metric_is_named(tmp_path, capsys):
 
 def test_an_empty_metrics_file_is_an_error_not_an_empty_plot(tmp_path, capsys):
     run = _write(tmp_path / "run", [])
-    assert "metrics.jsonl: no rows" in _error(capsys, [run])
+    err = _error(capsys, [run])
+    assert err == (
+        f"python -m hgpo.train.plot: error: {run}/metrics.jsonl: no rows (the run logged no "
+        "iteration yet); nothing to plot"
+    )  # (bad data, not a bad flag: no pointer to --help)
     assert not (tmp_path / "run" / "curve.png").exists()
 
 
