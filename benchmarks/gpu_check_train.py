@@ -419,9 +419,9 @@ def summarise(su: Setup, rows: list[dict]) -> dict:
 
 
 def main() -> int:
+    args = parse_args()  # (a bad flag fails before torch is imported)
     import torch
 
-    args = parse_args()
     su = build(args)
     g = torch.Generator().manual_seed(1)
     rows = []

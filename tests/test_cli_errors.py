@@ -3,7 +3,8 @@
 The CLIs are found in the sources (every ``ArgumentParser(`` construction), so a new one is
 covered without editing this file; each must build its parser from
 :class:`hgpo.options.ArgumentParser`, whose error is ``<prog>: error: <message> (see --help)``
-instead of the 19-41 lines of usage argparse prints first.
+instead of the 19-41 lines of usage argparse prints first. The error comes before torch,
+transformers, deepspeed, ray or vllm is imported (so it is quick).
 """
 
 from __future__ import annotations
@@ -40,11 +41,25 @@ FILES = [p for p in _parser_files() if p != Path(__file__)]
 CLIS = sorted({_module(p) for p in FILES})
 
 
+HEAVY = ("torch", "transformers", "deepspeed", "ray", "vllm")
+"""Packages a bad flag must not wait for (seconds each to import)."""
+
+RUN_MODULE = """
+import atexit, runpy, sys
+atexit.register(lambda: print("imported:", *sorted(m for m in HEAVY if m in sys.modules)))
+module, sys.argv = sys.argv[1], sys.argv[1:]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
 def _run(*args: str) -> subprocess.CompletedProcess:
+    """``python -m ARGS``; its stdout ends with the line ``imported: ...`` of the heavy
+    packages it imported."""
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    code = f"HEAVY = {HEAVY!r}\n{RUN_MODULE}"
     return subprocess.run(
-        [sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        [sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
 
@@ -71,6 +86,8 @@ def test_a_bad_flag_is_one_line_and_exit_2(module):
     assert lines[-1].startswith(f"python -m {module}: error: "), lines[-1]
     assert lines[-1].endswith(" (see --help)"), lines[-1]
     assert "usage:" not in r.stderr
+    if module != "tests.train.tiny_golden":  # (imports the trainer tests' conftest)
+        assert r.stdout.strip().splitlines()[-1] == "imported:", r.stdout[-500:]
 
 
 def test_a_bad_value_names_the_flag_and_points_to_help():
