@@ -22,6 +22,7 @@ from typing import Any
 
 from agentenvs.batched import BatchedEnv
 from agentenvs.factories import alfworld_factory, webshop_factory
+from hgpo.options import ArgumentParser
 
 
 def _workers_cpu(env: BatchedEnv) -> float:
@@ -105,7 +106,7 @@ def _compare(name: str, factory: Any, n_envs: int, group_n: int, a: argparse.Nam
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = ArgumentParser(description=__doc__)
     ap.add_argument("--envs", type=int, default=128, help="WebShop environments")
     ap.add_argument("--alfworld-envs", type=int, default=32, help="ALFWorld environments")
     ap.add_argument("--group", type=int, default=8)

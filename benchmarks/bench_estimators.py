@@ -21,6 +21,7 @@ import tracemalloc
 import numpy as np
 
 from hgpo import ESTIMATORS, EstimatorConfig, StepBatch, compute_advantages
+from hgpo.options import ArgumentParser
 
 
 def synthetic_batch(
@@ -59,9 +60,7 @@ def time_one(
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[6400, 100_000, 1_000_000, 10_000_000])
     p.add_argument("--K", type=int, default=4)
     p.add_argument("--estimators", nargs="+", default=list(ESTIMATORS))

@@ -16,7 +16,6 @@ shared machine they vary with the load.
 
 from __future__ import annotations
 
-import argparse
 import os
 import pickle
 import random
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenvs.batched import BatchedEnv
+from hgpo.options import ArgumentParser
 
 HERE = Path(__file__).parent
 TEST_GAMES = HERE.parent / "tests" / "agentenvs" / "data" / "alfworld_games" / "train"
@@ -128,7 +128,7 @@ def batched(name: str, factory: Callable[[], Any], n_tasks: int, envs: int, work
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--episodes", type=int, default=6)
     ap.add_argument("--envs", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)

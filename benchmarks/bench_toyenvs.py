@@ -28,7 +28,6 @@ one torch thread) in CPU seconds (target <= 60).
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import statistics
@@ -39,6 +38,7 @@ import numpy as np
 from numba import njit
 
 import toyenvs
+from hgpo.options import ArgumentParser
 from toyenvs.rollout import alloc_buffers, rollout_arrays
 
 
@@ -456,7 +456,7 @@ def _load() -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--K", type=int, default=4, help="history length of the policy")
     ap.add_argument("--seconds", type=float, default=1.0, help="CPU seconds per measurement")
     ap.add_argument("--repeat", type=int, default=3, help="measurements per figure (best kept)")

@@ -36,6 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from hgpo.options import ArgumentParser
+
 
 def _peak_mem_gib(cuda: bool) -> float:
     """Peak memory: torch's CUDA allocator on a GPU, the process's maximum RSS on a CPU."""
@@ -74,9 +76,7 @@ def toy_run(spec: str, out: str, device: str) -> dict:
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
@@ -419,9 +419,9 @@ def summarise(su: Setup, rows: list[dict]) -> dict:
 
 
 def main() -> int:
+    args = parse_args()  # (a bad flag fails before torch is imported)
     import torch
 
-    args = parse_args()
     su = build(args)
     g = torch.Generator().manual_seed(1)
     rows = []

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from hgpo import StepBatch, compute_advantages, reference_config
+from hgpo.options import ArgumentParser
 
 GOLDEN = (
     Path(__file__).resolve().parent.parent / "tests" / "hgpo" / "data" / "verl_agent_golden.json"
@@ -302,9 +303,7 @@ def classify(a: np.ndarray, f32: np.ndarray, f64: np.ndarray) -> np.ndarray:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--ref-dir", type=Path, required=True, help="folder with the copied reference modules"
     )

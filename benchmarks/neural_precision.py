@@ -20,10 +20,11 @@ float32 transformer computes only what its head reads, ``ContextNet.last_token_o
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
+
+from hgpo.options import ArgumentParser
 
 HOUSEHOLD = "household:n_rooms=1,receptacles_per_room=5,n_tasks=4,horizon=8"
 CELLS = (
@@ -97,7 +98,7 @@ def speed(n: int = 65536, chunk: int = 8192) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--cells", nargs="+", default=list(CELLS), help="env:K:target:arch ...")
     ap.add_argument("--speed", action="store_true", help="only the forward / backward seconds")
     args = ap.parse_args()

@@ -9,16 +9,24 @@ gives the same one-line error: ``<where>: must be <what>, got <value>``.
 Numbers: booleans are refused where a number is asked for (``True`` is an ``int`` in Python);
 numpy scalars (``np.int64(2)``, ``np.float32(1.0)``) are accepted and returned as Python
 numbers; NaN and infinities are refused unless the caller allows them.
+
+Command lines: every CLI's parser is an :class:`ArgumentParser`, whose errors are the one line
+``<prog>: error: <message> (see --help)`` (exit status 2), not the usage first. A package that
+an optional extra installs is asked for with :func:`require_extras`, whose error names the
+missing modules and the one ``pip install -e ".[extra,...]"`` that installs them.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import math
 import numbers
 import os
+import sys
 import tempfile
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -193,3 +201,76 @@ def check_bool(where: str, value: Any) -> bool:
     if type(value).__name__ not in ("bool", "bool_"):
         raise bad(where, "true or false", value)
     return bool(value)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose error is one line: the message and a pointer to
+    ``--help`` on stderr, exit status 2 (the usage, 19-41 lines for the project's CLIs, is what
+    ``--help`` prints). Without a ``prog``, a module run with ``python -m pkg.mod`` is named
+    ``python -m pkg.mod`` (not ``mod.py``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not args and kwargs.get("prog") is None:
+            spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+            name = getattr(spec, "name", "").removesuffix(".__main__")
+            if name and name != "__main__":
+                kwargs["prog"] = f"python -m {name}"
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``<prog>: error: <message> (see --help)`` and exit with status 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "llm": ("torch", "transformers", "deepspeed"),
+    "webshop": ("bm25s", "rapidfuzz"),
+    "alfworld": ("alfworld", "textworld", "fast_downward"),
+    "ray": ("ray",),
+    "gpu": ("vllm",),
+}
+"""Per optional extra of pyproject.toml: the top-level modules the project imports from it."""
+
+
+class MissingExtraError(OptionError, ImportError):
+    """An optional extra is not installed; the message names the modules and the pip command.
+    An ``ImportError`` (code that tolerates a missing package keeps doing so) and a
+    ``ValueError`` (a CLI prints it as its one-line error)."""
+
+
+def installed(module: str) -> bool:
+    """Whether top-level ``module`` can be imported (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder that refuses the name; a broken __spec__
+        return False
+
+
+def require_extras(what: str, *extras: str) -> None:
+    """Raise :class:`MissingExtraError` when a module of one of ``extras`` is missing:
+    ``"<what> needs torch (the [llm] extra) and bm25s (the [webshop] extra); install them with
+    pip install -e \".[llm,webshop]\""``. Only the extras that miss something are named."""
+    missing = {}
+    for extra in extras:
+        if extra not in EXTRAS:
+            raise bad("require_extras: extra", "one of " + ", ".join(EXTRAS), extra)
+        gone = [m for m in EXTRAS[extra] if not installed(m)]
+        if gone:
+            missing[extra] = gone
+    if missing:
+        parts = [f"{', '.join(mods)} (the [{extra}] extra)" for extra, mods in missing.items()]
+        them = "it" if len(missing) == 1 else "them"
+        raise MissingExtraError(
+            f"{what} needs {' and '.join(parts)}; install {them} with "
+            f'pip install -e ".[{",".join(missing)}]"'
+        )
+
+
+def exit_on_missing_extras(what: str, *extras: str) -> None:
+    """:func:`require_extras` for a command line: its error is printed as ``error: ...`` on
+    stderr and the process exits with status 2 (no traceback)."""
+    try:
+        require_extras(what, *extras)
+    except MissingExtraError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -29,7 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.options import bad, check_choice, check_int, check_number, parse_name_values
+from hgpo.options import (
+    ArgumentParser,
+    bad,
+    check_choice,
+    check_int,
+    check_number,
+    parse_name_values,
+)
 from studies.backend import (
     ADDRESS_HELP,
     BACKEND_HELP,
@@ -662,7 +669,7 @@ def cell_key(cfg: StudyConfig, env: str, K: int, stage: str, cell_seed: int) -> 
 
 def _parser() -> argparse.ArgumentParser:
     d = StudyConfig()
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m studies.bias_variance", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
     )  # fmt: skip

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hgpo.options import check_writable_dir
+from hgpo.options import ArgumentParser, check_writable_dir
 from hgpo.train.metrics import read_metrics
 from studies.metrics import mean_ci
 
@@ -128,7 +128,7 @@ def plot(data: dict[str, list[list[dict]]], stats: dict, out: str) -> list[Path]
 
 def main(argv: list[str] | None = None) -> int:
     """Command line."""
-    ap = argparse.ArgumentParser(prog="python -m studies.llm_truth_report", description=__doc__,
+    ap = ArgumentParser(prog="python -m studies.llm_truth_report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--out", default="toy_llm", help="prefix of the PNG files")

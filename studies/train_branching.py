@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from hgpo.options import bad, check_int, check_number
+from hgpo.options import ArgumentParser, bad, check_int, check_number
 from hgpo.train.metrics import read_metrics
 from studies.cli import check_out_dir
 from toyenvs.branching import parse_scheme
@@ -61,7 +61,7 @@ class Study:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         prog="python -m studies.train_branching",
         description=__doc__,
         formatter_class=argparse.RawTextHelpFormatter,

@@ -32,7 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.options import bad, check_choice, check_int, check_number, parse_name_values
+from hgpo.options import (
+    ArgumentParser,
+    bad,
+    check_choice,
+    check_int,
+    check_number,
+    parse_name_values,
+)
 from studies.backend import BACKENDS, SweepError, Task, check_backend, run_tasks
 from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
 from studies.io import atomic_write_json, finished_dir, result_key
@@ -642,7 +649,7 @@ _FLAGS = {"Ks": "K", "schemes": "scheme"}
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m studies.train_toy", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
     )  # fmt: skip

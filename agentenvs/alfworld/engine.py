@@ -71,13 +71,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fast_downward
-import textworld
-from textworld.core import EnvInfos, GameState
-from textworld.envs.pddl import logic as pddl_logic
-from textworld.envs.pddl import textgen
-from textworld.envs.pddl.pddl import PddlEnv
-from textworld.logic import Proposition, Variable
+from hgpo.options import require_extras
+
+try:
+    import fast_downward
+    import textworld
+    from textworld.core import EnvInfos, GameState
+    from textworld.envs.pddl import logic as pddl_logic
+    from textworld.envs.pddl import textgen
+    from textworld.envs.pddl.pddl import PddlEnv
+    from textworld.logic import Proposition, Variable
+except ImportError:  # the [alfworld] extra is missing: say so, with the pip command
+    require_extras("the ALFWorld engine (agentenvs.alfworld.engine)", "alfworld")
+    raise
 
 __all__ = ["CachedPddlEnv", "EngineSnapshot", "cache_info", "clear_caches", "start"]
 

@@ -99,12 +99,10 @@ class AlfWorldEnv:
         translation, grammar and text-generation parses are computed once per process and
         shared by every env of the process that plays the same game.
         """
-        import textworld
-
-        from agentenvs.alfworld import engine
+        from agentenvs.alfworld import engine  # (the [alfworld] extra's error if it is missing)
 
         if self._env is None:
-            req = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+            req = engine.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
             self._env = engine.start(game_file, req)
         else:
             self._env.load(game_file)

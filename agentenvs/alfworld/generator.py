@@ -15,6 +15,7 @@ no training game uses (:data:`OOD_FLOORPLANS`, the real benchmark's unseen rooms
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -22,7 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hgpo.options import bad, check_choice, check_int, check_writable_dir
+from hgpo.options import (
+    ArgumentParser,
+    bad,
+    check_choice,
+    check_int,
+    check_writable_dir,
+    exit_on_missing_extras,
+    require_extras,
+)
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -41,10 +50,15 @@ _SPLIT_SALT = {"train": 0, "valid_seen": 1_000_003, "valid_unseen": 2_000_003}
 
 
 def alfworld_data_dir() -> Path:
-    """Folder of the installed ``alfworld`` package (raises ImportError if it is missing)."""
-    import alfworld
+    """Folder of the installed ``alfworld`` package (a :class:`~hgpo.options.MissingExtraError`,
+    an ImportError naming ``pip install -e ".[alfworld]"``, if it is missing)."""
+    return Path(_alfworld("").__file__).parent
 
-    return Path(alfworld.__file__).parent
+
+def _alfworld(name: str) -> Any:
+    """Module ``alfworld.<name>`` (``alfworld`` for ``""``), or the [alfworld] extra's error."""
+    require_extras("the ALFWorld game generator (agentenvs.alfworld.generator)", "alfworld")
+    return importlib.import_module(f"alfworld.{name}" if name else "alfworld")
 
 
 def _mangle(name: str) -> str:
@@ -80,8 +94,7 @@ class GameSpec:
 
 class _Floorplans:
     def __init__(self) -> None:
-        import alfworld.gen.constants as c
-
+        c = _alfworld("gen.constants")
         root = alfworld_data_dir()
         self.domain = (root / "data" / "alfred.pddl").read_text()
         self.grammar = (root / "data" / "alfred.twl2").read_text()
@@ -202,7 +215,7 @@ def _try_game(rng: random.Random, fp: int, task_type: str) -> GameSpec | None:
     # goal must not hold at the start: no target-type object may sit in a target receptacle
     if recep and any(o.split("|")[0] == obj and _rtype(r) == recep for o, r in contents.items()):
         return None
-    import alfworld.gen.goal_library as glib
+    glib = _alfworld("gen.goal_library")
 
     template = rng.choice(glib.gdict[task_type]["templates"])
     goal = template.format(obj=obj.lower(), recep=recep.lower(), toggle=lamp.lower(), mrecep="")
@@ -211,7 +224,7 @@ def _try_game(rng: random.Random, fp: int, task_type: str) -> GameSpec | None:
 
 def pddl_problem(spec: GameSpec, name: str = "generated") -> str:
     """The PDDL problem text of a game (objects, init facts, the goal library's goal)."""
-    import alfworld.gen.goal_library as glib
+    glib = _alfworld("gen.goal_library")
 
     F = _fp()
     otypes = sorted({o.split("|")[0] for o in spec.contents})
@@ -348,11 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     Prints a JSON summary: games per split and how many held-out games repeat a training game's
     (task type, object, target, floorplan) (their layouts and object placements still differ).
     """
-    import argparse
-
-    ap = argparse.ArgumentParser(
-        prog="python -m agentenvs.alfworld.generator", description=main.__doc__
-    )
+    ap = ArgumentParser(prog="python -m agentenvs.alfworld.generator", description=main.__doc__)
     ap.add_argument("--out", required=True, help="folder to write (must not hold games yet)")
     ap.add_argument(
         "--task-type", default=None, choices=TASK_TYPES, help="default: all types in turn"
@@ -368,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     for split, n in counts.items():
         if n < 0:
             raise SystemExit(str(bad(f"--{split.replace('_', '-')}", "an integer >= 0", n)))
+    if any(counts.values()):  # games are drawn from the alfworld package's floorplans
+        exit_on_missing_extras("python -m agentenvs.alfworld.generator", "alfworld")
     try:  # a folder that cannot be written fails here, before any game is drawn
         check_writable_dir("--out", str(root), "--out")
     except ValueError as e:

@@ -14,7 +14,6 @@ games' (``--planner`` on both)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from collections import defaultdict
@@ -23,7 +22,7 @@ from typing import Any
 
 from agentenvs.alfworld.env import AlfWorldEnv, official_games, planner_plan, play, run_expert
 from agentenvs.alfworld.generator import generate_split
-from hgpo.options import check_int
+from hgpo.options import ArgumentParser, check_int, exit_on_missing_extras
 
 
 def _check(args: tuple[bool, list[str]]) -> list[tuple[str, bool, int]]:
@@ -111,7 +110,7 @@ def solvability_report(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--split", default="train")
     ap.add_argument("--seed", type=int, default=123)
@@ -122,6 +121,7 @@ def main() -> None:
         help="the official games of SPLIT under $ALFWORLD_DATA (planner plans)",
     )  # fmt: skip
     a = ap.parse_args()
+    exit_on_missing_extras("python -m agentenvs.alfworld.solvability", "alfworld")
     split = a.official or a.split
     try:
         for flag, value, lo in (

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
+    from hgpo.options import EXTRAS, exit_on_missing_extras
     from hgpo.train.config import parse_args
 
     cfg, ns = parse_args(argv)
     if ns.print_config:
         print(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
         return 0
-    logging.basicConfig(
-        level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    # the trainer's packages (torch, ...) and the env's, before any import of them
+    extras = ("llm", cfg.env) if cfg.env in EXTRAS else ("llm",)
+    exit_on_missing_extras(f"python -m hgpo.train --env {cfg.env}", *extras)
+    from hgpo.train.logs import configure_logging
+
+    configure_logging(rank0=os.environ.get("RANK", "0") == "0")
     from hgpo.train.config import TrainConfigError
     from hgpo.train.preflight import note_resume, validate_config
 

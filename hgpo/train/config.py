@@ -21,6 +21,7 @@ from hgpo.config import EstimatorConfig
 from hgpo.config import field_docs as dataclass_field_docs
 from hgpo.estimators import ESTIMATORS
 from hgpo.options import (
+    ArgumentParser,
     bad,
     check_bool,
     check_choice,
@@ -690,7 +691,7 @@ def _read_config(path: str) -> TrainConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: ``--preset``, ``--config`` and one ``--field-name`` per TrainConfig field."""
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m hgpo.train",
         description="Train an LLM agent with HGPO (or any estimator) on ALFWorld, WebShop or a "
         "toy POMDP (--env toy:FAMILY:param=value,...).",

@@ -33,7 +33,9 @@ def check_model(path_or_id: str, where: str = "TrainConfig.model") -> None:
     except Exception as e:  # OSError offline, HTTP errors online
         raise ValueError(
             f"{where}: cannot load {path_or_id!r} (not a local folder, and not "
-            f"available from the Hugging Face hub or its cache): {type(e).__name__}"
+            f"available from the Hugging Face hub or its cache: {type(e).__name__}); give a "
+            "downloaded model's folder with --model PATH, or use --preset tiny (a small model "
+            "built here, nothing to download)"
         ) from None
 
 

@@ -1,30 +1,68 @@
 """``python -m hgpo.train.plot RUN [RUN ...]``: training curves of runs from their metrics.jsonl.
 
-Writes ``curve.png`` into the first run folder (or ``--out``): one panel per metric (default:
-success rate, mean reward, invalid-action rate and KL) against the iteration, one line per
-run. ``--panels`` picks the metrics, e.g. ``success_rate,val/valid_seen/success``; a metric
-logged only at some iterations (validation) is drawn at those iterations.
+Writes ``curve.png`` into the first run folder (or ``--out``: a file, or a folder, meaning
+an existing one or a path ending in ``/``, to hold ``curve.png``): one panel per metric
+(default: success rate, mean reward, invalid-action rate and KL) against the iteration, one
+line per run. ``--panels`` picks the metrics, e.g. ``success_rate,val/valid_seen/success``;
+a metric logged only at some iterations (validation) is drawn at those iterations.
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from hgpo.options import check_writable_dir
-from hgpo.train.metrics import read_metrics
+from hgpo.options import ArgumentParser, check_writable_dir
+from hgpo.train.metrics import METRICS_FILE, read_metrics
 
 PANELS = ("success_rate", "score_mean", "invalid_rate", "kl")
+PNG = "curve.png"
+"""The file name written into a run folder, or into an ``--out`` folder."""
+
+
+def png_path(runs: Sequence[str], out: str | None) -> Path:
+    """Where the PNG goes: ``--out`` as a file, or :data:`PNG` inside ``--out`` when it is an
+    existing folder or ends in a path separator, else :data:`PNG` in the first run folder."""
+    if not out:
+        return Path(runs[0]) / PNG
+    if out.endswith(("/", os.sep)) or os.path.isdir(out):
+        return Path(out) / PNG
+    return Path(out)
+
+
+def check_rows(run: str, rows: list[dict[str, Any]]) -> None:
+    """The run has rows and each has an integer ``iteration``, else a ValueError naming the
+    file and the row (an empty run would be an empty plot)."""
+    where = os.path.join(run, METRICS_FILE)
+    if not rows:
+        raise ValueError(f"{where}: no rows (the run logged no iteration yet); nothing to plot")
+    for n, row in enumerate(rows, start=1):
+        if type(row.get("iteration")) is not int:
+            got = f"iteration {row['iteration']!r}" if "iteration" in row else "no iteration"
+            raise ValueError(f"{where}: row {n} has {got}; every row needs an integer iteration")
+
+
+def check_values(run: str, rows: list[dict[str, Any]], panels: Sequence[str]) -> None:
+    """Every drawn metric a row has is a number (NaN is a gap), else a ValueError naming the
+    file, the row, the metric and the value."""
+    for n, row in enumerate(rows, start=1):
+        for key in panels:
+            if key in row and type(row[key]) not in (int, float):
+                raise ValueError(
+                    f"{os.path.join(run, METRICS_FILE)}: row {n} (iteration {row['iteration']}): "
+                    f"{key} must be a number, got {row[key]!r}"
+                )
 
 
 def plot(runs: list[str], out: str | None = None, panels: Sequence[str] | None = None) -> Path:
     """Draw the curves of ``runs``; returns the PNG's path.
 
     ``panels``: the metrics to draw (default :data:`PANELS`, where a metric a run lacks is an
-    empty line). Raises ValueError, before drawing, when a run has no metrics, the given
-    ``panels`` are empty or name a metric that no run logged, or the PNG's folder is not
-    writable.
+    empty line). Raises ValueError, before drawing, when a run has no metrics or no rows, a row
+    has no integer ``iteration`` or a drawn metric that is not a number, the given ``panels``
+    are empty or name a metric that no run logged, or the PNG's folder is not writable.
     """
     import matplotlib
 
@@ -32,6 +70,8 @@ def plot(runs: list[str], out: str | None = None, panels: Sequence[str] | None =
     import matplotlib.pyplot as plt
 
     data = {run: read_metrics(run) for run in runs}
+    for run, rows in data.items():
+        check_rows(run, rows)
     logged = {k for rows in data.values() for r in rows for k in r}
     if panels is not None and not list(panels):
         raise ValueError("panels: at least one metric is needed, got none")
@@ -41,7 +81,9 @@ def plot(runs: list[str], out: str | None = None, panels: Sequence[str] | None =
                 f"panels: no run logged the metric {key!r}; logged: {', '.join(sorted(logged))}"
             )
     panels = list(panels or PANELS)
-    path = Path(out) if out else Path(runs[0]) / "curve.png"
+    for run, rows in data.items():
+        check_values(run, rows, panels)
+    path = png_path(runs, out)
     check_writable_dir("--out", str(path.parent), "--out")
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
     for n, (run, rows) in enumerate(data.items()):
@@ -67,9 +109,14 @@ def plot(runs: list[str], out: str | None = None, panels: Sequence[str] | None =
 
 def main(argv: list[str] | None = None) -> int:
     """Command line."""
-    ap = argparse.ArgumentParser(prog="python -m hgpo.train.plot", description=__doc__)
+    ap = ArgumentParser(prog="python -m hgpo.train.plot", description=__doc__)
     ap.add_argument("runs", nargs="+")
-    ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--out",
+        default=None,
+        help=f"the PNG to write, or a folder (existing, or ending in /) to write {PNG} in "
+        f"(default: {PNG} in the first run folder)",
+    )
     ap.add_argument(
         "--panels",
         default=None,
@@ -81,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         panels = [p.strip() for p in args.panels.split(",") if p.strip()]
     try:
         print(plot(args.runs, args.out, panels))
-    except ValueError as e:
-        ap.error(str(e))
+    except ValueError as e:  # bad data, not bad flags: no pointer to --help
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
     return 0
 
 

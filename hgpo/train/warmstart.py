@@ -20,8 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.options import bad, check_int, check_number, check_writable_dir
+from hgpo.options import (
+    EXTRAS,
+    ArgumentParser,
+    bad,
+    check_int,
+    check_number,
+    check_writable_dir,
+    exit_on_missing_extras,
+)
 from hgpo.train.config import TINY_MODEL, TrainConfig, resolve
+from hgpo.train.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +161,7 @@ def check_args(args: argparse.Namespace) -> set[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         prog="python -m hgpo.train.warmstart",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -218,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = _config(args)
     except ValueError as e:
         ap.error(str(e))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    extras = ("llm", cfg.env) if cfg.env in EXTRAS else ("llm",)
+    exit_on_missing_extras(f"python -m hgpo.train.warmstart --env {cfg.env}", *extras)
+    configure_logging(rank0=True, fmt="%(asctime)s %(message)s")
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -12,13 +12,13 @@ Without ``--root`` it records the current code (after a deliberate change of the
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from hgpo.options import ArgumentParser
 from tests.train.conftest import ROOT, run_env
 
 DATA = Path(__file__).parent / "data" / "tiny_golden.json"
@@ -58,7 +58,7 @@ def run(args: list[str], root: Path, out: Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = ArgumentParser(description=__doc__)
     ap.add_argument("--root", default=str(ROOT), help="the code to record (a checkout)")
     args = ap.parse_args(argv)
     out = {}
