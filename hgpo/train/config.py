@@ -482,10 +482,10 @@ _RULES: dict[str, dict[str, Any]] = {
     "critic_lr": {"lo": 0, "lo_open": True, "hi": 1},
     "weight_decay": {"lo": 0, "hi": 1},
     "clip_ratio": {"lo": 0, "hi": 1, "lo_open": True, "hi_open": True},
-    **dict.fromkeys(
-        ("dual_clip", "kl_coef", "entropy_coef", "grad_clip", "value_clip"),
-        {"lo": 0, "hi": 1e6},
-    ),
+    **{
+        name: {"lo": 0, "hi": 1e6}
+        for name in ("dual_clip", "kl_coef", "entropy_coef", "grad_clip", "value_clip")
+    },
     "ppo_epochs": _ints(1, 100),
     "mini_batch_size": _ints(1, 1_048_576),
     "micro_batch_size": _ints(1, 4096),
