@@ -448,6 +448,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 }
 """TrainConfig's fields by section (the class body's order; ``--help`` shows these groups)."""
 
+_AT_LEAST_0 = {"lo": 0}
+_POSITIVE = {"lo": 0, "lo_open": True}
 MAX_ITERATIONS = 1_000_000
 """Cap of iterations and of every "every n iterations" field."""
 
@@ -464,34 +466,33 @@ _RULES: dict[str, dict[str, Any]] = {
     "gamma": {"lo": 0, "hi": 1},
     "train_tasks": _ints(0, 10**9),
     # rollout (groups_per_iter x group_size per rank is capped again in preflight)
-    "groups_per_iter": _ints(1, 4096),
-    "group_size": _ints(1, 4096),
+    "groups_per_iter": _ints(1, 1_048_576),
+    "group_size": _ints(1, 1_048_576),
     "iterations": _ints(1, MAX_ITERATIONS),
     "max_steps": _ints(1, 10_000),
     "max_prompt_tokens": _ints(1, 1_048_576),  # and <= the model's positions (preflight)
     "max_response_tokens": _ints(1, 1_048_576),
     "rollout_batch_size": _ints(1, 4096),
     "env_workers": _ints(1, 1024),  # process backend: also <= 4 x this machine's CPUs
-    "temperature": {"lo": 0, "lo_open": True, "hi": 100},
+    "temperature": _POSITIVE,
     "top_p": {"lo": 0, "lo_open": True, "hi": 1},
     "vllm_gpu_memory_utilization": {"lo": 0, "hi": 1, "lo_open": True, "hi_open": True},
     "env_timeout_s": {"lo": 0, "lo_open": True, "hi": 86_400},  # every wait is bounded: a day
     "branch_budget": {"lo": 0, "hi": 1, "lo_open": True},
     # PPO
-    "lr": {"lo": 0, "lo_open": True, "hi": 1},
-    "critic_lr": {"lo": 0, "lo_open": True, "hi": 1},
-    "weight_decay": {"lo": 0, "hi": 1},
+    "lr": _POSITIVE,
+    "critic_lr": _POSITIVE,
     "clip_ratio": {"lo": 0, "hi": 1, "lo_open": True, "hi_open": True},
-    **{
-        name: {"lo": 0, "hi": 1e6}
-        for name in ("dual_clip", "kl_coef", "entropy_coef", "grad_clip", "value_clip")
-    },
+    **dict.fromkeys(
+        ("weight_decay", "dual_clip", "kl_coef", "entropy_coef", "grad_clip", "value_clip"),
+        _AT_LEAST_0,
+    ),
     "ppo_epochs": _ints(1, 100),
     "mini_batch_size": _ints(1, 1_048_576),
     "micro_batch_size": _ints(1, 4096),
     # LoRA (lora_rank is also <= the smallest in/out size of the adapted layers: preflight)
-    "lora_rank": _ints(0, 65_536),
-    "lora_alpha": {"lo": 0, "lo_open": True, "hi": 1e6},
+    "lora_rank": _ints(0, 1_048_576),
+    "lora_alpha": _POSITIVE,
     "lora_dropout": {"lo": 0, "hi": 1, "hi_open": True},
     # engines
     "zero_stage": {"lo": 0, "hi": 3},
@@ -500,7 +501,7 @@ _RULES: dict[str, dict[str, Any]] = {
     "save_every": _ints(0, MAX_ITERATIONS),
     "val_tasks": _ints(1, 1_000_000),
     "keep_checkpoints": _ints(1, 1000),
-    "val_temperature": {"lo": 0, "lo_open": True, "hi": 100},
+    "val_temperature": _POSITIVE,
     # exact truth
     "truth_every": _ints(0, MAX_ITERATIONS),
     "truth_max_nodes": _ints(1, 50_000_000),

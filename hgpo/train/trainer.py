@@ -360,7 +360,7 @@ class Trainer:
         if self.critic is not None:
             set_lr(self.critic.optimizer, self.cfg.critic_lr, self.cfg.weight_decay)
         self.start = int(state["iteration"]) + 1
-        if self.rank == 0 and getattr(self, "_resume_changes", None):
+        if getattr(self, "_resume_changes", None):  # rank 0 only (empty elsewhere)
             record_resume(self.out, self.start, self._resume_changes)
         self.engine_sync()
         log.info("resumed from %s: next iteration %d", path, self.start)

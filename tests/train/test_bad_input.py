@@ -70,7 +70,7 @@ def test_setup_errors_are_one_line_exit_2_before_the_model(
     ("argv", "needle"),
     [
         (["--config", "/missing.json"], "--config: cannot read '/missing.json' (No such file"),
-        (["--seed", "-1"], "TrainConfig.seed: must be an integer >= 0, got -1"),
+        (["--seed", "-1"], "TrainConfig.seed: must be an integer in 0..4294967295, got -1"),
         (["--lr", "inf"], "TrainConfig.lr: must be a finite number > 0, got inf"),
         (["--dual-clip", "nan"], "TrainConfig.dual_clip: must be a finite number >= 0, got nan"),
     ],
