@@ -156,8 +156,12 @@ TRUTH8 = ["--env", "toy:keydoor:size=8", "--action-mode", "score", "--truth-ever
 def test_sizes_beyond_the_model_and_machine_are_refused(
     argv, needle, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(preflight, "available_memory", lambda: 2**30)  # 1 GiB, on any machine
-    monkeypatch.setattr(preflight.os, "cpu_count", lambda: 2)
+    import hgpo.train.trainer as trainer
+
+    monkeypatch.setattr(trainer, "train", lambda cfg: [])  # never train (the old code did)
+    # 1 GiB, on any machine
+    monkeypatch.setattr(preflight, "available_memory", lambda: 2**30, raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     out = tmp_path / "run"
     env = [] if "--env" in argv else ["--env", "webshop"]
