@@ -268,8 +268,9 @@ def check_run_dir(cfg: TrainConfig) -> None:
     if saved.exists():
         try:
             diff = config_changes(TrainConfig.load(saved), cfg)
-        except ValueError:
-            diff = {"config.json": ("unreadable", "")}
+        except ValueError:  # not JSON, or fields this version does not have
+            found.insert(0, "a config.json this version cannot read")
+            diff = {}
         if diff:
             name, (old, new) = next(iter(diff.items()))
             more = f" and {len(diff) - 1} more" if len(diff) > 1 else ""
