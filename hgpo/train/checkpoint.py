@@ -14,12 +14,6 @@ from pathlib import Path
 
 LATEST = "latest"
 
-RUN_FILES = (
-    "config.json", "metrics.jsonl", "resumes.jsonl", "checkpoints/", "tensorboard/",
-    "tiny_model/", "tiny_model.tmp/",
-)  # fmt: skip
-"""What a run writes in its folder; --fresh removes these (and nothing else) first."""
-
 
 def fsync_dir(path: Path) -> None:
     """Flush a directory entry (the rename itself) to disk."""
@@ -88,19 +82,3 @@ def latest(ckpt_root: Path) -> Path | None:
         return None
     path = ckpt_root / marker.read_text().strip()
     return path if path.is_dir() else None
-
-
-def clear_run(out: Path) -> list[str]:
-    """Remove what an earlier run left in ``out`` (RUN_FILES only: other files stay); returns
-    the names removed."""
-    removed = []
-    for name in RUN_FILES:
-        path = out / name.rstrip("/")
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
-        else:
-            continue
-        removed.append(name)
-    return removed

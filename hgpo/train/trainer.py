@@ -44,8 +44,9 @@ from hgpo.train.model import (
     response_logprobs,
     save_hf_model,
 )
-from hgpo.train.preflight import record_resume, resume_changes, validate_config
+from hgpo.train.preflight import validate_config
 from hgpo.train.rollout import Engine, Play, Rollout, logprob_gap, run_episodes
+from hgpo.train.rundir import clear_run, record_resume, resume_changes
 from hgpo.train.update import (
     MicroBatch,
     Scored,
@@ -177,7 +178,7 @@ class Trainer:
         self._resume_changes = resume_changes(cfg) if self.rank == 0 else {}
         if self.rank == 0:
             if cfg.fresh:
-                removed = ckpt.clear_run(self.out)
+                removed = clear_run(self.out)
                 if removed:
                     log.info("--fresh: removed %s from %s", ", ".join(removed), self.out)
             cfg.save(self.out / "config.json")

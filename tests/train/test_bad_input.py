@@ -298,7 +298,7 @@ def test_resume_allows_and_records_schedule_and_length_changes(tmp_path, capsys,
     import dataclasses
 
     from hgpo.train.config import TrainConfig
-    from hgpo.train.preflight import RESUME_ALLOWED, RESUME_SHAPES
+    from hgpo.train.rundir import RESUME_ALLOWED, RESUME_SHAPES
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     assert set(RESUME_ALLOWED) <= names and set(RESUME_SHAPES) <= names

@@ -13,6 +13,7 @@ from hgpo.train import checkpoint as ckpt
 from hgpo.train.__main__ import main
 from hgpo.train.config import parse_args, resolve
 from hgpo.train.metrics import read_metrics
+from hgpo.train.rundir import clear_run
 from tests.train.conftest import run_cli
 
 
@@ -105,7 +106,7 @@ def test_clear_run_removes_the_run_files_only(tmp_path):
     out.mkdir()
     _webshop_run(out)
     (out / "resumes.jsonl").write_text("{}\n")
-    removed = ckpt.clear_run(out)
+    removed = clear_run(out)
     assert removed == ["config.json", "metrics.jsonl", "resumes.jsonl", "checkpoints/",
                        "tiny_model/"]  # fmt: skip
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
