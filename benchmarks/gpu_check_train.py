@@ -65,6 +65,7 @@ def toy_run(spec: str, out: str, device: str) -> dict:
             "groups_per_iter": 4, "group_size": 8, "max_steps": 20, "max_prompt_tokens": 1024,
             "mini_batch_size": 32, "micro_batch_size": 8, "rollout_batch_size": 64,
             "device": device, "val_every": 0, "save_every": 0,
+            "fresh": True,  # a rerun into the same --out replaces the last measurement
         },
     )  # fmt: skip
     t = time.perf_counter()

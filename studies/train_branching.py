@@ -53,8 +53,9 @@ class Study:
     def run_argv(self, scheme: str, seed: int) -> list[str]:
         """``python -m hgpo.train``'s arguments for one run (``--resume``: a run killed after
         a checkpoint goes on from it; without one it starts afresh)."""
+        budget = [] if scheme == "independent" else ["--branch-budget", str(self.branch_budget)]
         return [
-            *self.run_args, "--rollout-scheme", scheme, "--branch-budget", str(self.branch_budget),
+            *self.run_args, "--rollout-scheme", scheme, *budget,  # (no budget: it would do nothing)
             "--seed", str(seed), "--out-dir", str(self.run_dir(scheme, seed)),
             "--iterations", str(self.iterations), "--progress", "false", "--resume",
         ]  # fmt: skip

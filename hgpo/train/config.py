@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,10 @@ TINY_MODEL = "tiny"
 trained tokenizer."""
 
 
+NOT_SAVED = ("fresh",)
+"""Fields that act on one invocation and are not written to config.json."""
+
+
 class TrainConfigError(ValueError):
     """A setting that cannot work with this run (found once the ranks or the run folder are
     known); the CLI prints it as ``error: ...`` and exits with 2, like a bad flag."""
@@ -72,7 +77,9 @@ class TrainConfig:
     format within max_response_tokens; true lets the model open its own think block. Must stay
     false for a template without the switch (Qwen2.5)."""
     out_dir: str = "runs/hgpo"
-    """Run folder: config.json, metrics.jsonl, checkpoints/, tensorboard/."""
+    """Run folder: config.json, metrics.jsonl, checkpoints/, tensorboard/. Not given, it is
+    runs/<preset>-<env> (runs/hgpo-<env> without a preset; runs/<preset> when the preset's name
+    starts with its env), e.g. runs/tiny-webshop, runs/tiny-toy-keydoor-size4."""
     seed: int = 0
     """Seed of task sampling, generation and model initialisation (tiny model)."""
     # --- estimator ----------------------------------------------------------------------------
@@ -190,7 +197,12 @@ class TrainConfig:
     keep_checkpoints: int = 2
     """Checkpoints kept on disk (older ones are deleted)."""
     resume: bool = False
-    """Continue from the last checkpoint in out_dir."""
+    """Continue from the last checkpoint in out_dir (with the checkpoint's settings: a flag
+    that changes the model, its optimizer state or what the run is, is refused)."""
+    fresh: bool = False
+    """Start anew in out_dir: first remove what an earlier run left there (config.json,
+    metrics.jsonl, resumes.jsonl, checkpoints/, tensorboard/, tiny_model/); without it a folder
+    holding another run's results is refused. Never saved in config.json."""
     tensorboard: bool = True
     """Write TensorBoard events when tensorboard is installed."""
     wandb: bool = False
@@ -228,6 +240,10 @@ class TrainConfig:
     cosine against it as truth/<estimator>/<metric> (0 = never)."""
     truth_max_nodes: int = 200_000
     """Largest reachable (t, hidden state, K-step context) chain the exact truth may enumerate."""
+    truth_max_prompts: int = 10_000
+    """Most distinct (t, context) prompts one truth pass may score (each with every action):
+    the pass's cost, checked before the first iteration (389 prompts x 4 actions took 8-19 s
+    with the tiny model on 2 shared CPU cores)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # ints become floats where a float is asked for
@@ -349,7 +365,8 @@ class TrainConfig:
         """Write the resolved config as JSON (atomically)."""
         from hgpo.train.checkpoint import atomic_write_text
 
-        atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        data = {k: v for k, v in self.to_dict().items() if k not in NOT_SAVED}
+        atomic_write_text(Path(path), json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TrainConfig:
@@ -410,6 +427,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "save_every",
         "keep_checkpoints",
         "resume",
+        "fresh",
         "tensorboard",
         "wandb",
         "wandb_project",
@@ -423,38 +441,44 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "webshop_eval_goals",
     ),
     "tiny model (model = 'tiny')": ("tiny_hidden", "tiny_layers", "tiny_vocab", "tiny_arch"),
-    "exact truth (toy envs, action_mode 'score')": ("truth_every", "truth_max_nodes"),
+    "exact truth (toy envs, action_mode 'score')": (
+        "truth_every",
+        "truth_max_nodes",
+        "truth_max_prompts",
+    ),
 }
 """TrainConfig's fields by section (the class body's order; ``--help`` shows these groups)."""
 
-_AT_LEAST_1 = {"lo": 1}
 _AT_LEAST_0 = {"lo": 0}
 _POSITIVE = {"lo": 0, "lo_open": True}
+MAX_ITERATIONS = 1_000_000
+"""Cap of iterations and of every "every n iterations" field."""
+
+
+def _ints(lo: int, hi: int) -> dict[str, int]:
+    return {"lo": lo, "hi": hi}
+
+
 _RULES: dict[str, dict[str, Any]] = {
     # task and model
-    "seed": _AT_LEAST_0,  # numpy refuses negative seeds
+    "seed": _ints(0, 2**32 - 1),  # numpy refuses negative seeds; torch's mixed seed is 64-bit
     # estimator
-    "history_length": _AT_LEAST_0,
+    "history_length": _ints(0, 64),
     "gamma": {"lo": 0, "hi": 1},
-    "train_tasks": _AT_LEAST_0,
-    # rollout
-    **dict.fromkeys(
-        (
-            "groups_per_iter",
-            "group_size",
-            "iterations",
-            "max_steps",
-            "max_prompt_tokens",
-            "max_response_tokens",
-            "rollout_batch_size",
-            "env_workers",
-        ),
-        _AT_LEAST_1,
-    ),
+    "train_tasks": _ints(0, 10**9),
+    # rollout (groups_per_iter x group_size per rank is capped again in preflight)
+    "groups_per_iter": _ints(1, 1_048_576),
+    "group_size": _ints(1, 1_048_576),
+    "iterations": _ints(1, MAX_ITERATIONS),
+    "max_steps": _ints(1, 10_000),
+    "max_prompt_tokens": _ints(1, 1_048_576),  # and <= the model's positions (preflight)
+    "max_response_tokens": _ints(1, 1_048_576),
+    "rollout_batch_size": _ints(1, 4096),
+    "env_workers": _ints(1, 1024),  # process backend: also <= 4 x this machine's CPUs
     "temperature": _POSITIVE,
     "top_p": {"lo": 0, "lo_open": True, "hi": 1},
     "vllm_gpu_memory_utilization": {"lo": 0, "hi": 1, "lo_open": True, "hi_open": True},
-    "env_timeout_s": _POSITIVE,
+    "env_timeout_s": {"lo": 0, "lo_open": True, "hi": 86_400},  # every wait is bounded: a day
     "branch_budget": {"lo": 0, "hi": 1, "lo_open": True},
     # PPO
     "lr": _POSITIVE,
@@ -464,35 +488,34 @@ _RULES: dict[str, dict[str, Any]] = {
         ("weight_decay", "dual_clip", "kl_coef", "entropy_coef", "grad_clip", "value_clip"),
         _AT_LEAST_0,
     ),
-    **dict.fromkeys(("ppo_epochs", "mini_batch_size", "micro_batch_size"), _AT_LEAST_1),
-    # LoRA
-    "lora_rank": _AT_LEAST_0,
+    "ppo_epochs": _ints(1, 100),
+    "mini_batch_size": _ints(1, 1_048_576),
+    "micro_batch_size": _ints(1, 4096),
+    # LoRA (lora_rank is also <= the smallest in/out size of the adapted layers: preflight)
+    "lora_rank": _ints(0, 1_048_576),
     "lora_alpha": _POSITIVE,
     "lora_dropout": {"lo": 0, "hi": 1, "hi_open": True},
     # engines
     "zero_stage": {"lo": 0, "hi": 3},
     # validation, checkpoints, logging
-    "val_every": _AT_LEAST_0,
-    "save_every": _AT_LEAST_0,
-    "val_tasks": _AT_LEAST_1,
-    "keep_checkpoints": _AT_LEAST_1,
+    "val_every": _ints(0, MAX_ITERATIONS),
+    "save_every": _ints(0, MAX_ITERATIONS),
+    "val_tasks": _ints(1, 1_000_000),
+    "keep_checkpoints": _ints(1, 1000),
     "val_temperature": _POSITIVE,
     # exact truth
-    "truth_every": _AT_LEAST_0,
-    "truth_max_nodes": _AT_LEAST_1,
-    # environments and the tiny model
-    **dict.fromkeys(
-        (
-            "alfworld_train_games",
-            "webshop_products",
-            "webshop_goals",
-            "webshop_eval_goals",
-            "tiny_hidden",
-            "tiny_layers",
-            "tiny_vocab",
-        ),
-        _AT_LEAST_1,
-    ),
+    "truth_every": _ints(0, MAX_ITERATIONS),
+    "truth_max_nodes": _ints(1, 50_000_000),
+    "truth_max_prompts": _ints(1, 10_000_000),
+    # environments (the real WebShop has 1.18M products) and the tiny model (whose memory is
+    # also checked against this machine's in preflight)
+    "alfworld_train_games": _ints(1, 100_000),
+    "webshop_products": _ints(1, 2_000_000),
+    "webshop_goals": _ints(1, 1_000_000),
+    "webshop_eval_goals": _ints(1, 1_000_000),
+    "tiny_hidden": _ints(1, 4096),
+    "tiny_layers": _ints(1, 64),
+    "tiny_vocab": _ints(1, 262_144),
 }
 """Bounds of the numeric fields (hgpo.options.check_int / check_number keywords); every
 numeric field must be finite whether or not it is listed here."""
@@ -592,7 +615,6 @@ def _paper_presets() -> dict[str, dict[str, Any]]:
                     "env": env,
                     "model": model,
                     "history_length": k,
-                    "out_dir": f"runs/{env}-{size}-k{k}",
                     "zero_stage": ZERO_STAGES[size],
                     "gradient_checkpointing": True,
                 }
@@ -605,7 +627,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     **_paper_presets(),
     "tiny": {
         "model": TINY_MODEL,
-        "out_dir": "runs/tiny",
         "groups_per_iter": 2,
         "group_size": 2,
         "iterations": 2,
@@ -650,9 +671,18 @@ def resolve(
 ) -> TrainConfig:
     """Layer the paper's settings of ``env``, then ``preset``, then ``overrides``.
 
-    A paper preset carries its env; ``env`` (when given) wins over it. The result is validated.
+    A paper preset carries its env; ``env`` (when given) wins over it. Without an ``out_dir``
+    override the run folder is :func:`default_out_dir`. The result is validated, and an
+    override that the rest makes do nothing is an error (:func:`check_given`).
     """
     overrides = dict(overrides or {})
+    cfg = _resolve(env, preset, overrides)
+    check_given(cfg, overrides)
+    return cfg
+
+
+def _resolve(env: str | None, preset: str | None, overrides: dict[str, Any]) -> TrainConfig:
+    """:func:`resolve` without :func:`check_given` (the CLI checks the config it ends with)."""
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
     layer = dict(PRESETS[preset]) if preset else {}
@@ -663,7 +693,42 @@ def resolve(
     values.update({k: v for k, v in layer.items() if k != "env"})
     values.update(overrides)
     values["env"] = env
+    values.setdefault("out_dir", default_out_dir(preset, env))
     return with_overrides(TrainConfig(), values, source=f"preset {preset!r}" if preset else "cli")
+
+
+def default_out_dir(preset: str | None, env: str) -> str:
+    """The run folder when --out-dir is not given: runs/<preset>-<env> (runs/hgpo-<env> without
+    a preset; runs/<preset> for a preset named after its env), so that runs of different
+    presets or envs never share a folder: runs/tiny-webshop, runs/tiny-toy-keydoor-size4,
+    runs/alfworld-1.5b-k2 (with --env webshop: runs/alfworld-1.5b-k2-webshop)."""
+    slug = "-".join(p for p in re.split(r"[^A-Za-z0-9.]+", env.replace("=", "")) if p)
+    if preset and preset.startswith(f"{slug}-"):
+        return f"runs/{preset}"
+    return f"runs/{preset or 'hgpo'}-{slug}"
+
+
+def check_given(cfg: TrainConfig, given: typing.Iterable[str]) -> None:
+    """A flag the user gave that the rest of ``cfg`` makes do nothing is an error (a default,
+    or a value set by a preset, is not checked): --branch-budget without a branching
+    --rollout-scheme, --lora-targets with --lora-rank 0."""
+    given = set(given)
+    if "branch_budget" in given and cfg.rollout_scheme == "independent":
+        raise ValueError(
+            f"TrainConfig.branch_budget: --branch-budget {cfg.branch_budget} does nothing with "
+            "rollout_scheme='independent'; give a branching --rollout-scheme (branch:uniform, "
+            "branch:singleton, branch:hard, tree:D1,...) or leave --branch-budget out"
+        )
+    if "lora_targets" in given and cfg.lora_rank == 0:
+        raise ValueError(
+            f"TrainConfig.lora_targets: --lora-targets {cfg.lora_targets} does nothing with "
+            "lora_rank=0 (LoRA off); give --lora-rank R (R > 0) or leave --lora-targets out"
+        )
+    if cfg.fresh and cfg.resume:
+        raise ValueError(
+            "TrainConfig.fresh: --fresh removes the run that --resume would continue; give one "
+            "of them"
+        )
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -735,14 +800,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     overrides = {k: v for k, v in vars(ns).items() if k in fields}
     try:
+        given = dict(overrides)
         if ns.config:
             cfg = with_overrides(_read_config(ns.config), overrides, source="cli")
         else:
-            cfg = resolve(overrides.pop("env", None), ns.preset, overrides)
+            cfg = _resolve(overrides.pop("env", None), ns.preset, overrides)
             saved = Path(cfg.out_dir) / "config.json"
             if cfg.resume and saved.exists():
-                given = {k: v for k, v in vars(ns).items() if k in fields}
                 cfg = with_overrides(TrainConfig.load(saved), given, source="cli")
+        check_given(cfg, given)
     except ValueError as e:
         parser.error(str(e))
     return cfg, ns

@@ -81,6 +81,47 @@ def check_targets(model: nn.Module, text: str) -> None:
             )
 
 
+def adapted_layers(model: nn.Module, text: str) -> dict[str, nn.Module]:
+    """The modules LoRA adapts for ``lora_targets`` (peft's rule: "all-linear" is every linear
+    layer but the output head; a name matches key == name or key ending in "." + name)."""
+    from transformers.pytorch_utils import Conv1D
+
+    names = target_names(text)
+    modules = dict(model.named_modules())
+    if names == "all-linear":
+        head = model.get_output_embeddings()
+        return {k: m for k, m in modules.items()
+                if isinstance(m, (nn.Linear, Conv1D)) and m is not head}  # fmt: skip
+    ok = adaptable()
+    return {k: m for k, m in modules.items() if isinstance(m, ok) and
+            any(k == n or k.endswith("." + n) for n in names)}  # fmt: skip
+
+
+def layer_shape(module: nn.Module) -> tuple[int, int]:
+    """(in, out) size of a layer LoRA wraps."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    if isinstance(module, nn.Embedding):
+        return module.num_embeddings, module.embedding_dim
+    w = getattr(module, "weight", None)
+    if w is None or w.dim() < 2:
+        return (0, 0)
+    return int(w.shape[0]), int(w.shape[1])  # Conv1D (in, out); convolutions (out, in)
+
+
+def max_rank(model: nn.Module, text: str) -> tuple[int, str, tuple[int, int]]:
+    """The largest useful LoRA rank for ``lora_targets``: min(in, out) over the adapted layers
+    (rank(B A) <= min(in, out)), with the layer that sets it and its (in, out) size."""
+    best: tuple[int, str, tuple[int, int]] | None = None
+    for name, module in adapted_layers(model, text).items():
+        shape = layer_shape(module)
+        if min(shape) and (best is None or min(shape) < best[0]):
+            best = (min(shape), name, shape)
+    if best is None:
+        raise ValueError(f"TrainConfig.lora_targets: {text!r} adapts no layer of the model")
+    return best
+
+
 def has_adapters(model: nn.Module) -> bool:
     """Whether ``model`` is a peft model (LoRA on)."""
     return hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from pathlib import Path
 
 from hgpo.options import OptionError, check_writable_dir
 from hgpo.train import checkpoint as ckpt
 from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
+from hgpo.train.rundir import RESUMES_FILE, check_run_dir, flag_of, resume_changes
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +28,15 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
 def validate_config(cfg: TrainConfig) -> None:
     """Raise TrainConfigError for a setting that cannot work on this machine."""
     check_out_dir(cfg.out_dir)
+    check_run_dir(cfg)
+    check_sizes(cfg)
     check_packages(cfg)
     check_device(cfg.device)
     if cfg.model != TINY_MODEL:
         from hgpo.train.model import check_model
 
         check_model(cfg.model)
-    if cfg.lora_rank:
-        check_lora_targets(cfg)
+    check_model_shapes(cfg)
     if cfg.env == "alfworld" and cfg.alfworld_games_dir:
         from hgpo.train.envs import TRAIN_SPLIT, val_splits
 
@@ -45,18 +48,21 @@ def validate_config(cfg: TrainConfig) -> None:
     if cfg.scheme() is not None:
         check_snapshots(cfg)
     if cfg.truth_every:  # the chain fits --truth-max-nodes, before any model is built
-        from hgpo.train.truth import truth_chain
+        from hgpo.train.truth import check_truth_size
 
-        truth_chain(cfg)
+        check_truth_size(cfg)
 
 
-def check_lora_targets(cfg: TrainConfig) -> None:
-    """Every name in ``lora_targets`` matches a layer LoRA can wrap, read on the model's
-    skeleton (its config, built on the meta device: no weights are loaded)."""
+def check_model_shapes(cfg: TrainConfig) -> None:
+    """Read on the model's skeleton (its config, built on the meta device: no weights are
+    loaded): every name in ``lora_targets`` matches a layer LoRA can wrap, ``lora_rank`` is at
+    most the smallest in/out size of the adapted layers (a larger rank adds parameters and
+    memory, not rank: B A has rank <= min(in, out)), prompt + response fit the model's
+    positions, and the tiny model's training state fits this machine's memory."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from hgpo.train.lora import check_targets
+    from hgpo.train.lora import check_targets, max_rank
     from hgpo.train.tiny import tiny_config
 
     if cfg.model == TINY_MODEL:
@@ -65,10 +71,107 @@ def check_lora_targets(cfg: TrainConfig) -> None:
         config = AutoConfig.from_pretrained(cfg.model)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
+    if cfg.lora_rank:
+        try:
+            check_targets(skeleton, cfg.lora_targets)
+        except ValueError as e:
+            raise TrainConfigError(str(e)) from None
+        rank, layer, shape = max_rank(skeleton, cfg.lora_targets)
+        if cfg.lora_rank > rank:
+            raise TrainConfigError(
+                f"TrainConfig.lora_rank: must be <= {rank}, the smallest in/out size of the "
+                f"adapted layers ({layer}: {shape[0]} x {shape[1]}; a rank above it adds memory, "
+                f"not rank), got {cfg.lora_rank}; lower --lora-rank or change --lora-targets"
+            )
+    positions = getattr(config, "max_position_embeddings", None)
+    tokens = cfg.max_prompt_tokens + cfg.max_response_tokens
+    if positions and tokens > positions:
+        raise TrainConfigError(
+            f"TrainConfig.max_prompt_tokens: max_prompt_tokens + max_response_tokens = {tokens} "
+            f"is more than the model's {positions} positions; lower --max-prompt-tokens or "
+            "--max-response-tokens"
+        )
+    if cfg.model == TINY_MODEL:
+        n = sum(p.numel() for p in skeleton.parameters())
+        check_memory(
+            "TrainConfig.tiny_hidden",
+            n * BYTES_PER_PARAMETER,
+            f"the tiny model's {n:,} parameters (weights, gradients, AdamW state, reference: "
+            f"{BYTES_PER_PARAMETER} bytes each in fp32)",
+            "lower --tiny-hidden, --tiny-layers or --tiny-vocab",
+        )
+
+
+BYTES_PER_PARAMETER = 20
+"""fp32 bytes per parameter of a fully fine-tuned model: weights 4, gradient 4, AdamW's two
+moments 8, the KL reference's copy 4."""
+
+MAX_EPISODES_PER_RANK = 4096
+"""Episodes one rank plays at once (groups_per_iter / ranks x group_size): each is a live
+environment in the env workers; 32 times the paper's 128 per iteration."""
+
+BYTES_PER_TOKEN = 8
+"""Host memory per stored token id of a rollout (a list of Python ints: one 8-byte pointer
+each, the small ints shared)."""
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine has available now (Linux MemAvailable; else the total)."""
     try:
-        check_targets(skeleton, cfg.lora_targets)
-    except ValueError as e:
-        raise TrainConfigError(str(e)) from None
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(where: str, need: int, what: str, fix: str) -> None:
+    """``need`` bytes must fit in the memory available now, else a named error."""
+    have = available_memory()
+    if need > have:
+        raise TrainConfigError(
+            f"{where}: {what} need about {need / 2**30:.1f} GiB, this machine has "
+            f"{have / 2**30:.1f} GiB available; {fix}"
+        )
+
+
+def world_size() -> int:
+    """Ranks of this run (the launcher's WORLD_SIZE; 1 without a launcher)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def check_sizes(cfg: TrainConfig) -> None:
+    """What one iteration holds fits: the live episodes per rank (a documented cap), the
+    rollout's stored tokens (worst case: every episode runs max_steps steps with full prompts
+    and responses) in this machine's memory, and env worker processes per CPU."""
+    per_rank = -(-cfg.groups_per_iter // world_size()) * cfg.group_size
+    if per_rank > MAX_EPISODES_PER_RANK:
+        raise TrainConfigError(
+            f"TrainConfig.group_size: groups_per_iter / ranks x group_size = {per_rank} "
+            f"episodes at once on one rank, more than the {MAX_EPISODES_PER_RANK} one rank may "
+            "hold (each is a live environment); lower --group-size or --groups-per-iter, or "
+            "use more ranks"
+        )
+    steps = per_rank * cfg.max_steps
+    tokens = steps * (cfg.max_prompt_tokens + cfg.max_response_tokens)
+    check_memory(
+        "TrainConfig.group_size",
+        tokens * BYTES_PER_TOKEN,
+        f"an iteration's rollout of up to {steps:,} steps x {cfg.max_prompt_tokens} + "
+        f"{cfg.max_response_tokens} tokens on one rank",
+        "lower --group-size, --groups-per-iter, --max-steps or --max-prompt-tokens",
+    )
+    cpus = os.cpu_count() or 1
+    if cfg.env_backend == "process" and cfg.env_workers > 4 * cpus:
+        raise TrainConfigError(
+            f"TrainConfig.env_workers: must be <= {4 * cpus} (4 processes per CPU of this "
+            f"machine's {cpus}) with env_backend='process', got {cfg.env_workers}; lower "
+            "--env-workers or use --env-backend ray"
+        )
 
 
 def check_snapshots(cfg: TrainConfig) -> None:
@@ -132,8 +235,16 @@ def check_device(device: str) -> None:
 
 
 def note_resume(cfg: TrainConfig) -> str | None:
-    """The line to print when ``--resume`` finds no checkpoint (the run then starts afresh)."""
+    """The line to print when ``--resume`` finds no checkpoint (the run then starts afresh),
+    or changes settings that may change (each one, and where it is recorded)."""
     root = Path(cfg.out_dir) / "checkpoints"
     if cfg.resume and ckpt.latest(root) is None:
         return f"--resume: no checkpoint in {root}, so this run starts fresh at iteration 1"
+    changes = resume_changes(cfg)
+    if changes:
+        told = ", ".join(f"{flag_of(k)} {old!r} -> {new!r}" for k, (old, new) in changes.items())
+        return (
+            f"--resume changes {told} from the checkpoint's settings (recorded in "
+            f"{Path(cfg.out_dir) / RESUMES_FILE})"
+        )
     return None

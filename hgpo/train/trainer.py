@@ -46,6 +46,7 @@ from hgpo.train.model import (
 )
 from hgpo.train.preflight import validate_config
 from hgpo.train.rollout import Engine, Play, Rollout, logprob_gap, run_episodes
+from hgpo.train.rundir import clear_run, record_resume, resume_changes
 from hgpo.train.update import (
     MicroBatch,
     Scored,
@@ -147,8 +148,7 @@ class Trainer:
         )
         self.dtype = torch.bfloat16 if use_bf16 else torch.float32
         self.out.mkdir(parents=True, exist_ok=True)
-        if self.rank == 0:
-            cfg.save(self.out / "config.json")
+        self._prepare_out_dir()
         self.model_path = self._prepare_model()
         torch.manual_seed(cfg.seed)
         self.tok = load_tokenizer(self.model_path)
@@ -170,6 +170,20 @@ class Trainer:
         self.logger = MetricsLogger(self.out, cfg, self.start) if self.rank == 0 else None
 
     # -- setup ---------------------------------------------------------------------------------
+    def _prepare_out_dir(self) -> None:
+        """Rank 0: --fresh removes the earlier run's files; the changes --resume makes to the
+        checkpoint's settings are kept for resumes.jsonl; then config.json is written (every
+        check of the folder ran in validate_config, before this)."""
+        cfg = self.cfg
+        self._resume_changes = resume_changes(cfg) if self.rank == 0 else {}
+        if self.rank == 0:
+            if cfg.fresh:
+                removed = clear_run(self.out)
+                if removed:
+                    log.info("--fresh: removed %s from %s", ", ".join(removed), self.out)
+            cfg.save(self.out / "config.json")
+        dist.barrier()
+
     def _truth_monitor(self) -> Any:
         """The exact truth of the LLM policy on a toy env (``--truth-every``), or None."""
         if not self.cfg.truth_every:
@@ -314,6 +328,7 @@ class Trainer:
                 "world_size": self.world,
             }
             (tmp / "trainer_state.json").write_text(json.dumps(state) + "\n")
+            self.cfg.save(tmp / "config.json")  # the settings --resume is checked against
         _maybe_die("save", iteration)
         dist.barrier()
         if self.rank == 0:
@@ -346,6 +361,8 @@ class Trainer:
         if self.critic is not None:
             set_lr(self.critic.optimizer, self.cfg.critic_lr, self.cfg.weight_decay)
         self.start = int(state["iteration"]) + 1
+        if getattr(self, "_resume_changes", None):  # rank 0 only (empty elsewhere)
+            record_resume(self.out, self.start, self._resume_changes)
         self.engine_sync()
         log.info("resumed from %s: next iteration %d", path, self.start)
 

@@ -58,8 +58,10 @@ __all__ = [
     "LLMTruth",
     "StepNodes",
     "TruthMonitor",
+    "check_truth_size",
     "cross_group_bias_variance",
     "truth_chain",
+    "truth_prompts",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,36 @@ def truth_chain(cfg: TrainConfig) -> Chain:
             f"state, context) chain of {cfg.env!r} with history_length={cfg.history_length} is "
             f"larger; raise --truth-max-nodes, or shrink the env (size, horizon) or K"
         ) from None
+
+
+def truth_prompts(chain: Chain) -> int:
+    """Distinct (t, context) prompts of ``chain``: what one truth pass scores, each prompt
+    with every action's response (the policy rows of :class:`TruthMonitor`)."""
+    return int(sum(np.unique(c).size for c in chain.codes))
+
+
+def check_truth_size(cfg: TrainConfig) -> Chain:
+    """The chain of ``cfg`` (:func:`truth_chain`), refused when one truth pass would score more
+    than ``truth_max_prompts`` prompts; checked before the first iteration.
+
+    Raises:
+        TrainConfigError naming the chain's size and the flags to change.
+    """
+    chain = truth_chain(cfg)
+    prompts = truth_prompts(chain)
+    if prompts > cfg.truth_max_prompts:
+        raise TrainConfigError(
+            f"TrainConfig.truth_max_prompts={cfg.truth_max_prompts}: a truth pass of "
+            f"{cfg.env!r} with history_length={cfg.history_length} scores {prompts:,} prompts x "
+            f"{chain.env.n_actions} actions (a chain of {chain.n_nodes:,} nodes), every "
+            f"{cfg.truth_every} iterations; raise --truth-max-prompts, or shrink the env (size, "
+            "horizon) or K"
+        )
+    log.info(
+        "truth: a pass scores %d prompts x %d actions (chain of %d nodes) every %d iterations",
+        prompts, chain.env.n_actions, chain.n_nodes, cfg.truth_every,
+    )  # fmt: skip
+    return chain
 
 
 @dataclass(frozen=True)

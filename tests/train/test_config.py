@@ -125,8 +125,11 @@ def test_cli_overrides_every_kind_of_field(tmp_path):
         (["--dual-clip", "nan"], "TrainConfig.dual_clip: must be a finite number >= 0, got nan"),
         (["--gamma", "nan"], "TrainConfig.gamma: must be a finite number in [0, 1], got nan"),
         (["--temperature=-inf"], "TrainConfig.temperature: must be a finite number > 0"),
-        (["--env-timeout-s", "inf"], "TrainConfig.env_timeout_s: must be a finite number > 0"),
-        (["--seed", "-1"], "TrainConfig.seed: must be an integer >= 0, got -1"),
+        (
+            ["--env-timeout-s", "inf"],
+            "TrainConfig.env_timeout_s: must be a finite number in (0, 86400]",
+        ),
+        (["--seed", "-1"], "TrainConfig.seed: must be an integer in 0..4294967295, got -1"),
         (["--env", "minecraft"], "TrainConfig.env: must be one of 'alfworld', 'webshop'"),
         (["--device", "tpu"], "TrainConfig.device: must be one of 'auto', 'cpu', 'cuda'"),
         (["--estimator-options", "nrm=mean"], "unknown estimator option 'nrm'"),
