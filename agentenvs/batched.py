@@ -12,8 +12,9 @@ per-game translation and grammar, see :mod:`agentenvs.alfworld.engine`). An exce
 environment is caught in its worker: that slot reports ``info["crashed"] = True`` and done, and
 its environment is rebuilt. A reset at which every slot crashes (twice) raises ``RuntimeError``
 with the first error, e.g. a factory that cannot build its environment at all.
-A worker that dies or does not answer within ``timeout_s`` is killed and restarted with fresh
-environments; all its slots report ``crashed`` and done for that step. The rest of the batch is
+A worker that dies, does not take in its command within ``timeout_s`` (a frozen worker whose
+pipe is full: an action over the pipe's buffer, about 208 KB) or does not answer within
+``timeout_s`` of it is killed and restarted with fresh environments; all its slots report ``crashed`` and done for that step. The rest of the batch is
 unaffected. With ``backend="ray"`` the workers are Ray actors (:mod:`agentenvs.ray_backend`),
 placed on any node of the cluster, with the same slots, results and recovery.
 
@@ -412,7 +413,8 @@ class BatchedEnv:
     num_envs: batch size B = number of tasks x group size.
     num_workers: workers (each hosts a contiguous block of slots; block sizes differ by at most
         one).
-    timeout_s: seconds a worker may take for one reset/step of its slots before it is restarted.
+    timeout_s: seconds a worker may take to take in one command (reset/step of its slots),
+        and again to answer it, before it is restarted.
     start_method: multiprocessing start method of the process backend ("fork" is fastest on
         Linux).
     backend: "process" (worker processes on this machine) or "ray" (Ray actors placed anywhere
