@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,59 @@ from agentenvs.toytext import toy_prompt
 from hgpo.train.config import TrainConfig, is_toy
 
 TRAIN_SPLIT = "train"
+
+CRASH_ENV = "HGPO_TRAIN_ENV_CRASH"
+"""Test hook: "S1,S2,...@T" makes the training envs of slots S1, S2, ... raise at the T-th step
+of every episode (counted from its reset or restore); "...@T:exit" makes their worker exit
+there instead (every slot of that worker crashes). Validation envs are left alone."""
+
+
+class CrashingEnv:
+    """An env that crashes at a set step (the :data:`CRASH_ENV` hook); else the wrapped env."""
+
+    def __init__(self, env: Any, slots: set[int], at: int, how: str) -> None:
+        self._env, self._slots, self._at, self._how = env, slots, at, how
+        self._slot, self._t = -1, 0
+
+    def seed_slot(self, slot: int) -> None:
+        self._slot = slot
+        if hasattr(self._env, "seed_slot"):
+            self._env.seed_slot(slot)
+
+    def reset(self, task: int) -> tuple[str, dict[str, Any]]:
+        self._t = 0
+        return self._env.reset(task)
+
+    def restore(self, snap: Any) -> tuple[str, dict[str, Any]]:
+        self._t = 0
+        return self._env.restore(snap)
+
+    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        self._t += 1
+        if self._slot in self._slots and self._t == self._at:
+            if self._how == "exit":
+                os._exit(3)
+            raise RuntimeError(f"{CRASH_ENV}: slot {self._slot} crashes at step {self._t}")
+        return self._env.step(action)
+
+    def __getattr__(self, name: str) -> Any:  # snapshot, supports_snapshot, ...
+        if name.startswith("_"):  # (not set yet: unpickling)
+            raise AttributeError(name)
+        return getattr(self._env, name)
+
+
+def _crashing(factory: Any, rule: str) -> Any:
+    """``factory`` whose envs crash as the :data:`CRASH_ENV` rule ``rule`` says."""
+    where, _, how = rule.partition(":")
+    slots, _, at = where.partition("@")
+    if not at.isdigit() or how not in ("", "exit"):
+        raise ValueError(f"{CRASH_ENV}: must be 'S1,S2,...@T' or 'S1,...@T:exit', got {rule!r}")
+    chosen = {int(x) for x in slots.split(",") if x.strip()}
+    return functools.partial(_build_crashing, factory, chosen, int(at), how)
+
+
+def _build_crashing(factory: Any, slots: set[int], at: int, how: str) -> CrashingEnv:
+    return CrashingEnv(factory(), slots, at, how)
 
 
 def val_splits(env: str) -> tuple[str, ...]:
@@ -90,6 +145,8 @@ class EnvSet:
                 n_eval=n_eval,
                 max_steps=cfg.max_steps,
             )
+        if split == TRAIN_SPLIT and os.environ.get(CRASH_ENV):
+            factory = _crashing(factory, os.environ[CRASH_ENV])
         self._env = BatchedEnv(
             factory,
             num_envs,
