@@ -172,4 +172,5 @@ def test_max_crash_share_is_bounded(share, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--preset", "tiny", "--max-crash-share", share])
     assert e.value.code == 2
-    assert "TrainConfig.max_crash_share: must be a finite number in [0, 1]" in capsys.readouterr().err
+    want = "TrainConfig.max_crash_share: must be a finite number in [0, 1]"
+    assert want in capsys.readouterr().err
