@@ -23,7 +23,7 @@ from agentenvs import (
 )
 from agentenvs.batched import require_snapshot
 from agentenvs.toytext import toy_prompt
-from hgpo.train.config import TrainConfig, is_toy
+from hgpo.train.config import TrainConfig, TrainConfigError, is_toy
 
 TRAIN_SPLIT = "train"
 
@@ -114,6 +114,43 @@ def split_size(cfg: TrainConfig, split: str) -> int:
         cfg.webshop_goals - cfg.webshop_eval_goals
         if split == TRAIN_SPLIT
         else cfg.webshop_eval_goals
+    )
+
+
+def env_actors(cfg: TrainConfig, world: int = 1) -> dict[str, int]:
+    """Env workers the run keeps at once, over its ``world`` ranks, per split: the training
+    set, and (``val_every`` > 0) each validation split's set, built at the first validation
+    and kept to the end. Each is ``BatchedEnv``'s min(env_workers, that rank's slots)."""
+    per_rank = (cfg.groups_per_iter // world) * cfg.group_size
+    out = {TRAIN_SPLIT: world * min(cfg.env_workers, per_rank)}
+    if cfg.val_every:
+        for split in val_splits(cfg.env):
+            n = min(cfg.val_tasks, split_size(cfg, split))
+            mine = [len(range(r, n, world)) for r in range(world)]
+            out[split] = sum(min(cfg.env_workers, m) for m in mine)
+    return out
+
+
+def check_ray_capacity(cfg: TrainConfig, world: int = 1) -> None:
+    """With ``env_backend="ray"``: raise TrainConfigError unless the Ray cluster has a free CPU
+    for every env actor the run will hold (:func:`env_actors`), before any work; otherwise
+    the first set that does not fit would wait minutes for a CPU (at the first validation,
+    after an iteration was trained)."""
+    from agentenvs.ray_backend import ACTOR_CPUS, free_cpus
+
+    actors = env_actors(cfg, world)
+    need = sum(actors.values()) * ACTOR_CPUS
+    free, total = free_cpus("TrainConfig.env_backend='ray'")
+    if need <= free:
+        return
+    parts = ", ".join(f"{n} {split}" for split, n in actors.items())
+    ranks = f" over {world} ranks" if world > 1 else ""
+    raise TrainConfigError(
+        f"TrainConfig.env_workers: {cfg.env_workers} per env set makes {sum(actors.values())} "
+        f"Ray env actors ({parts}{ranks}; {ACTOR_CPUS} CPU each), but the Ray cluster has "
+        f"{free:g} of {total:g} CPUs free; lower --env-workers, "
+        + ("set --val-every 0 (no validation sets), " if cfg.val_every else "")
+        + "or give the cluster more CPUs"
     )
 
 
