@@ -678,13 +678,14 @@ def stop_unless_finite(stats: UpdateStats, it: int) -> None:
 
 def stop_if_crashed(roll: Rollout, max_share: float, it: int) -> None:
     """Raise EnvCrashError on every rank when, over all ranks, more than ``max_share`` of the
-    iteration's episodes crashed, or no trajectory is left to train on."""
+    iteration's episodes crashed, or a rank has no trajectory left to train on."""
     parts = dist.gather((roll.crashed, roll.played, len(roll.success)))
-    crashed, played, kept = (sum(p[i] for p in parts) for i in range(3))
-    if crashed > max_share * played or not kept:
+    crashed, played = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    empty = [r for r, p in enumerate(parts) if not p[2]]
+    if crashed > max_share * played or empty:
         why = (
-            "none is left to train on"
-            if not kept
+            ("none is" if len(parts) == 1 else f"rank {empty[0]} has none") + " left to train on"
+            if empty
             else f"share {crashed / played:.2f} > TrainConfig.max_crash_share={max_share:g}"
         )
         raise EnvCrashError(

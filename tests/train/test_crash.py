@@ -174,3 +174,16 @@ def test_max_crash_share_is_bounded(share, capsys):
     assert e.value.code == 2
     want = "TrainConfig.max_crash_share: must be a finite number in [0, 1]"
     assert want in capsys.readouterr().err
+
+
+def test_the_crash_bound_is_a_share_of_the_played_episodes():
+    from hgpo.train.rollout import Rollout
+    from hgpo.train.trainer import EnvCrashError, stop_if_crashed
+
+    two_of_8 = Rollout(success=[False] * 6, crashed=2, dropped=2)
+    stop_if_crashed(two_of_8, 0.25, 1)  # 0.25 is not more than 0.25
+    with pytest.raises(EnvCrashError, match=r"^iteration 1: 2 of 8 episodes crashed .*share 0\.25 > TrainConfig\.max_crash_share=0\.2\)"):  # fmt: skip
+        stop_if_crashed(two_of_8, 0.2, 1)
+    stop_if_crashed(Rollout(success=[True] * 4), 0.0, 1)  # no crash passes even at 0
+    with pytest.raises(EnvCrashError, match=r"4 of 4 episodes crashed .*\(none is left to train on\)"):  # fmt: skip
+        stop_if_crashed(Rollout(crashed=4, dropped=4), 1.0, 2)  # 1: never, unless nothing is left
