@@ -418,12 +418,13 @@ def after_step(record: StepRecord, reward: float, info: dict[str, Any]) -> None:
 def warn_crashed(roll: Rollout) -> None:
     """Log how many episodes crashed and were left out of the batch (none: nothing)."""
     if roll.crashed:
+        extra = roll.dropped - roll.crashed
         log.warning(
             "%d of %d episodes crashed (their env raised, or its worker died or hung) and are "
-            "left out of the batch (%d trajectories in all)",
+            "left out of the batch%s",
             roll.crashed,
             roll.played,
-            roll.dropped,
+            f", with {extra} branches of theirs" if extra else "",
         )
 
 
