@@ -12,8 +12,9 @@ per-game translation and grammar, see :mod:`agentenvs.alfworld.engine`). An exce
 environment is caught in its worker: that slot reports ``info["crashed"] = True`` and done, and
 its environment is rebuilt. A reset at which every slot crashes (twice) raises ``RuntimeError``
 with the first error, e.g. a factory that cannot build its environment at all.
-A worker that dies or does not answer within ``timeout_s`` is killed and restarted with fresh
-environments; all its slots report ``crashed`` and done for that step. The rest of the batch is
+A worker that dies, does not take in its command within ``timeout_s`` (a frozen worker whose
+pipe is full: an action over the pipe's buffer, about 208 KB) or does not answer within
+``timeout_s`` of it is killed and restarted with fresh environments; all its slots report ``crashed`` and done for that step. The rest of the batch is
 unaffected. With ``backend="ray"`` the workers are Ray actors (:mod:`agentenvs.ray_backend`),
 placed on any node of the cluster, with the same slots, results and recovery.
 
@@ -27,14 +28,18 @@ take part; :func:`require_snapshot` says so by name before any work.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing as mp
+import os
+import selectors
 import signal
+import struct
 import sys
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Literal, Protocol, overload
 
 import numpy as np
@@ -251,19 +256,13 @@ class ProcessWorkers:
         self._procs[w], self._conns[w] = p, parent
 
     def call(self, cmd: str, payloads: Payloads, timeout_s: float) -> dict[int, list | None]:
-        for w, payload in payloads.items():
-            # a dead worker's send fails; its poll below fails too and it is restarted
-            with contextlib.suppress(BrokenPipeError, OSError):
-                self._conns[w].send((cmd, payload))  # type: ignore[union-attr]
-        replies: dict[int, list | None] = {}
-        for w in payloads:
-            conn, replies[w] = self._conns[w], None
-            try:
-                if conn is not None and conn.poll(timeout_s):
-                    replies[w] = conn.recv()
-            except (EOFError, OSError):
-                pass
-        return replies
+        """Send every worker its payload and read its reply, each bounded by ``timeout_s``: the
+        sends (all workers at once) end by ``timeout_s`` after the call began, and each reply
+        by ``timeout_s`` after its send ended. A worker that is frozen (its pipe full), dead or
+        late gets None, and is then restarted by the caller."""
+        conns = {w: c for w in payloads if (c := self._conns[w]) is not None}
+        got = _exchange(conns, {w: _frame((cmd, payloads[w])) for w in conns}, timeout_s)
+        return {w: got.get(w) for w in payloads}
 
     def restart(self, w: int) -> None:
         p, conn = self._procs[w], self._conns[w]
@@ -283,17 +282,125 @@ class ProcessWorkers:
 
     def close(self) -> None:
         for w, (conn, p) in enumerate(zip(self._conns, self._procs, strict=True)):
-            try:
-                if conn is not None:
-                    conn.send(("close", None))
-                    conn.close()
-            except (BrokenPipeError, OSError):
-                pass
+            if conn is not None:  # (bounded: a frozen worker may never read it)
+                _exchange({w: conn}, {w: _frame(("close", None))}, 1.0, reply=False)
+                conn.close()
             if p is not None:
                 p.join(timeout=5)
                 if p.is_alive():
                     p.kill()
             self._conns[w] = None
+
+
+# -- pipe I/O with a deadline ---------------------------------------------------------------------
+# multiprocessing's Connection.send() blocks until the worker has read a message larger than the
+# pipe's buffer (about 208 KB), and recv() until the whole reply has come, so a frozen worker
+# would hold the batch forever. The parent's side writes and reads the same wire format
+# (Connection's 4-byte size header, -1 then an 8-byte size past 2 GiB) on the non-blocking
+# descriptor, for every worker at once, until each one's deadline.
+
+_CHUNK = 1 << 20
+
+
+def _frame(obj: Any) -> bytes:
+    """``obj`` as one message in multiprocessing.Connection's wire format."""
+    buf = bytes(ForkingPickler.dumps(obj))
+    n = len(buf)
+    head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+    return head + buf
+
+
+@dataclass
+class _Exchange:
+    """One worker's message in flight: the rest of its frame to write, then its reply."""
+
+    w: int
+    out: memoryview
+    deadline: float
+    """time.monotonic() by which this phase (the write, then the reply) must end."""
+    reading: bool = False
+    buf: bytearray = field(default_factory=bytearray)
+
+
+def _exchange(
+    conns: dict[int, Connection], frames: dict[int, bytes], timeout_s: float, reply: bool = True
+) -> dict[int, Any]:
+    """Write ``frames[w]`` to every ``conns[w]`` at once, then (``reply``) read one message
+    from each. Every write must end within ``timeout_s`` of the call, every reply within
+    ``timeout_s`` of its write. Returns the replies that came whole (with ``reply=False``,
+    None for each worker whose frame was written); a worker left out was dead (its pipe
+    broken or closed) or too slow (frozen: its pipe full)."""
+    start = time.monotonic()
+    pending = {c.fileno(): _Exchange(w, memoryview(frames[w]), start + timeout_s)
+               for w, c in conns.items()}  # fmt: skip
+    got: dict[int, Any] = {}
+    sel = selectors.DefaultSelector()
+    try:
+        for fd in pending:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_WRITE)
+        while pending:
+            left = min(x.deadline for x in pending.values()) - time.monotonic()
+            for key, _ in sel.select(max(0.0, left)):
+                x = pending[key.fd]
+                try:
+                    ended = _read_some(key.fd, x, got) if x.reading else _write_some(key.fd, x)
+                except BlockingIOError:
+                    continue
+                except OSError:  # a dead worker: left out, restarted by the caller
+                    ended = True
+                if ended or (not x.out and not reply):
+                    if not ended:
+                        got[x.w] = None
+                    del pending[key.fd]
+                    sel.unregister(key.fd)
+                elif not x.out and not x.reading:  # written: now its reply
+                    x.reading, x.deadline = True, time.monotonic() + timeout_s
+                    sel.modify(key.fd, selectors.EVENT_READ)
+            now = time.monotonic()
+            for fd in [fd for fd, x in pending.items() if x.deadline <= now]:
+                del pending[fd]  # too slow: given up
+                sel.unregister(fd)
+    finally:
+        sel.close()
+        for conn in conns.values():
+            os.set_blocking(conn.fileno(), True)
+    return got
+
+
+def _write_some(fd: int, x: _Exchange) -> bool:
+    """Write what the pipe takes of ``x.out``; False (the exchange goes on)."""
+    x.out = x.out[os.write(fd, x.out[:_CHUNK]) :]
+    return False
+
+
+def _read_some(fd: int, x: _Exchange, got: dict[int, Any]) -> bool:
+    """Read what has come of ``x``'s reply; True once it is whole (then in ``got``) or the
+    worker's end is closed (it died)."""
+    chunk = os.read(fd, _CHUNK)
+    if not chunk:
+        return True
+    x.buf += chunk
+    whole, msg = _parse(x.buf)
+    if whole:
+        got[x.w] = msg
+    return whole
+
+
+def _parse(buf: bytearray) -> tuple[bool, Any]:
+    """(True, message) once ``buf`` holds a whole Connection frame, else (False, None)."""
+    if len(buf) < 4:
+        return False, None
+    (n,) = struct.unpack_from("!i", buf)
+    start = 4
+    if n == -1:
+        if len(buf) < 12:
+            return False, None
+        (n,) = struct.unpack_from("!Q", buf, 4)
+        start = 12
+    if len(buf) < start + n:
+        return False, None
+    return True, ForkingPickler.loads(bytes(buf[start : start + n]))
 
 
 BACKENDS = ("process", "ray")
@@ -306,7 +413,8 @@ class BatchedEnv:
     num_envs: batch size B = number of tasks x group size.
     num_workers: workers (each hosts a contiguous block of slots; block sizes differ by at most
         one).
-    timeout_s: seconds a worker may take for one reset/step of its slots before it is restarted.
+    timeout_s: seconds a worker may take to take in one command (reset/step of its slots),
+        and again to answer it, before it is restarted.
     start_method: multiprocessing start method of the process backend ("fork" is fastest on
         Linux).
     backend: "process" (worker processes on this machine) or "ray" (Ray actors placed anywhere

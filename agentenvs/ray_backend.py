@@ -29,12 +29,15 @@ log = logging.getLogger(__name__)
 
 ray = import_ray("BatchedEnv(backend='ray')")
 
+ACTOR_CPUS = 1
+"""Logical CPUs each env actor asks of Ray."""
+
 STARTUP_S = 120.0
 """Seconds an actor may take to be placed, start and build its environments (on top of
 ``timeout_s``); longer means the cluster has no free CPU for it, which is said in the error."""
 
 
-@ray.remote(num_cpus=1, max_restarts=0)
+@ray.remote(num_cpus=ACTOR_CPUS, max_restarts=0)
 class EnvWorker:
     """The environments of one block of slots, on whichever node Ray placed this actor."""
 
@@ -47,6 +50,16 @@ class EnvWorker:
     def where(self) -> tuple[int, str]:
         """(process id, Ray node id) of this actor."""
         return os.getpid(), ray.get_runtime_context().get_node_id()
+
+
+def free_cpus(where: str, address: str = "") -> tuple[float, float]:
+    """(free, total) logical CPUs of the Ray cluster at ``address`` (joined, or started here,
+    for the rest of the process as the env actors need: :func:`hgpo.ray_cluster.ensure_ray`)."""
+    ensure_ray(where, address)
+    return (
+        float(ray.available_resources().get("CPU", 0.0)),
+        float(ray.cluster_resources().get("CPU", 0.0)),
+    )
 
 
 class RayWorkers:
@@ -82,7 +95,7 @@ class RayWorkers:
             self.close()
             raise RuntimeError(
                 f"{len(refs) - len(ready)} of {len(refs)} env actors did not start within "
-                f"{self.startup_s:.0f} s; each asks for 1 CPU, and the cluster has "
+                f"{self.startup_s:.0f} s; each asks for {ACTOR_CPUS} CPU, and the cluster has "
                 f"{ray.available_resources().get('CPU', 0):g} CPUs free"
             )
         for w, where in zip(ws, ray.get(refs), strict=True):

@@ -33,14 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     note = note_resume(cfg)
     if note and os.environ.get("RANK", "0") == "0":
         print(f"note: {note}", file=sys.stderr)
-    from hgpo.train.trainer import NonFiniteError, train
+    from hgpo.train.trainer import EnvCrashError, NonFiniteError, train
 
     try:
         rows = train(cfg)
     except TrainConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except NonFiniteError as e:
+    except (NonFiniteError, EnvCrashError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if rows:

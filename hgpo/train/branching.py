@@ -21,6 +21,12 @@ variance; ``tree:D`` at the set depths, fewest branches first. A rule with no el
 falls back to uniform, and to a new root (restored from the task's start) when no step has
 t >= 1. The draws come from the trainer's per-iteration generator, so same seed, same batch.
 
+A trajectory whose env crashed (a step, snapshot or restore raised, or its worker died or hung)
+is left out of the batch with every branch below it (their prefix rows are its rows); it
+counts in ``Rollout.crashed``. Its steps count in used_g; S_g is N x the mean length of the
+roots that did not crash (0 when every root crashed: the group is left out), and no branch
+starts from a crashed trajectory.
+
 Every slot of the group (N of them) plays in lockstep with all others (one engine call per
 step for every live slot, as :func:`hgpo.train.rollout.run_episodes`). A free slot takes a new
 branch while used_g + reserve_g < S_g, where reserve_g = sum over the group's branches in
@@ -44,7 +50,15 @@ from hgpo.estimators import step_returns
 from hgpo.keys import hierarchy
 from hgpo.train.envs import EnvSet
 from hgpo.train.metrics import BranchFigures
-from hgpo.train.rollout import Engine, Play, Rollout, StepRecord, act, after_step
+from hgpo.train.rollout import (
+    Engine,
+    Play,
+    Rollout,
+    StepRecord,
+    act,
+    after_step,
+    warn_crashed,
+)
 
 if TYPE_CHECKING:
     from hgpo.train.config import TrainConfig
@@ -105,6 +119,11 @@ class Traj:
     def t(self) -> int:
         """The next step of its virtual trajectory."""
         return self.start + len(self.steps)
+
+    @property
+    def crashed(self) -> bool:
+        """Its environment crashed (at a step, a snapshot or its restore)."""
+        return bool(self.info.get("crashed"))
 
 
 @dataclass
@@ -212,15 +231,27 @@ class _Game:
 
     def collect(self, gen_tokens: int, gen_s: float, env_s: float) -> Rollout:
         """The trajectories as one :class:`Rollout`, group by group, each group's in the order
-        they started (a parent before its branches)."""
+        they started (a parent before its branches). A crashed trajectory is left out with
+        every branch below it (a branch's prefix rows are its parent's)."""
         out = Rollout(gen_tokens=gen_tokens, gen_seconds=gen_s, env_seconds=env_s)
-        order = [k for grp in self.groups for k in grp.trajs]
+        order = [k for grp in self.groups for k in grp.trajs if not self._lost(k)]
         new_id = {k: n for n, k in enumerate(order)}
         for k in order:
             tr = self.trajs[k]
             out.parent.append(new_id[tr.parent] if tr.parent >= 0 else -1)
             out.add_trajectory(tr.steps, tr.group, tr.info, tr.start)
+        out.crashed = sum(tr.crashed for tr in self.trajs)
+        out.dropped = len(self.trajs) - len(order)
+        warn_crashed(out)
         return out
+
+    def _lost(self, k: int) -> bool:
+        """Trajectory k crashed, or one of its ancestors did."""
+        while k >= 0:
+            if self.trajs[k].crashed:
+                return True
+            k = self.trajs[k].parent
+        return False
 
     def _hold(self, slot: int, traj: Traj) -> None:
         self.trajs.append(traj)
@@ -261,7 +292,8 @@ class _Game:
         grp = self.groups[tr.group]
         roots = [self.trajs[k] for k in grp.trajs if self.trajs[k].parent < 0]
         if grp.budget is None and all(r.finished for r in roots):
-            mean_len = sum(len(r.steps) for r in roots) / len(roots)
+            played = [len(r.steps) for r in roots if not r.crashed]  # a crash's length is none
+            mean_len = sum(played) / len(played) if played else 0.0
             grp.budget = self.plan.group_size * mean_len
 
     # -- branches --------------------------------------------------------------------------
@@ -325,9 +357,12 @@ class _Game:
     def _candidates(self, g: int) -> Candidates:
         """The group's recorded steps, their level-K groups (hgpo.keys.hierarchy on the
         group's partial branched batch) and the spread of their finished returns-to-go."""
-        ids = self.groups[g].trajs
+        ids = [k for k in self.groups[g].trajs if not self._lost(k)]  # no branch of a crash
         local = {k: n for n, k in enumerate(ids)}
         rows = [(k, j) for k in ids for j in range(len(self.trajs[k].steps))]
+        if not rows:
+            none = np.zeros(0, dtype=np.int64)
+            return Candidates([], none, none, none, np.zeros(0), np.zeros(0, dtype=bool))
         recs = [self.trajs[k].steps[j] for k, j in rows]
         traj = np.array([local[k] for k, _ in rows], dtype=np.int64)
         parent = np.array([local.get(self.trajs[k].parent, -1) for k, _ in rows], dtype=np.int64)

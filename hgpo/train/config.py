@@ -127,6 +127,9 @@ class TrainConfig:
     """Workers (processes or Ray actors) of each BatchedEnv."""
     env_timeout_s: float = 300.0
     """Seconds an env worker may take for one step before it is restarted."""
+    max_crash_share: float = 0.25
+    """Largest share of an iteration's episodes whose env may crash (they are left out of the
+    batch); more stops the run before the update and any checkpoint (0: any crash stops it)."""
     env_backend: str = "process"
     """Env workers as "process"es on this machine, or "ray" actors spread over the Ray cluster
     at $RAY_ADDRESS (else a Ray started here); needs the [ray] extra (docs/ray.md)."""
@@ -400,6 +403,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "vllm_gpu_memory_utilization",
         "env_workers",
         "env_timeout_s",
+        "max_crash_share",
         "env_backend",
         "rollout_scheme",
         "branch_budget",
@@ -479,6 +483,7 @@ _RULES: dict[str, dict[str, Any]] = {
     "top_p": {"lo": 0, "lo_open": True, "hi": 1},
     "vllm_gpu_memory_utilization": {"lo": 0, "hi": 1, "lo_open": True, "hi_open": True},
     "env_timeout_s": {"lo": 0, "lo_open": True, "hi": 86_400},  # every wait is bounded: a day
+    "max_crash_share": {"lo": 0, "hi": 1},
     "branch_budget": {"lo": 0, "hi": 1, "lo_open": True},
     # PPO
     "lr": _POSITIVE,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +23,62 @@ from agentenvs import (
 )
 from agentenvs.batched import require_snapshot
 from agentenvs.toytext import toy_prompt
-from hgpo.train.config import TrainConfig, is_toy
+from hgpo.train.config import TrainConfig, TrainConfigError, is_toy
 
 TRAIN_SPLIT = "train"
+
+CRASH_ENV = "HGPO_TRAIN_ENV_CRASH"
+"""Test hook: "S1,S2,...@T" makes the training envs of slots S1, S2, ... raise at the T-th step
+of every episode (counted from its reset or restore); "...@T:exit" makes their worker exit
+there instead (every slot of that worker crashes). Validation envs are left alone."""
+
+
+class CrashingEnv:
+    """An env that crashes at a set step (the :data:`CRASH_ENV` hook); else the wrapped env."""
+
+    def __init__(self, env: Any, slots: set[int], at: int, how: str) -> None:
+        self._env, self._slots, self._at, self._how = env, slots, at, how
+        self._slot, self._t = -1, 0
+
+    def seed_slot(self, slot: int) -> None:
+        self._slot = slot
+        if hasattr(self._env, "seed_slot"):
+            self._env.seed_slot(slot)
+
+    def reset(self, task: int) -> tuple[str, dict[str, Any]]:
+        self._t = 0
+        return self._env.reset(task)
+
+    def restore(self, snap: Any) -> tuple[str, dict[str, Any]]:
+        self._t = 0
+        return self._env.restore(snap)
+
+    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        self._t += 1
+        if self._slot in self._slots and self._t == self._at:
+            if self._how == "exit":
+                os._exit(3)
+            raise RuntimeError(f"{CRASH_ENV}: slot {self._slot} crashes at step {self._t}")
+        return self._env.step(action)
+
+    def __getattr__(self, name: str) -> Any:  # snapshot, supports_snapshot, ...
+        if name.startswith("_"):  # (not set yet: unpickling)
+            raise AttributeError(name)
+        return getattr(self._env, name)
+
+
+def _crashing(factory: Any, rule: str) -> Any:
+    """``factory`` whose envs crash as the :data:`CRASH_ENV` rule ``rule`` says."""
+    where, _, how = rule.partition(":")
+    slots, _, at = where.partition("@")
+    if not at.isdigit() or how not in ("", "exit"):
+        raise ValueError(f"{CRASH_ENV}: must be 'S1,S2,...@T' or 'S1,...@T:exit', got {rule!r}")
+    chosen = {int(x) for x in slots.split(",") if x.strip()}
+    return functools.partial(_build_crashing, factory, chosen, int(at), how)
+
+
+def _build_crashing(factory: Any, slots: set[int], at: int, how: str) -> CrashingEnv:
+    return CrashingEnv(factory(), slots, at, how)
 
 
 def val_splits(env: str) -> tuple[str, ...]:
@@ -62,6 +117,43 @@ def split_size(cfg: TrainConfig, split: str) -> int:
     )
 
 
+def env_actors(cfg: TrainConfig, world: int = 1) -> dict[str, int]:
+    """Env workers the run keeps at once, over its ``world`` ranks, per split: the training
+    set, and (``val_every`` > 0) each validation split's set, built at the first validation
+    and kept to the end. Each is ``BatchedEnv``'s min(env_workers, that rank's slots)."""
+    per_rank = (cfg.groups_per_iter // world) * cfg.group_size
+    out = {TRAIN_SPLIT: world * min(cfg.env_workers, per_rank)}
+    if cfg.val_every:
+        for split in val_splits(cfg.env):
+            n = min(cfg.val_tasks, split_size(cfg, split))
+            mine = [len(range(r, n, world)) for r in range(world)]
+            out[split] = sum(min(cfg.env_workers, m) for m in mine)
+    return out
+
+
+def check_ray_capacity(cfg: TrainConfig, world: int = 1) -> None:
+    """With ``env_backend="ray"``: raise TrainConfigError unless the Ray cluster has a free CPU
+    for every env actor the run will hold (:func:`env_actors`), before any work; otherwise
+    the first set that does not fit would wait minutes for a CPU (at the first validation,
+    after an iteration was trained)."""
+    from agentenvs.ray_backend import ACTOR_CPUS, free_cpus
+
+    actors = env_actors(cfg, world)
+    need = sum(actors.values()) * ACTOR_CPUS
+    free, total = free_cpus("TrainConfig.env_backend='ray'")
+    if need <= free:
+        return
+    parts = ", ".join(f"{n} {split}" for split, n in actors.items())
+    ranks = f" over {world} ranks" if world > 1 else ""
+    raise TrainConfigError(
+        f"TrainConfig.env_workers: {cfg.env_workers} per env set makes {sum(actors.values())} "
+        f"Ray env actors ({parts}{ranks}; {ACTOR_CPUS} CPU each), but the Ray cluster has "
+        f"{free:g} of {total:g} CPUs free; lower --env-workers, "
+        + ("set --val-every 0 (no validation sets), " if cfg.val_every else "")
+        + "or give the cluster more CPUs"
+    )
+
+
 class EnvSet:
     """One split of a benchmark as a :class:`BatchedEnv` of ``num_envs`` slots, with prompts."""
 
@@ -90,6 +182,8 @@ class EnvSet:
                 n_eval=n_eval,
                 max_steps=cfg.max_steps,
             )
+        if split == TRAIN_SPLIT and os.environ.get(CRASH_ENV):
+            factory = _crashing(factory, os.environ[CRASH_ENV])
         self._env = BatchedEnv(
             factory,
             num_envs,

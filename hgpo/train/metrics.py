@@ -193,6 +193,10 @@ class RankFigures:
     times: PhaseTimes
     branching: BranchFigures | None = None
     """Branched rollouts only; then the episode figures above are the roots'."""
+    crashed: int = 0
+    """Episodes whose env crashed, left out of the batch (and of every figure above)."""
+    dropped: int = 0
+    """Trajectories left out: the crashed ones and (branched rollouts) their branches."""
 
 
 def _mean(xs: list[Any]) -> float:
@@ -216,6 +220,8 @@ def merge_metrics(parts: list[RankFigures]) -> dict[str, Any]:
         "invalid_rate": sum(p.invalid for p in parts) / max(1, n),
         "n_steps": n,
         "n_trajectories": len(success),
+        "rollout/crashed": sum(p.crashed for p in parts),
+        "rollout/dropped": sum(p.dropped for p in parts),
         "gen_tokens": gen_tokens,
         "tokens_per_s": gen_tokens / max(1e-9, max(p.gen_s for p in parts)),
         "time/rollout": max(p.times.rollout for p in parts),

@@ -45,6 +45,10 @@ def validate_config(cfg: TrainConfig) -> None:
                 raise TrainConfigError(
                     f"TrainConfig.alfworld_games_dir: {cfg.alfworld_games_dir!r} has no {split}/ folder"
                 )
+    if cfg.env_backend == "ray" and os.environ.get("RANK", "0") == "0":  # before any actor
+        from hgpo.train.envs import check_ray_capacity
+
+        check_ray_capacity(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     if cfg.scheme() is not None:
         check_snapshots(cfg)
     if cfg.truth_every:  # the chain fits --truth-max-nodes, before any model is built

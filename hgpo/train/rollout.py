@@ -6,6 +6,7 @@ finished batch also yields the :class:`hgpo.StepBatch` that the estimators read.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from hgpo.train.envs import EnvSet
 
 if TYPE_CHECKING:
     from hgpo.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
@@ -185,9 +188,20 @@ class Rollout:
     gen_tokens: int = 0
     gen_seconds: float = 0.0
     env_seconds: float = 0.0
+    crashed: int = 0
+    """Episodes whose environment crashed (it raised, or its worker died or hung): left out of
+    the batch, so its rollout group is normalised over the members that remain."""
+    dropped: int = 0
+    """Trajectories left out: the crashed ones and, in a branched rollout, every branch of a
+    crashed trajectory (its prefix rows went with it)."""
 
     def __len__(self) -> int:
         return len(self.step)
+
+    @property
+    def played(self) -> int:
+        """Trajectories played: those in the batch and those left out."""
+        return len(self.success) + self.dropped
 
     def trajectory_rewards(self) -> list[float]:
         """Each trajectory's summed env reward (own rows), in trajectory order."""
@@ -352,12 +366,18 @@ def run_episodes(
     action_mode "generate" samples free text; "score" samples among the admissible actions'
     responses (:func:`score_and_sample`). ``enable_thinking`` is the chat template's thinking
     switch (:func:`hgpo.train.model.encode_prompt`).
+
+    An episode whose env crashed (at its reset or at a step: the env raised, or its worker died
+    or hung) is left out of the batch, not kept as a failed one: its truncated trajectory has
+    no return. Its group keeps its other members (group g may hold fewer than group_size
+    trajectories, or none); ``Rollout.crashed`` counts them.
     """
     t0 = time.perf_counter()
     obs, infos = envs.reset(task_ids, play.group_size)
     env_s = time.perf_counter() - t0
     B = len(obs)
-    done = np.array([bool(i.get("crashed")) for i in infos])
+    crashed = [bool(i.get("crashed")) for i in infos]
+    done = np.array(crashed)
     per: list[list[StepRecord]] = [[] for _ in range(B)]
     gen_tokens, gen_s = 0, 0.0
     last_info = list(infos)
@@ -377,8 +397,15 @@ def run_episodes(
         for i in live:
             after_step(per[i][-1], float(rewards[i]), infos[i])
             last_info[i] = infos[i]
+            crashed[i] |= bool(infos[i].get("crashed"))
         done = dones.copy()
-    return _collect(per, last_info, play.group_size, gen_tokens, gen_s, env_s)
+    out = Rollout(gen_tokens=gen_tokens, gen_seconds=gen_s, env_seconds=env_s)
+    for i, steps in enumerate(per):
+        if not crashed[i]:  # a crashed episode is no failed one: it is left out
+            out.add_trajectory(steps, i // play.group_size, last_info[i])
+    out.crashed = out.dropped = sum(crashed)
+    warn_crashed(out)
+    return out
 
 
 def after_step(record: StepRecord, reward: float, info: dict[str, Any]) -> None:
@@ -388,19 +415,17 @@ def after_step(record: StepRecord, reward: float, info: dict[str, Any]) -> None:
     record.invalid |= bool(info.get("invalid", False))
 
 
-def _collect(
-    per: list[list[StepRecord]],
-    last_info: list[dict[str, Any]],
-    group_size: int,
-    gen_tokens: int,
-    gen_s: float,
-    env_s: float,
-) -> Rollout:
-    """The per-slot step records as one :class:`Rollout`, trajectory by trajectory."""
-    out = Rollout(gen_tokens=gen_tokens, gen_seconds=gen_s, env_seconds=env_s)
-    for i, steps in enumerate(per):
-        out.add_trajectory(steps, i // group_size, last_info[i])
-    return out
+def warn_crashed(roll: Rollout) -> None:
+    """Log how many episodes crashed and were left out of the batch (none: nothing)."""
+    if roll.crashed:
+        extra = roll.dropped - roll.crashed
+        log.warning(
+            "%d of %d episodes crashed (their env raised, or its worker died or hung) and are "
+            "left out of the batch%s",
+            roll.crashed,
+            roll.played,
+            f", with {extra} branches of theirs" if extra else "",
+        )
 
 
 class LogprobGap(NamedTuple):

@@ -87,6 +87,11 @@ class NonFiniteError(RuntimeError):
     """A loss or gradient norm that is NaN or infinite: the run stops before its checkpoint."""
 
 
+class EnvCrashError(RuntimeError):
+    """More than ``max_crash_share`` of an iteration's episodes crashed in their envs (or all
+    of them did): the run stops before that iteration's update and checkpoint."""
+
+
 def begin_forward(engine: Any) -> None:
     """What ``DeepSpeedEngine.forward`` does before the module's forward, for a training
     forward that calls the engine's module (or its parts) directly.
@@ -381,6 +386,8 @@ class Trainer:
         # 1. rollout: group_size episodes of each of this rank's tasks
         with times.timing("rollout"):
             roll = self._rollout(it)
+        # 1b. crashed episodes are left out of the batch; too many of them stop the run
+        stop_if_crashed(roll, self.cfg.max_crash_share, it)
         # 2. score: log-probs of the sampled tokens under the rollout's weights (and the
         #    reference's), the critic's values
         with times.timing("score"):
@@ -479,6 +486,8 @@ class Trainer:
             update=stats.metrics(),
             times=times,
             branching=branch_figures(roll) if self.branching is not None else None,
+            crashed=roll.crashed,
+            dropped=roll.dropped,
         )
 
     def _rollout(self, it: int) -> Rollout:
@@ -596,14 +605,15 @@ class Trainer:
         for split in val_splits(cfg.env):
             n = min(cfg.val_tasks, split_size(cfg, split))
             mine = list(range(n))[self.rank :: self.world]
-            res: dict[str, list[Any]] = {"success": [], "score": [], "task_type": []}
+            res: dict[str, Any] = {"success": [], "score": [], "task_type": [], "crashed": 0}
             if mine:
                 if split not in self.val_envs:
                     self.val_envs[split] = EnvSet(cfg, split, len(mine))
                 roll = run_episodes(
                     self.val_envs[split], self.engine, self.tok, mine, Play.validation(cfg)
                 )
-                res = {"success": roll.success, "score": roll.score, "task_type": roll.task_type}
+                res = {"success": roll.success, "score": roll.score, "task_type": roll.task_type,
+                       "crashed": roll.crashed}  # fmt: skip
             parts = dist.gather(res)
             succ = [s for p in parts for s in p["success"]]
             score = [s for p in parts for s in p["score"]]
@@ -611,6 +621,7 @@ class Trainer:
             out[f"val/{split}/success"] = float(np.mean(succ)) if succ else 0.0
             out[f"val/{split}/score"] = float(np.mean(score)) if score else 0.0
             out[f"val/{split}/tasks"] = len(succ)
+            out[f"val/{split}/crashed"] = sum(p["crashed"] for p in parts)  # not in tasks
             for tt in sorted(set(types)):
                 sel = [s for s, t in zip(succ, types, strict=True) if t == tt]
                 out[f"val/{split}/type/{tt}"] = float(np.mean(sel))
@@ -679,6 +690,25 @@ def stop_unless_finite(stats: UpdateStats, it: int) -> None:
         raise NonFiniteError(
             f"iteration {it}: the PPO loss or the gradient norm is not finite; the run stops "
             "before writing a checkpoint (the last one is kept); lower --lr or check the inputs"
+        )
+
+
+def stop_if_crashed(roll: Rollout, max_share: float, it: int) -> None:
+    """Raise EnvCrashError on every rank when, over all ranks, more than ``max_share`` of the
+    iteration's episodes crashed, or a rank has no trajectory left to train on."""
+    parts = dist.gather((roll.crashed, roll.played, len(roll.success)))
+    crashed, played = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    empty = [r for r, p in enumerate(parts) if not p[2]]
+    if crashed > max_share * played or empty:
+        why = (
+            ("none is" if len(parts) == 1 else f"rank {empty[0]} has none") + " left to train on"
+            if empty
+            else f"share {crashed / played:.2f} > TrainConfig.max_crash_share={max_share:g}"
+        )
+        raise EnvCrashError(
+            f"iteration {it}: {crashed} of {played} episodes crashed in their environments "
+            f"({why}); the run stops before this iteration's update and checkpoint; the log "
+            "has the envs' errors; --max-crash-share sets the share a run tolerates"
         )
 
 

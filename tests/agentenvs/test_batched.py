@@ -95,6 +95,54 @@ def test_hanging_worker_times_out():
         assert infos[0]["crashed"] and not infos[1]["crashed"]
 
 
+class EchoEnv(ToyEnv):
+    """Answers each action with the action itself as the observation."""
+
+    def step(self, action):
+        return action, 0.0, False, {"won": False, "task_score": 0.0, "admissible_actions": []}
+
+
+@pytest.mark.parametrize("size", [300_000, 10_000_000])
+def test_a_frozen_worker_cannot_block_a_large_send(size):
+    """An action larger than the pipe's buffer (about 208 KB) to a SIGSTOPped worker: the send
+    is bounded by timeout_s like the reply (it blocked step() forever, issue 27 item 7)."""
+    import signal
+    import threading
+
+    with BatchedEnv(EchoEnv, num_envs=2, num_workers=2, timeout_s=1.0) as env:
+        env.reset([0], group_n=2)
+        frozen = env.worker_pids()[0]
+        os.kill(frozen, signal.SIGSTOP)
+        box = {}
+        stepper = threading.Thread(
+            target=lambda: box.update(out=env.step(["x" * size, "ok"])), daemon=True
+        )
+        t = time.monotonic()
+        try:
+            stepper.start()
+            stepper.join(8.0)
+            took = time.monotonic() - t
+        finally:
+            if _running(frozen):  # (before the fix: still frozen, blocking the send)
+                os.kill(frozen, signal.SIGKILL)
+            stepper.join(10.0)
+        assert took < 1.0 + 3.0, f"step() took {took:.1f} s with timeout_s=1"
+        obs, _r, d, infos = box["out"]
+        assert infos[0]["crashed"] and d[0] and "timed out during step" in infos[0]["error"]
+        assert not infos[1]["crashed"] and obs[1] == "ok" and env.restarts == 1
+        assert env.worker_pids()[0] != frozen and not _running(frozen)
+        obs, _ = env.reset([3], group_n=2)  # the restarted worker plays again
+        assert obs == ["start 3", "start 3"]
+
+
+def test_large_messages_pass_both_ways():
+    with BatchedEnv(EchoEnv, num_envs=3, num_workers=2, timeout_s=30.0) as env:
+        env.reset([0, 1, 2], group_n=1)
+        actions = ["a" * 10_000_000, "b" * 300_000, "c"]
+        obs, _r, d, infos = env.step(actions)
+        assert obs == actions and not d.any() and not any(i["crashed"] for i in infos)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="num_envs"):
         BatchedEnv(ToyEnv, num_envs=0)
