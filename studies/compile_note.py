@@ -1,8 +1,8 @@
 """The one line a study prints before its first cell when toyenvs' numba kernels must be compiled.
 
 toyenvs compiles its kernels with ``numba.njit(cache=True)``: the first process on a machine
-(a fresh clone, a new install, another Python) compiles them (about a minute and a half on 2
-shared cores, docs/bias_variance.md), and writes the machine code next to the sources
+(a fresh clone, a new install, another Python) compiles them (15 s on 2 cores at load 3, up
+to about 80 s under a heavy load; docs/bias_variance.md), and writes the machine code next to the sources
 (``toyenvs/__pycache__``) or, where that folder cannot be written (a read-only install), in
 numba's user-wide cache; every later process loads it in a fraction of a second. A study whose
 first progress line would otherwise sit at 0% for that minute says why first.
@@ -15,8 +15,9 @@ import sys
 
 __all__ = ["COMPILE_SECONDS", "cached_kernels", "note_numba_compile"]
 
-COMPILE_SECONDS = 90
-"""About how long the first compile takes (docs/bias_variance.md: 2 shared cores, load 2-4)."""
+COMPILE_SECONDS = "15-80"
+"""How long the first compile takes on 2 shared cores (docs/bias_variance.md: 15 s at load 3;
+77 s was seen at load 4-8)."""
 
 
 def cached_kernels() -> tuple[int, int]:
@@ -53,9 +54,9 @@ def note_numba_compile(local: bool = True) -> bool:
     if total and 2 * warm >= total:
         return False
     print(
-        f"compiling the numba kernels ({total - warm} of {total} not cached; a first run on this "
-        f"machine takes about {COMPILE_SECONDS} s on 2 cores before the first cell moves; cached "
-        "afterwards)",
+        f"compiling the numba kernels ({total - warm} of {total} not cached; on a first run on "
+        f"this machine that takes {COMPILE_SECONDS} s on 2 cores, by the load, before the first "
+        "cell moves; cached afterwards)",
         file=sys.stderr,
         flush=True,
     )
