@@ -203,7 +203,9 @@ def test_a_folder_holding_another_runs_results_is_refused(tmp_path, no_work, cap
         "another --out, or --fresh" in capsys.readouterr().err  # fmt: skip
 
 
-def test_train_toy_refuses_another_study_in_a_default_folder(tmp_path, no_work, monkeypatch, capsys):
+def test_train_toy_refuses_another_study_in_a_default_folder(
+    tmp_path, no_work, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     assert tt.main(["--quick"]) == 0
     assert (tmp_path / "results/train_toy_quick/settings.json").is_file()

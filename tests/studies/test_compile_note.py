@@ -49,12 +49,12 @@ def test_a_second_process_loads_a_kernel_from_the_cache():
     does not work (a source stamp that changes, an unwritable cache folder) fails here."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    runs = [
-        json.loads(
-            subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
-                           text=True, check=True, timeout=300).stdout
-        )  # fmt: skip
-        for _ in range(2)
-    ]
+
+    def probe() -> dict:
+        r = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
+                           text=True, check=True, timeout=300)  # fmt: skip
+        return json.loads(r.stdout)
+
+    runs = [probe(), probe()]
     assert runs[1]["hits"] == 1 and runs[1]["misses"] == 0, runs
     assert C.cached_kernels()[0] >= 1
