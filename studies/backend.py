@@ -268,22 +268,29 @@ def _worker(conn: Any, parent_pid: int) -> None:
 PR_SET_PDEATHSIG = 1
 
 
+def set_parent_death_signal() -> bool:
+    """Linux: ask for SIGKILL when this process's parent dies (``prctl(PR_SET_PDEATHSIG)``,
+    kept across ``exec``: also a ``preexec_fn`` for a subprocess); False where unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Make this process die when ``parent_pid`` (its parent) dies, however it dies.
 
-    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, then a check that the parent did not die
-    before the call. Elsewhere (or if prctl fails): a daemon thread that polls ``os.getppid()``
-    every second and exits the process when the parent is gone.
+    Linux: :func:`set_parent_death_signal`, then a check that the parent did not die before
+    the call. Elsewhere (or if prctl fails): a daemon thread that polls ``os.getppid()`` every
+    second and exits the process when the parent is gone.
     """
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
-                if os.getppid() != parent_pid:  # the parent died before prctl
-                    os._exit(1)
-                return
-        except (OSError, AttributeError):
-            pass
+    if set_parent_death_signal():
+        if os.getppid() != parent_pid:  # the parent died before prctl
+            os._exit(1)
+        return
 
     def watch() -> None:
         while os.getppid() == parent_pid:

@@ -35,6 +35,7 @@ from scipy import stats
 
 from hgpo.options import bad, check_int, check_number
 from hgpo.train.metrics import read_metrics
+from studies.backend import set_parent_death_signal
 from studies.cli import check_out_dir
 from studies.io import result_key
 from toyenvs.branching import parse_scheme
@@ -163,7 +164,7 @@ def _run_config(study: Study, scheme: str) -> dict:
     folder that does not exist, so that no saved config.json is read in its place)."""
     argv = study.run_argv(scheme, study.seeds[0], out_dir=study.out / "(key)")
     r = subprocess.run([sys.executable, "-m", "hgpo.train", *argv, "--print-config"],
-                       capture_output=True, text=True)  # fmt: skip
+                       capture_output=True, text=True, preexec_fn=set_parent_death_signal)  # fmt: skip
     if r.returncode:
         last = (r.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise ValueError(f"the runs' arguments (after --) with --rollout-scheme {scheme}: {last}")
@@ -178,7 +179,8 @@ def _run(study: Study, scheme: str, seed: int) -> None:
         return
     cmd = [sys.executable, "-m", "hgpo.train", *study.run_argv(scheme, seed)]
     print("+", " ".join(cmd[1:]), flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    # (the run dies with the study: a killed study leaves no trainer behind; --resume goes on)
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=set_parent_death_signal)
     if r.returncode == 2:  # the trainer's one-line error (a setting this machine cannot run)
         last = (r.stderr.strip().splitlines() or ["(no message)"])[-1].removeprefix("error: ")
         print(f"error: run {scheme} seed {seed}: {last}", file=sys.stderr)

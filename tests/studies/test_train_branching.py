@@ -5,6 +5,12 @@ reads back without training again."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +125,48 @@ def test_a_run_is_reused_only_with_the_same_settings(tmp_path, capsys):
     assert _util_rows(tmp_path, capsys) == (0, two)
     assert main([*own, "--iterations", "1", "--", *RUN, "--lr=0.05"]) == 0  # same config
     assert _util_rows(tmp_path, capsys) == (0, lr)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_a_sigkilled_study_leaves_no_trainer_behind(tmp_path):
+    """The runs die with the study (PR_SET_PDEATHSIG): a killed study's trainer does not go on
+    writing its folder (the same command resumes it)."""
+    argv = [sys.executable, "-m", "studies.train_branching", "--out", str(tmp_path),
+            "--schemes", "independent", "--seeds", "0", "--iterations", "50", "--", *RUN]  # fmt: skip
+    study = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[2],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert study.stdout.readline().startswith("+ -m hgpo.train")  # the run has started
+        deadline = time.monotonic() + 60
+        while not (trainers := _children(study.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert trainers
+        study.kill()
+        study.wait(10)
+        deadline = time.monotonic() + 10
+        while any(map(_alive, trainers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in trainers if _alive(p)], "the trainer outlived its study"
+    finally:
+        study.kill()
+        for p in _children(study.pid):
+            os.kill(p, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
