@@ -197,6 +197,10 @@ def _run_pool(
                 except OSError:  # the idle worker died in between: the task goes to a new one
                     conn.close()
                     continue
+                except Exception as e:  # the task does not pickle: it fails, the worker waits
+                    idle.append((proc, conn))
+                    finished(queue.pop().key, error=e)
+                    continue
                 busy[proc.sentinel] = (proc, conn, queue.pop())
             ready = set(wait([*busy, *(c for _, c, _ in busy.values())]))
             for sentinel, (proc, conn, task) in list(busy.items()):

@@ -109,3 +109,11 @@ def test_no_worker_outlives_a_sigkilled_study(tmp_path):
         for pid in [int(p.stem) for p in tmp_path.glob("*.pid")]:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_task_that_does_not_pickle_fails_alone():
+    tasks = [B.Task("t0", (0,)), B.Task("lambda", (lambda: 1,)), B.Task("t3", (3,))]
+    got: dict[str, int] = {}
+    sweep = B.run_tasks(_maybe_fail, tasks, got.__setitem__, workers=2, progress=False)
+    assert got == {"t0": 0, "t3": 30}
+    assert [f.key for f in sweep.failures] == ["lambda"]
