@@ -789,7 +789,8 @@ def _add_run_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--fresh", action="store_true",
-                   help="discard the finished cells in --out first (a study resumes otherwise)")  # fmt: skip
+                   help="discard the finished cells in --out first, and replace the settings.json "
+                   "of another run there (a study resumes otherwise)")  # fmt: skip
 
 
 def _add_scheme_options(p: argparse.ArgumentParser) -> None:

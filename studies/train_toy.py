@@ -686,7 +686,12 @@ def _parser() -> argparse.ArgumentParser:
         help="one env, 3 settings, 2 seeds, 20 iterations: a smoke run; flags you give keep "
         "their values",
     )
-    p.add_argument("--fresh", action="store_true", help="discard finished runs in --out first")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="discard finished runs in --out first (and, in a default folder, the settings of "
+        "the study there)",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p
 
