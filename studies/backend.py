@@ -10,6 +10,15 @@ file per finished run, which is what makes a re-submitted sweep skip it). A task
 reported with its key on stderr as it fails, the others go on, and :class:`SweepError` lists
 every failure at the end. A progress bar counts tasks.
 
+Local: ``workers`` processes, each given one task at a time over its own pipe, so the study
+always knows which task a worker is running. A worker that dies (killed, out of memory, a
+crash in native code) fails that task only, "its worker process died (signal 9)", and is
+replaced; the task is not retried (a task that kills its worker would kill the next one), and
+every other task finishes and is saved. Workers die with the study: each one asks Linux for
+SIGKILL when its parent dies (``prctl(PR_SET_PDEATHSIG)``: immediate, whatever the parent
+died of, SIGKILL included, and nothing to poll); elsewhere a watcher thread polls
+``os.getppid()`` once a second.
+
 Ray: each task asks for one CPU and tasks are spread over the nodes (``SPREAD``); a task whose
 worker process or node dies is retried by Ray (``max_retries``), an exception in the task is
 not. With no ``--ray-address`` (and no ``$RAY_ADDRESS``) a private Ray instance with
@@ -19,11 +28,17 @@ project importable (installed, or on ``PYTHONPATH``), as it is for verl and Open
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import multiprocessing as mp
+import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from typing import Any
 
 from hgpo.options import check_choice
@@ -167,18 +182,126 @@ def run_tasks(
 def _run_pool(
     fn: Callable[..., Any], tasks: Sequence[Task], finished: Callable, workers: int
 ) -> None:
-    """Local worker processes; a task's exception (or a dead worker) fails that task only."""
-    with ProcessPoolExecutor(workers) as pool:
-        futures: dict[Future, str] = {pool.submit(fn, *t.args): t.key for t in tasks}
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                exc = fut.exception()
-                if exc is None:
-                    finished(futures[fut], fut.result())
+    """Local worker processes, one task each at a time; a task's exception, or the death of
+    the worker running it, fails that task only (the worker is replaced, the others go on)."""
+    ctx = mp.get_context()
+    queue = list(reversed(tasks))  # popped from the end: tasks start in the given order
+    busy: dict[Any, tuple[Any, Any, Task]] = {}  # sentinel -> (process, pipe, its task)
+    idle: list[tuple[Any, Any]] = []
+    try:
+        while queue or busy:
+            while queue and len(busy) < workers:
+                proc, conn = idle.pop() if idle else _start_worker(ctx)
+                try:
+                    conn.send((fn, queue[-1].args))
+                except OSError:  # the idle worker died in between: the task goes to a new one
+                    conn.close()
+                    continue
+                except Exception as e:  # the task does not pickle: it fails, the worker waits
+                    idle.append((proc, conn))
+                    finished(queue.pop().key, error=e)
+                    continue
+                busy[proc.sentinel] = (proc, conn, queue.pop())
+            ready = set(wait([*busy, *(c for _, c, _ in busy.values())]))
+            for sentinel, (proc, conn, task) in list(busy.items()):
+                if conn not in ready and sentinel not in ready:
+                    continue
+                del busy[sentinel]
+                try:
+                    ok, value = conn.recv()
+                except (EOFError, OSError):  # the worker died running this task
+                    proc.join(5)
+                    finished(task.key, error=WorkerDied(_death(proc.exitcode)))
+                    conn.close()
+                    continue
+                if proc.is_alive():
+                    idle.append((proc, conn))
+                else:  # it sent its result, then died: not given another task
+                    conn.close()
+                if ok:
+                    finished(task.key, value)
                 else:
-                    finished(futures[fut], error=exc)
+                    finished(task.key, error=value)
+    finally:
+        for proc, conn in [*idle, *((p, c) for p, c, _ in busy.values())]:
+            conn.close()  # an idle worker reads EOF and exits
+            proc.join(1)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+
+
+class WorkerDied(RuntimeError):
+    """The worker process running a task died before it returned."""
+
+
+def _death(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"its worker process died (signal {-code}: {signal.Signals(-code).name})"
+    return f"its worker process died (exit code {code})"
+
+
+def _start_worker(ctx: Any) -> tuple[Any, Any]:
+    """A worker process and the parent's end of its pipe (the child's end closed here, so
+    that the parent reads EOF when the worker dies)."""
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_worker, args=(child, os.getpid()))
+    proc.start()
+    child.close()
+    return proc, parent
+
+
+def _worker(conn: Any, parent_pid: int) -> None:
+    """A worker's loop: (fn, args) in, (True, result) or (False, exception) out, until EOF."""
+    die_with_parent(parent_pid)
+    while True:
+        try:
+            fn, args = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            return
+        try:
+            reply = (True, fn(*args))
+        except Exception as e:
+            reply = (False, e)
+        try:
+            conn.send(reply)
+        except Exception as e:  # a result or an exception that does not pickle
+            conn.send((False, RuntimeError(f"{type(e).__name__}: {e}")))
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def set_parent_death_signal() -> bool:
+    """Linux: ask for SIGKILL when this process's parent dies (``prctl(PR_SET_PDEATHSIG)``,
+    kept across ``exec``: also a ``preexec_fn`` for a subprocess); False where unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this process die when ``parent_pid`` (its parent) dies, however it dies.
+
+    Linux: :func:`set_parent_death_signal`, then a check that the parent did not die before
+    the call. Elsewhere (or if prctl fails): a daemon thread that polls ``os.getppid()`` every
+    second and exits the process when the parent is gone.
+    """
+    if set_parent_death_signal():
+        if os.getppid() != parent_pid:  # the parent died before prctl
+            os._exit(1)
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def _call_on_node(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, str]:

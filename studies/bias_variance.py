@@ -1,6 +1,7 @@
 """How biased, how noisy and how useful for the policy gradient is each advantage estimator?
 
-    python -m studies.bias_variance                 # the small default, 1-2 minutes
+    python -m studies.bias_variance                 # the small default: results/bias_variance
+    python -m studies.bias_variance --quick         # a smoke run: results/bias_variance/quick
     python -m studies.bias_variance --help          # every option
 
 On toyenvs POMDPs the true advantage A*(z, a) = Q(z, a) - V(z) of every step is known exactly
@@ -12,6 +13,9 @@ exact one (cosine, relative error); per level k of the hierarchy the same, plus 
 utilisation and group sizes; and it checks Proposition 4.1. Results land in a folder:
 results.csv / results.json (every figure with its settings and seed), levels.csv, report.md
 and PNG plots; cells/ keeps every finished cell, so a killed study resumes (--fresh: anew).
+The default folder depends on what runs (--quick, --policy, --scheme: results/bias_variance/
+quick-mlp, ...); settings.json records the run's settings, and a folder holding another run's
+results is refused (another --out, or --fresh to replace them).
 """
 
 from __future__ import annotations
@@ -47,7 +51,14 @@ from studies.backend import (
     run_tasks,
 )
 from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
-from studies.io import atomic_write_json, finished_dir, result_key
+from studies.compile_note import note_numba_compile
+from studies.io import (
+    atomic_write_json,
+    check_results_dir,
+    claim_results_dir,
+    finished_dir,
+    result_key,
+)
 
 __all__ = ["StudyConfig", "main", "parse_env", "run_cell", "run_study"]
 
@@ -620,7 +631,9 @@ def run_study(cfg: StudyConfig, progress: bool = True, fresh: bool = False) -> d
     stopped, with the same numbers; ``fresh`` deletes them first.
     """
     out = check_out_dir(cfg.out)  # before any cell: a folder that cannot be written fails now
+    claim_results_dir(out, "bias_variance", study_settings(cfg), fresh, RESULTS)
     cells_dir = finished_dir(out / "cells", fresh)
+    note_numba_compile(cfg.backend == "local")
     cells = [(e, K, s) for e in cfg.envs for K in cfg.Ks for s in cfg.stages]
     seeds = np.random.SeedSequence(cfg.seed).spawn(len(cells))
     tasks = [
@@ -647,6 +660,22 @@ def run_study(cfg: StudyConfig, progress: bool = True, fresh: bool = False) -> d
     from studies.bias_variance_report import write_results
 
     return write_results(cfg, results)
+
+
+RESULTS = ("results.csv", "results.json", "report.md", "schemes.csv", "schemes.json")
+"""Files of a results folder that another run would replace (cells/ is keyed by settings)."""
+
+HOW = ("workers", "backend", "ray_address", "out")
+"""StudyConfig fields that change where and how a study runs, not its results."""
+
+
+def study_settings(cfg: StudyConfig, scheme: Any = None) -> dict[str, Any]:
+    """What the results folder of a study holds: every setting but where and how it ran (and,
+    with --scheme, the scheme comparison's settings): its settings.json."""
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in HOW}
+    if scheme is not None:
+        settings["scheme"] = dataclasses.asdict(scheme)
+    return settings
 
 
 _GRID = ("envs", "Ks", "stages", "workers", "backend", "ray_address", "out")
@@ -756,7 +785,9 @@ def _add_run_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
     p.add_argument("--workers", type=int, default=min(d.workers, os.cpu_count() or 1))
     p.add_argument("--backend", default=d.backend, help=BACKEND_HELP + " (default: %(default)s)")
     p.add_argument("--ray-address", default=d.ray_address, help=ADDRESS_HELP)
-    p.add_argument("--out", default=d.out, help="results folder (default: %(default)s)")
+    p.add_argument("--out", default=None,
+                   help=f"results folder (default: {d.out}; with --quick, --policy or --scheme "
+                   f"a folder in it named after them, e.g. {d.out}/quick-mlp)")  # fmt: skip
     p.add_argument(
         "--quick",
         action="store_true",
@@ -765,7 +796,8 @@ def _add_run_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--fresh", action="store_true",
-                   help="discard the finished cells in --out first (a study resumes otherwise)")  # fmt: skip
+                   help="discard the finished cells in --out first, and replace the settings.json "
+                   "of another run there (a study resumes otherwise)")  # fmt: skip
 
 
 def _add_scheme_options(p: argparse.ArgumentParser) -> None:
@@ -790,6 +822,15 @@ QUICK = dict(
 )
 
 
+def default_out(quick: bool, policy: str, scheme: bool) -> str:
+    """The results folder when --out is not given: the main job's, or a folder in it named
+    after what differs (``quick``, the network policy, ``scheme``), e.g. ``.../quick-mlp``."""
+    parts = [name for name, on in (("quick", quick), (policy, policy != "tabular"),
+                                   ("scheme", scheme)) if on]  # fmt: skip
+    base = StudyConfig.out
+    return f"{base}/{'-'.join(parts)}" if parts else base
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
@@ -800,6 +841,8 @@ def main(argv: list[str] | None = None) -> int:
         kw = apply_preset(kw, QUICK, given_dests(p, argv))
     for k in ("envs", "Ks", "stages", "estimators", "norms"):
         kw[k] = tuple(kw[k])
+    if kw["out"] is None:
+        kw["out"] = default_out(a.quick, kw["policy"], bool(a.scheme))
     try:
         if not a.scheme:  # [branching] (a flag that would change nothing is an error)
             for name in sorted({"budgets", "branch_budget"} & given_dests(p, argv)):
@@ -810,6 +853,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.scheme:  # [branching] the rollout-scheme comparison, studies/branching_study.py
             return _scheme_main(p, a, cfg)
         check_out_dir(cfg.out)
+        check_results_dir(Path(cfg.out), "bias_variance", study_settings(cfg), a.fresh, RESULTS)
         check_backend(cfg.backend, cfg.ray_address)
     except ValueError as exc:
         p.error(str(exc))
@@ -839,11 +883,21 @@ def _scheme_main(p: argparse.ArgumentParser, a: argparse.Namespace, cfg: StudyCo
     budgets = a.budgets or (QUICK_BUDGETS if a.quick else DEFAULT_BUDGETS)
     study = SchemeStudy(tuple(a.scheme), tuple(budgets), a.branch_budget)
     try:
+        if cfg.policy != "tabular":  # (run_scheme_cell plays the tabular policy)
+            raise bad("--policy", "tabular with --scheme (the scheme comparison plays the table)",
+                      cfg.policy)  # fmt: skip
         study.check(cfg.envs)
         check_out_dir(cfg.out)  # after the scheme options, before any work
+        settings = study_settings(cfg, study)
+        check_results_dir(Path(cfg.out), "bias_variance", settings, a.fresh, RESULTS)
     except ValueError as exc:
         p.error(str(exc))
-    print(run_scheme_study(cfg, study))
+    claim_results_dir(Path(cfg.out), "bias_variance", settings, a.fresh, RESULTS)
+    try:
+        print(run_scheme_study(cfg, study, progress=not a.no_progress))
+    except SweepError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,14 +270,13 @@ def plot_schemes(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _cell(args: tuple) -> list[dict[str, Any]]:
-    return run_scheme_cell(*args)
-
-
-def run_scheme_study(cfg: Any, study: SchemeStudy) -> str:
-    """Every (env, K, stage) cell under every scheme and budget; writes ``schemes.csv``,
+def run_scheme_study(cfg: Any, study: SchemeStudy, progress: bool = True) -> str:
+    """Every (env, K, stage) cell under every scheme and budget (``cfg.workers`` local
+    processes, studies.backend; a progress bar counts the cells); writes ``schemes.csv``,
     ``schemes.json``, ``budget_needed.csv``, ``schemes.md`` and ``schemes.png`` into
-    ``cfg.out``."""
+    ``cfg.out``. :class:`studies.backend.SweepError` lists the cells that failed."""
+    from studies.backend import SweepError, Task, run_tasks
+    from studies.compile_note import note_numba_compile
     from studies.io import atomic_write_json, write_csv
 
     out = Path(cfg.out)
@@ -289,13 +287,15 @@ def run_scheme_study(cfg: Any, study: SchemeStudy) -> str:
     t0 = time.perf_counter()
     cells = [(e, K, s) for e in cfg.envs for K in cfg.Ks for s in cfg.stages]
     seeds = np.random.SeedSequence(cfg.seed).spawn(len(cells))
-    jobs = [(study, cfg, e, K, s, int(sq.generate_state(1)[0] % 2**31))
-            for (e, K, s), sq in zip(cells, seeds, strict=True)]  # fmt: skip
-    if cfg.workers > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(min(cfg.workers, len(jobs))) as pool:
-            results = list(pool.map(_cell, jobs))
-    else:
-        results = [_cell(j) for j in jobs]
+    tasks = [Task(f"{e} K={K} stage={s}", (study, cfg, e, K, s, int(sq.generate_state(1)[0] % 2**31)))
+             for (e, K, s), sq in zip(cells, seeds, strict=True)]  # fmt: skip
+    note_numba_compile()
+    got: dict[str, list[dict[str, Any]]] = {}
+    sweep = run_tasks(run_scheme_cell, tasks, got.__setitem__, workers=cfg.workers,
+                      progress=progress, desc="cells")  # fmt: skip
+    if sweep.failures:
+        raise SweepError(sweep.failures, len(tasks))
+    results = [got[t.key] for t in tasks]  # (in the grid's order, whatever finished first)
     rows = [r for rs in results for r in rs]
     table, needed = summarise(rows, study.budgets)
     write_csv(out / "schemes.csv", rows)

@@ -1,4 +1,5 @@
-"""Small file helpers shared by the studies: CSV tables and atomic JSON writes."""
+"""Small file helpers shared by the studies: CSV tables, atomic JSON writes, result keys, and
+the settings file that keeps one study's results folder from being written by another."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_json", "finished_dir", "plain", "result_key", "write_csv"]
+__all__ = [
+    "SETTINGS_FILE",
+    "atomic_write_json",
+    "check_results_dir",
+    "claim_results_dir",
+    "finished_dir",
+    "plain",
+    "result_key",
+    "write_csv",
+]
 
 
 def plain(x: Any) -> Any:
@@ -76,3 +86,57 @@ def finished_dir(path: Path, fresh: bool) -> Path:
     for p in path.glob("*.tmp"):
         p.unlink()
     return path
+
+
+SETTINGS_FILE = "settings.json"
+"""The settings of the study whose results a folder holds (written before its first piece)."""
+
+
+def _as_json(settings: Any) -> Any:
+    return json.loads(json.dumps(settings, sort_keys=True, default=plain))
+
+
+def check_results_dir(
+    path: Path, study: str, settings: dict[str, Any], fresh: bool, results: tuple[str, ...],
+    flag: str = "--out",
+) -> None:  # fmt: skip
+    """A ValueError naming ``flag`` and ``--fresh`` when folder ``path`` holds the results of a
+    ``study`` run made with other ``settings`` (its :data:`SETTINGS_FILE` differs), or results
+    without a settings file (any of the files ``results``; a folder made before the file was
+    written). Nothing is written; ``fresh`` (the results are to be replaced) passes always."""
+    path = Path(path)
+    if fresh or not path.is_dir():
+        return
+    saved_file = path / SETTINGS_FILE
+    if not saved_file.exists():
+        held = [name for name in results if (path / name).exists()]
+        if held:
+            raise ValueError(
+                f"{flag}: {str(path)!r} holds results ({held[0]}) of a run whose settings were "
+                f"not recorded; give another {flag}, or --fresh to replace them"
+            )
+        return
+    try:
+        saved = json.loads(saved_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        saved = {}
+    want = {"study": study, "settings": _as_json(settings)}
+    if saved != want:
+        old = saved.get("settings", {}) if saved.get("study") == study else {}
+        diff = sorted(k for k in {*old, *want["settings"]} if old.get(k) != want["settings"].get(k))
+        what = f"settings that differ: {', '.join(diff)}" if old else f"not a {study} run"
+        raise ValueError(
+            f"{flag}: {str(path)!r} holds the results of another run ({what}); give another "
+            f"{flag}, or --fresh to replace them"
+        )
+
+
+def claim_results_dir(
+    path: Path, study: str, settings: dict[str, Any], fresh: bool, results: tuple[str, ...],
+    flag: str = "--out",
+) -> None:  # fmt: skip
+    """:func:`check_results_dir`, then write the folder's :data:`SETTINGS_FILE` (before any
+    piece of the run, so that a killed run's folder is resumed only with its own settings)."""
+    check_results_dir(path, study, settings, fresh, results, flag)
+    Path(path).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(path) / SETTINGS_FILE, {"study": study, "settings": _as_json(settings)})

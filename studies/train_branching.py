@@ -5,9 +5,13 @@
         --preset tiny --env alfworld --alfworld-games-dir GAMES --action-mode score ...
 
 Runs ``python -m hgpo.train`` once per (scheme, seed) with the arguments after ``--`` plus
-``--rollout-scheme SCHEME --branch-budget B --seed S --out-dir OUT/SCHEME/seedS --resume`` (a
-run whose metrics already hold every iteration is not run again; every flag, and the runs'
-arguments through ``hgpo.train --print-config``, is checked before the first run), then
+``--rollout-scheme SCHEME --branch-budget B --seed S --iterations I --out-dir
+OUT/SCHEME/seedS_KEY --resume``. KEY hashes the run's whole resolved TrainConfig (``hgpo.train
+--print-config`` of those arguments, without its out_dir, resume and progress), so a run made
+with other settings (another --iterations, another ``--lr`` after ``--``) is never read back:
+it gets a folder of its own, and a run whose metrics already hold every iteration is not run
+again. The study's own flags may not be given after ``--`` (a one-line error). Every flag, and
+the runs' arguments through ``--print-config``, is checked before the first run; then it
 prints, per scheme, the mean over seeds of each run's per-iteration means: level-K utilisation
 (the estimator's ``level{K}/utilisation``: share of steps whose level-K group has two or more
 members), env steps per iteration (``n_steps``: one row per env step), episodes (roots) and
@@ -23,7 +27,7 @@ import argparse
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +35,9 @@ from scipy import stats
 
 from hgpo.options import ArgumentParser, bad, check_int, check_number
 from hgpo.train.metrics import read_metrics
+from studies.backend import set_parent_death_signal
 from studies.cli import check_out_dir
+from studies.io import result_key
 from toyenvs.branching import parse_scheme
 
 
@@ -46,19 +52,64 @@ class Study:
     iterations: int
     K: int
     run_args: tuple[str, ...]
+    configs: dict[str, dict] = field(default_factory=dict)
+    """scheme -> the runs' resolved TrainConfig (seed: the first; out_dir, resume and progress
+    left out): what a run's folder is keyed by."""
 
     def run_dir(self, scheme: str, seed: int) -> Path:
-        return self.out / scheme.replace(":", "_") / f"seed{seed}"
+        """``OUT/SCHEME/seedS_KEY``: KEY hashes the run's whole configuration (:func:`run_key`)."""
+        return self.out / scheme.replace(":", "_") / run_key(self.configs[scheme], seed)
 
-    def run_argv(self, scheme: str, seed: int) -> list[str]:
+    def run_argv(self, scheme: str, seed: int, out_dir: Path | None = None) -> list[str]:
         """``python -m hgpo.train``'s arguments for one run (``--resume``: a run killed after
         a checkpoint goes on from it; without one it starts afresh)."""
+        out_dir = self.run_dir(scheme, seed) if out_dir is None else out_dir
         budget = [] if scheme == "independent" else ["--branch-budget", str(self.branch_budget)]
         return [
             *self.run_args, "--rollout-scheme", scheme, *budget,  # (no budget: it would do nothing)
-            "--seed", str(seed), "--out-dir", str(self.run_dir(scheme, seed)),
+            "--seed", str(seed), "--out-dir", str(out_dir),
             "--iterations", str(self.iterations), "--progress", "false", "--resume",
         ]  # fmt: skip
+
+
+UNKEYED = ("out_dir", "resume", "progress")
+"""TrainConfig fields left out of a run's key: where it is written, and how it is run."""
+
+OWN = {
+    "rollout_scheme": "give --schemes",
+    "branch_budget": "give --branch-budget before --",
+    "seed": "give --seeds",
+    "out_dir": "give --out",
+    "iterations": "give --iterations before --",
+    "resume": "every run resumes",
+    "progress": "the runs' progress bars are off",
+    "print_config": "the study reads it itself",
+}
+"""``hgpo.train`` options this study sets for every run, and what to give instead."""
+
+
+def run_key(config: dict, seed: int) -> str:
+    """``seed{S}_`` and a hash of the run's resolved TrainConfig at that seed (its scheme,
+    branch budget, iterations and every setting after ``--``; not where it is written)."""
+    settings = {k: v for k, v in config.items() if k not in UNKEYED}
+    return result_key(f"seed{seed}", {**settings, "seed": seed})
+
+
+def check_run_args(run_args: tuple[str, ...]) -> None:
+    """A ValueError naming the first option after ``--`` that the study sets itself, in any
+    spelling ``hgpo.train`` accepts (``--flag value``, ``--flag=value``, a unique prefix)."""
+    from hgpo.train.config import build_parser
+
+    options = build_parser()._option_string_actions
+    for tok in run_args:
+        if not tok.startswith("--"):
+            continue
+        name = tok.split("=", 1)[0]
+        hits = [name] if name in options else [o for o in options if o.startswith(name)]
+        dests = {options[o].dest for o in hits}
+        if len(dests) == 1 and (dest := dests.pop()) in OWN:
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag} after --: the study sets it itself ({OWN[dest]})")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,19 +149,23 @@ def parse(argv: list[str]) -> Study:
     check_number("--branch-budget", a.branch_budget, lo=0, hi=1, lo_open=True)
     check_int("--iterations", a.iterations, lo=1)
     check_out_dir(a.out)
+    run_args = tuple(argv[cut + 1 :])
+    check_run_args(run_args)
     study = Study(Path(a.out), tuple(a.schemes), tuple(a.seeds), a.branch_budget, a.iterations,
-                  -1, tuple(argv[cut + 1 :]))  # fmt: skip
-    K = min(_run_config(study, scheme)["history_length"] for scheme in study.schemes)
+                  -1, run_args)  # fmt: skip
+    configs = {scheme: _run_config(study, scheme) for scheme in study.schemes}
+    K = min(c["history_length"] for c in configs.values())
     if a.K is not None and a.K != K:  # (the runs of the schemes differ in the scheme only)
         raise bad("--K", f"the runs' --history-length {K} (or left out)", a.K)
-    return replace(study, K=K)
+    return replace(study, K=K, configs=configs)
 
 
 def _run_config(study: Study, scheme: str) -> dict:
-    """The validated TrainConfig of the runs of ``scheme`` (``--print-config``)."""
-    argv = study.run_argv(scheme, study.seeds[0])
+    """The validated TrainConfig of the runs of ``scheme`` (``--print-config``; out_dir a
+    folder that does not exist, so that no saved config.json is read in its place)."""
+    argv = study.run_argv(scheme, study.seeds[0], out_dir=study.out / "(key)")
     r = subprocess.run([sys.executable, "-m", "hgpo.train", *argv, "--print-config"],
-                       capture_output=True, text=True)  # fmt: skip
+                       capture_output=True, text=True, preexec_fn=set_parent_death_signal)  # fmt: skip
     if r.returncode:
         last = (r.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise ValueError(f"the runs' arguments (after --) with --rollout-scheme {scheme}: {last}")
@@ -118,14 +173,15 @@ def _run_config(study: Study, scheme: str) -> dict:
 
 
 def _run(study: Study, scheme: str, seed: int) -> None:
-    """One training run, unless its metrics already hold every iteration; SystemExit with the
-    run's exit status and its error when it fails."""
+    """One training run, unless its folder (keyed by its whole configuration) already holds
+    every iteration; SystemExit with the run's exit status and its error when it fails."""
     out = study.run_dir(scheme, seed)
-    if (out / "metrics.jsonl").exists() and len(read_metrics(out)) >= study.iterations:
+    if (out / "metrics.jsonl").exists() and len(_rows(out, study.iterations)) == study.iterations:
         return
     cmd = [sys.executable, "-m", "hgpo.train", *study.run_argv(scheme, seed)]
     print("+", " ".join(cmd[1:]), flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    # (the run dies with the study: a killed study leaves no trainer behind; --resume goes on)
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=set_parent_death_signal)
     if r.returncode == 2:  # the trainer's one-line error (a setting this machine cannot run)
         last = (r.stderr.strip().splitlines() or ["(no message)"])[-1].removeprefix("error: ")
         print(f"error: run {scheme} seed {seed}: {last}", file=sys.stderr)
@@ -144,8 +200,16 @@ def _ci(x: np.ndarray) -> str:
     return f"{x.mean():.3f} ± {h:.3f}"
 
 
-def _figures(out: Path, K: int) -> dict[str, float]:
-    rows = read_metrics(out)
+def _rows(out: Path, iterations: int) -> list[dict]:
+    """The run's metric rows of iterations 1..``iterations`` (one each)."""
+    rows = {r["iteration"]: r for r in read_metrics(out) if r.get("iteration", 0) <= iterations}
+    return [rows[i] for i in sorted(rows)]
+
+
+def _figures(out: Path, K: int, iterations: int) -> dict[str, float]:
+    rows = _rows(out, iterations)
+    if len(rows) != iterations:
+        raise ValueError(f"{out}: {len(rows)} of {iterations} iterations in its metrics.jsonl")
     steps = np.array([r["n_steps"] for r in rows], dtype=float)
     out_ = {
         "util": float(np.mean([r[f"level{K}/utilisation"] for r in rows])),
@@ -199,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     for scheme in a.schemes:
         for seed in a.seeds:
             _run(a, scheme, seed)
-            figs.setdefault(scheme, []).append(_figures(a.run_dir(scheme, seed), a.K))
+            figs.setdefault(scheme, []).append(_figures(a.run_dir(scheme, seed), a.K, a.iterations))
     _print_tables(a, figs)
     print(json.dumps({s: fs for s, fs in figs.items()}))
     return 0

@@ -17,6 +17,11 @@ tasks (start states or task instances never trained on). Results land in a folde
 (one JSON per finished run: this is what makes a killed study resume without redoing a run),
 curves.csv, final.csv, results.json, report.md (the tables in the shape of the paper's Table 1
 and Table 2, and Welch tests with Holm correction from statsmodels) and PNG learning curves.
+Without --out the folder depends on what runs (results/train_toy, results/train_toy_quick,
+results/train_toy_full; with --policy or --scheme a folder in it named after them, e.g.
+results/train_toy/mlp-scheme), and a default folder that holds another study's results is
+refused (give --out, or --fresh to replace them); an --out you name may hold several studies'
+runs, keyed by their settings, and reports the current one's.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,7 +48,14 @@ from hgpo.options import (
 )
 from studies.backend import BACKENDS, SweepError, Task, check_backend, run_tasks
 from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
-from studies.io import atomic_write_json, finished_dir, result_key
+from studies.compile_note import note_numba_compile
+from studies.io import (
+    atomic_write_json,
+    check_results_dir,
+    claim_results_dir,
+    finished_dir,
+    result_key,
+)
 from studies.train_toy_settings import DEFAULT_SETTINGS, FULL_SETTINGS
 
 __all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
@@ -624,6 +637,7 @@ def run_study(cfg: TrainToyConfig, progress: bool = True, fresh: bool = False) -
     """
     out = check_out_dir(cfg.out)  # before any run: a folder that cannot be written fails now
     runs_dir = finished_dir(out / "runs", fresh)
+    note_numba_compile(cfg.backend == "local")
     runs = _runs(cfg)
     paths = [runs_dir / f"{_run_key(cfg, r)}.json" for r in runs]
     todo = [Task(p.stem, (cfg, r)) for r, p in zip(runs, paths, strict=True) if not p.exists()]
@@ -679,7 +693,12 @@ def _parser() -> argparse.ArgumentParser:
         help="one env, 3 settings, 2 seeds, 20 iterations: a smoke run; flags you give keep "
         "their values",
     )
-    p.add_argument("--fresh", action="store_true", help="discard finished runs in --out first")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="discard finished runs in --out first (and, in a default folder, the settings of "
+        "the study there)",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -696,6 +715,23 @@ QUICK = dict(
 )  # fmt: skip
 
 
+RESULTS = ("final.csv", "curves.csv", "results.json", "report.md")
+"""Files of a results folder that another study would replace (runs/ is keyed by settings)."""
+
+
+def study_settings(cfg: TrainToyConfig) -> dict[str, Any]:
+    """Every setting but where and how the study runs: a default folder's settings.json."""
+    how = {"workers", "backend", "ray_address", "out"}
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in how}
+
+
+def default_out(base: str, policy: str, schemes: bool) -> str:
+    """The results folder when --out is not given: the preset's ``base``, or a folder in it
+    named after the network policy and ``scheme`` (e.g. ``results/train_toy/mlp-scheme``)."""
+    parts = [name for name, on in ((policy, policy != "tabular"), ("scheme", schemes)) if on]
+    return f"{base}/{'-'.join(parts)}" if parts else base
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
@@ -703,6 +739,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.full or a.quick:
         kw = apply_preset(kw, FULL if a.full else QUICK, given_dests(p, argv))
     given = given_dests(p, argv)
+    if "out" not in given:  # the preset's folder, or one in it named after the policy / scheme
+        kw["out"] = default_out(kw["out"], kw["policy"], bool(kw["schemes"]))
     if kw["schemes"] and "settings" not in given:
         kw["settings"] = list(SCHEME_SETTINGS)
     for k in ("envs", "settings", "Ks", "schemes"):
@@ -713,9 +751,13 @@ def main(argv: list[str] | None = None) -> int:
                       a.branch_budget)  # fmt: skip
         cfg = TrainToyConfig(**kw)
         check_out_dir(cfg.out)
+        if "out" not in given:  # a default folder holds one study (a named one may hold many)
+            check_results_dir(Path(cfg.out), "train_toy", study_settings(cfg), a.fresh, RESULTS)
         check_backend(cfg.backend, cfg.ray_address)
     except ValueError as exc:
         p.error(str(exc))
+    if "out" not in given:
+        claim_results_dir(Path(cfg.out), "train_toy", study_settings(cfg), a.fresh, RESULTS)
     t0 = time.perf_counter()
     try:
         summary = run_study(cfg, progress=not a.no_progress, fresh=a.fresh)

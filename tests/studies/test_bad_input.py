@@ -26,7 +26,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> list:
 
     def fake(cfg, progress=True, fresh=False):
         seen.append(cfg)
-        return {"table": "", "prop41_text": "", "orderings_text_auc": ""}
+        return {"table": "", "prop41_text": "", "orderings_text_auc": "", "schemes_text": ""}
 
     monkeypatch.setattr(bv, "run_study", fake)
     monkeypatch.setattr(tt, "run_study", fake)
@@ -155,6 +155,69 @@ def test_bias_variance_quick_keeps_the_flags_given(tmp_path, no_work):
     assert bv.main(["--quick", "--K", "3", "--batches=20", "--fit-steps=150", "--out", out]) == 0
     cfg = no_work[-1]
     assert (cfg.Ks, cfg.n_batches, cfg.envs, cfg.fit_steps) == ((3,), 20, ("keydoor:size=4",), 150)
+
+
+def test_default_out_folders_depend_on_what_runs(tmp_path, no_work, monkeypatch):
+    """Issue 27 item 3: --quick, --policy and --scheme no longer write the main job's folder."""
+    monkeypatch.chdir(tmp_path)
+    for argv, want in (([], "results/bias_variance"),
+                       (["--quick"], "results/bias_variance/quick"),
+                       (["--quick", "--policy", "mlp"], "results/bias_variance/quick-mlp"),
+                       (["--policy", "transformer"], "results/bias_variance/transformer")):  # fmt: skip
+        assert bv.main(argv) == 0
+        assert no_work[-1].out == want
+    assert bv.default_out(True, "tabular", True) == "results/bias_variance/quick-scheme"
+    for argv, want in (([], "results/train_toy"),
+                       (["--quick"], "results/train_toy_quick"),
+                       (["--full"], "results/train_toy_full"),
+                       (["--quick", "--policy", "mlp"], "results/train_toy_quick/mlp"),
+                       (["--quick", "--scheme", "independent", "branch:hard"],
+                        "results/train_toy_quick/scheme"),
+                       (["--quick", "--out", "mine"], "mine")):  # fmt: skip
+        assert tt.main(argv) == 0
+        assert no_work[-1].out == want
+
+
+def test_a_folder_holding_another_runs_results_is_refused(tmp_path, no_work, capsys):
+    """Issue 27 item 3: its settings.json differs (or results without one): a one-line error
+    naming --out and --fresh, before any work; the same settings and --fresh go on."""
+    from studies.io import claim_results_dir
+
+    out = str(tmp_path / "out")
+    assert bv.main(["--quick", "--out", out]) == 0
+    claim_results_dir(Path(out), "bias_variance", bv.study_settings(no_work[-1]), False, bv.RESULTS)
+    (Path(out) / "results.csv").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        bv.main(["--quick", "--K", "3", "--policy", "mlp", "--out", out])
+    assert e.value.code == 2 and len(no_work) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(f"error: --out: {out!r} holds the results of another run (settings that "
+                        "differ: Ks, policy); give another --out, or --fresh to replace them"), err  # fmt: skip
+    assert bv.main(["--quick", "--out", out, "--workers", "1"]) == 0  # same settings: resumes
+    assert bv.main(["--quick", "--K", "3", "--out", out, "--fresh"]) == 0
+    # results of a run that recorded no settings (made before settings.json)
+    (Path(out) / "settings.json").unlink()
+    with pytest.raises(SystemExit):
+        bv.main(["--quick", "--out", out])
+    assert "holds results (results.csv) of a run whose settings were not recorded; give " \
+        "another --out, or --fresh" in capsys.readouterr().err  # fmt: skip
+
+
+def test_train_toy_refuses_another_study_in_a_default_folder(
+    tmp_path, no_work, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    assert tt.main(["--quick"]) == 0
+    assert (tmp_path / "results/train_toy_quick/settings.json").is_file()
+    (tmp_path / "results/train_toy_quick/final.csv").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        tt.main(["--quick", "--seeds", "1"])
+    assert e.value.code == 2 and len(no_work) == 1
+    assert ("--out: 'results/train_toy_quick' holds the results of another run (settings that "
+            "differ: seeds); give another --out, or --fresh") in capsys.readouterr().err  # fmt: skip
+    assert tt.main(["--quick"]) == 0  # the same study resumes
+    # a folder named with --out may hold several studies' runs (keyed), as docs/train_toy.md does
+    assert tt.main(["--quick", "--seeds", "1", "--out", "results/train_toy_quick"]) == 0
 
 
 # ---------------------------------------------------------------------------- train_toy

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from studies.bias_variance import main
 
 
@@ -56,9 +58,13 @@ def test_a_killed_study_reruns_only_its_missing_cells_with_the_same_numbers(tmp_
     again = rows()
     (out / "results.json").write_bytes(first["results.json"])
     assert again == rows()  # the rerun cell's numbers are the killed study's (but its timing)
-    # --fresh runs every cell; a setting that changes the numbers makes other cells
+    # --fresh runs every cell; a setting that changes the numbers is refused in this folder
+    # (it holds this study's results: settings.json) and makes other cells in another one
     ran.clear()
     assert main([*args, "--fresh"]) == 0 and len(ran) == 2
     ran.clear()
-    assert main([*args, "--alpha", "2"]) == 0 and len(ran) == 2
-    assert len(list((out / "cells").glob("*.json"))) == 4
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--alpha", "2"])
+    assert e.value.code == 2 and ran == []
+    assert main([*args, "--alpha", "2", "--out", str(tmp_path / "alpha2")]) == 0 and len(ran) == 2
+    assert len(list((out / "cells").glob("*.json"))) == 2

@@ -58,3 +58,16 @@ def test_bad_scheme_options_fail_before_work(extra, match, tmp_path, capsys):
         main(["--envs", "keydoor:size=4", "--out", str(tmp_path / "x"), *extra])
     assert match in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_scheme_study_shows_progress_and_refuses_a_network_policy(tmp_path, capsys):
+    """Issue 27 item 14: a --scheme study counts its cells on stderr (it printed nothing for
+    minutes); --policy is refused there (the comparison plays the tabular policy)."""
+    args = ["--envs", "keydoor:size=4", "--K", "2", "--stages", "untrained", "--batches", "10",
+            "--groups", "2", "--workers", "1", "--scheme", "branch:singleton", "--budgets", "1"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "cells: 100%" in err and "1/1" in err, err
+    with pytest.raises(SystemExit):
+        main([*args, "--policy", "mlp", "--out", str(tmp_path / "b")])
+    assert "--policy: must be tabular with --scheme" in capsys.readouterr().err

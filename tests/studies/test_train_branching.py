@@ -5,6 +5,12 @@ reads back without training again."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +35,19 @@ RUN = [
         (["--branch-budget", "nan"], [], "--branch-budget: must be a finite number in (0, 1]"),
         (["--iterations", "0"], [], "--iterations: must be an integer >= 1, got 0"),
         (["--K", "4"], RUN, "--K: must be the runs' --history-length 2 (or left out), got 4"),
+        *(
+            ([], [*RUN, flag, value], f"{flag} after --: the study sets it itself ({instead})")
+            for flag, value, instead in (
+                ("--rollout-scheme", "branch:uniform", "give --schemes"),
+                ("--branch-budget", "0.25", "give --branch-budget before --"),
+                ("--seed", "3", "give --seeds"),
+                ("--out-dir", "elsewhere", "give --out"),
+                ("--iterations", "5", "give --iterations before --"),
+                ("--resume", "true", "every run resumes"),
+            )
+        ),
+        # the trainer's own spellings: an abbreviation and --flag=value
+        ([], [*RUN, "--rollout-sch=tree:2"], "--rollout-scheme after --: the study sets it"),
         (
             [],
             [*RUN, "--lr", "nan"],
@@ -78,3 +97,76 @@ def test_tiny_study_prints_its_tables_and_reads_finished_runs_back(tmp_path, cap
     second = capsys.readouterr().out
     assert "+ -m hgpo.train" not in second
     assert json.loads(second.strip().splitlines()[-1]) == figs
+
+
+def _util_rows(out, capsys):
+    text = capsys.readouterr().out
+    return text.count("+ -m hgpo.train"), json.loads(text.strip().splitlines()[-1])
+
+
+def test_a_run_is_reused_only_with_the_same_settings(tmp_path, capsys):
+    """Item 1 of issue 27: a run folder is keyed by the run's whole configuration."""
+    own = ["--out", str(tmp_path), "--schemes", "independent", "--seeds", "0"]
+    assert main([*own, "--iterations", "2", "--", *RUN]) == 0
+    trained, two = _util_rows(tmp_path, capsys)
+    assert trained == 1
+    # fewer iterations: a run of its own (not the first row of the 2-iteration run's two)
+    assert main([*own, "--iterations", "1", "--", *RUN]) == 0
+    trained, one = _util_rows(tmp_path, capsys)
+    assert trained == 1 and one != two
+    # another lr after --: a run of its own
+    assert main([*own, "--iterations", "1", "--", *RUN, "--lr", "0.05"]) == 0
+    trained, lr = _util_rows(tmp_path, capsys)
+    assert trained == 1
+    runs = sorted(p.parent.name for p in tmp_path.glob("independent/*/metrics.jsonl"))
+    assert len(runs) == 3 and all(r.startswith("seed0_") for r in runs), runs
+    # each settings' run is read back, not trained again
+    assert main([*own, "--iterations", "2", "--", *RUN]) == 0
+    assert _util_rows(tmp_path, capsys) == (0, two)
+    assert main([*own, "--iterations", "1", "--", *RUN, "--lr=0.05"]) == 0  # same config
+    assert _util_rows(tmp_path, capsys) == (0, lr)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_a_sigkilled_study_leaves_no_trainer_behind(tmp_path):
+    """The runs die with the study (PR_SET_PDEATHSIG): a killed study's trainer does not go on
+    writing its folder (the same command resumes it)."""
+    argv = [sys.executable, "-m", "studies.train_branching", "--out", str(tmp_path),
+            "--schemes", "independent", "--seeds", "0", "--iterations", "50", "--", *RUN]  # fmt: skip
+    study = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[2],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert study.stdout.readline().startswith("+ -m hgpo.train")  # the run has started
+        deadline = time.monotonic() + 60
+        while not (trainers := _children(study.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert trainers
+        study.kill()
+        study.wait(10)
+        deadline = time.monotonic() + 10
+        while any(map(_alive, trainers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in trainers if _alive(p)], "the trainer outlived its study"
+    finally:
+        study.kill()
+        for p in _children(study.pid):
+            os.kill(p, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
