@@ -12,8 +12,9 @@ import numpy as np
 
 from studies.io import write_csv
 from studies.train_toy_settings import ABLATIONS, SETTING_NOTES
+from studies.verdict import HOLDS, NOT_SIGNIFICANT, Step, ordering_verdict
 
-__all__ = ["compare", "summarise", "write_results"]
+__all__ = ["compare", "ordering_tests", "orderings", "summarise", "write_results"]
 
 CURVE_PLOT_METRICS = (
     ("success", "rollout success"),
@@ -220,53 +221,75 @@ def _mean(rows: list[dict[str, Any]], env: str, label: str, metric: str) -> floa
     return float(x.mean()) if x.size else float("nan")
 
 
+ORDERING_ALPHA = 0.05
+"""An ordering holds when each of its steps is significant at this level (Holm-corrected)."""
+
+
+def ordering_tests(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """The tests of the orderings' steps that are not against hgpo: grpo against gigpo (and
+    grpo:norm=mean against gigpo:norm=mean) per env, Welch, each a family of one (so its Holm
+    p is its p)."""
+    out = []
+    for sfx in ("", ":norm=mean"):
+        pair = {"gigpo" + sfx, "grpo" + sfx}
+        out += compare([r for r in rows if r["label"] in pair], metric, "gigpo" + sfx)
+    return out
+
+
 def orderings(
     rows: list[dict[str, Any]], tests: list[dict[str, Any]], metric: str
 ) -> list[dict[str, Any]]:
-    """Per env: does each of the paper's orderings hold on ``metric`` (means), and which of its
-    pairwise differences with HGPO are significant (Welch + Holm)?"""
-    sig = {(t["env"], t["label"], t["baseline"]): t for t in tests if t["metric"] == metric}
+    """Per env: the paper's orderings on ``metric``, each a chain of steps (HGPO > GiGPO and
+    GiGPO > GRPO; HGPO above each ablation; alpha = 1 above alpha = 0 and 2) with its Welch +
+    Holm test from ``tests`` (:func:`compare` against hgpo, :func:`ordering_tests`). An
+    ordering holds only when every step is significant (studies.verdict); otherwise the text
+    gives each step's direction and p."""
+    by = {(t["env"], t["label"], t["baseline"]): t for t in tests if t["metric"] == metric}
     out = []
     for env in dict.fromkeys(r["env"] for r in rows):
         have = {r["label"] for r in rows if r["env"] == env}
         m = {lab: _mean(rows, env, lab, metric) for lab in have}
 
-        def s(lab: str, env: str = env) -> str:
-            base = "hgpo:norm=mean" if lab.endswith(":norm=mean") else "hgpo"
-            t = sig.get((env, lab, base))
-            if not t:
-                return ""
-            return f" (diff {t['diff']:+.3f}, Holm p = {t['p_holm']:.2g})"
+        def step(high: str, low: str, env: str = env) -> Step:
+            """high > low, from the test of one against the other (either way round)."""
+            t = by.get((env, low, high))
+            if t is not None:
+                return Step(high, low, -t["diff"], t["p_holm"])
+            t = by.get((env, high, low))
+            if t is not None:
+                return Step(high, low, t["diff"], t["p_holm"])
+            return Step(high, low, m[high] - m[low])  # no test (fewer than 2 runs a side)
 
         checks = []
         for sfx in ("", ":norm=mean"):
             h, gi, gr = "hgpo" + sfx, "gigpo" + sfx, "grpo" + sfx
             if {h, gi, gr} <= have:
                 checks.append((f"HGPO > GiGPO > GRPO{' (norm=mean)' if sfx else ''}",
-                               m[h] > m[gi] > m[gr],
-                               f"{h} {m[h]:.3f}, {gi} {m[gi]:.3f}{s(gi)}, {gr} {m[gr]:.3f}{s(gr)}"))  # fmt: skip
+                               [step(h, gi), step(gi, gr)], (h, gi, gr)))  # fmt: skip
         abl = [a for a in ("oracle", "hgpo-nohog2", "hgpo-uniform") if a in have]
         if "hgpo" in have and abl:
-            ok = all(m[a] < m["hgpo"] for a in abl)
-            checks.append(("ablations below HGPO", ok,
-                           f"hgpo {m['hgpo']:.3f}; " + ", ".join(f"{a} {m[a]:.3f}{s(a)}" for a in abl)))  # fmt: skip
-        alphas = {0: "hgpo-uniform", 1: "hgpo", 2: "hgpo:alpha=2"}
-        if all(v in have for v in alphas.values()):
-            best = max(alphas, key=lambda a: m[alphas[a]])
-            checks.append(("alpha = 1 best of {0, 1, 2}", best == 1,
-                           ", ".join(f"alpha={a}: {m[lab]:.3f}" for a, lab in alphas.items())))  # fmt: skip
-        for name, ok, detail in checks:
-            out.append({"env": env, "metric": metric, "ordering": name, "holds": bool(ok),
-                        "detail": detail})  # fmt: skip
+            checks.append(("ablations below HGPO", [step("hgpo", a) for a in abl],
+                           ("hgpo", *abl)))  # fmt: skip
+        alphas = ("hgpo", "hgpo-uniform", "hgpo:alpha=2")  # alpha = 1, 0, 2
+        if all(v in have for v in alphas):
+            checks.append(("alpha = 1 best of {0, 1, 2}",
+                           [step("hgpo", "hgpo-uniform"), step("hgpo", "hgpo:alpha=2")], alphas))  # fmt: skip
+        for name, steps, shown in checks:
+            status, text = ordering_verdict(steps, ORDERING_ALPHA)
+            out.append({"env": env, "metric": metric, "ordering": name, "verdict": status,
+                        "holds": status == HOLDS, "text": text,
+                        "steps": [{**asdict(s), "significant": s.significant(ORDERING_ALPHA)}
+                                  for s in steps],
+                        "detail": "means " + ", ".join(f"{lab} {m[lab]:.3f}" for lab in shown)})  # fmt: skip
     return out
 
 
 def _orderings_text(ords: list[dict[str, Any]]) -> str:
     lines = []
     for o in ords:
-        verdict = "holds" if o["holds"] else "does NOT hold"
+        is_ = "is " if o["verdict"] == NOT_SIGNIFICANT else ""
         lines.append(
-            f"- {_short(o['env'])} [{o['metric']}]: {o['ordering']} {verdict}: {o['detail']}"
+            f"- {_short(o['env'])} [{o['metric']}]: {o['ordering']} {is_}{o['text']}; {o['detail']}"
         )
     return "\n".join(lines)
 
@@ -457,12 +480,13 @@ def _all_tests(
     results: list[dict[str, Any]], rows: list[dict]
 ) -> tuple[list[dict], list[str], str]:
     """Welch + Holm against hgpo (and the :norm=mean settings against hgpo:norm=mean) on
-    three metrics, then the rollout schemes' tests when the runs have schemes; with the
+    three metrics, the orderings' GiGPO > GRPO steps (:func:`ordering_tests`), then the rollout schemes' tests when the runs have schemes; with the
     schemes' report section and console text."""
     tests = []
     for metric in ("auc_train", "final_train", "final_heldout"):
         tests += compare(rows, metric)
         tests += compare(rows, metric, "hgpo:norm=mean", ":norm=mean")
+        tests += ordering_tests(rows, metric)
     if not any("scheme" in r for r in results):
         return tests, [], ""
     span = add_step_auc(results, rows)
@@ -503,10 +527,15 @@ def _report_lines(
         "",
         "## The paper's orderings",
         "",
+        "An ordering holds only when each of its steps is significant (Welch, Holm-corrected "
+        f"as in the tests below, p < {ORDERING_ALPHA}); otherwise each step's direction, "
+        "difference and p are given. The GiGPO > GRPO steps are Welch tests of grpo against "
+        "gigpo, each a family of one.",
+        "",
         orderings_text,
         "",
-        "## Welch t-tests against hgpo (the :norm=mean settings against hgpo:norm=mean), "
-        "Holm-corrected per environment, metric and baseline",
+        "## Welch t-tests against hgpo (the :norm=mean settings against hgpo:norm=mean; grpo "
+        "against gigpo for the orderings), Holm-corrected per environment, metric and baseline",
         "",
         "| env | metric | setting | baseline | diff | p | p (Holm) |",
         "|---|---|---|---|---|---|---|",
