@@ -61,11 +61,12 @@ class Step:
             return bool(lo > 0 or hi < 0)
         return bool(self.p < alpha)  # NaN (no test) is never significant
 
-    def text(self, alpha: float = 0.05, digits: int = 3) -> str:
+    def text(self, alpha: float = 0.05, num: str = "+.3f") -> str:
         """``high > low (+0.008, not significant, Holm p = 0.81)``: the measured direction, the
-        difference, whether it is significant (and against the claim), the evidence."""
+        difference, whether it is significant (and against the claim), the evidence; ``num``
+        formats the difference and the interval (e.g. "+.3g" for figures of any scale)."""
         rel = ">" if self.diff > 0 else "<" if self.diff < 0 else "="
-        head = f"{self.high} {rel} {self.low} ({self.diff:+.{digits}f}"
+        head = f"{self.high} {rel} {self.low} ({self.diff:{num}}"
         if not self.tested:
             return head + ", no test)"
         if not self.significant(alpha):
@@ -73,13 +74,13 @@ class Step:
         else:
             word = "significant" if self.diff > 0 else "significant, against the claim"
         if self.ci is not None:
-            evidence = f"95% CI [{self.ci[0]:+.{digits}f}, {self.ci[1]:+.{digits}f}]"
+            evidence = f"95% CI [{self.ci[0]:{num}}, {self.ci[1]:{num}}]"
         else:
             evidence = f"{self.p_name} = {self.p:.2g}"
         return f"{head}, {word}, {evidence})"
 
 
-def ordering_verdict(steps: list[Step], alpha: float = 0.05, digits: int = 3) -> tuple[str, str]:
+def ordering_verdict(steps: list[Step], alpha: float = 0.05, num: str = "+.3f") -> tuple[str, str]:
     """(status, text) of a claimed ordering made of ``steps``.
 
     status is :data:`HOLDS` (every step in the claimed direction and significant),
@@ -99,4 +100,4 @@ def ordering_verdict(steps: list[Step], alpha: float = 0.05, digits: int = 3) ->
         status = NOT_SIGNIFICANT
     else:
         status = UNTESTED
-    return status, f"{status}: " + "; ".join(s.text(alpha, digits) for s in steps)
+    return status, f"{status}: " + "; ".join(s.text(alpha, num) for s in steps)

@@ -44,7 +44,7 @@ def test_every_status_by_hand() -> None:
     assert ordering_verdict([Step("a", "b", 0.1, 0.05)])[0] == NOT_SIGNIFICANT
     # intervals: above 0 holds, across 0 not significant, below 0 against
     assert ordering_verdict([Step("v_1", "v_0", 0.61, ci=(0.57, 0.65))])[0] == HOLDS
-    status, text = ordering_verdict([Step("v_1", "v_0", 0.06, ci=(-0.01, 0.14))], digits=2)
+    status, text = ordering_verdict([Step("v_1", "v_0", 0.06, ci=(-0.01, 0.14))], num="+.2f")
     assert (status, text) == (NOT_SIGNIFICANT, "not significant: v_1 > v_0 (+0.06, not significant, 95% CI [-0.01, +0.14])")  # fmt: skip
     assert ordering_verdict([Step("v_1", "v_0", -0.3, ci=(-0.34, -0.26))])[0] == DOES_NOT_HOLD
     # a step without a test is never evidence: the point figures' direction, "untested"
