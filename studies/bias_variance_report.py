@@ -51,7 +51,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-LOO_DOC = "docs/bias_variance.md, section \"Proposition 4.1 with leave-one-out levels\""
+LOO_DOC = 'docs/bias_variance.md, section "Proposition 4.1 with leave-one-out levels"'
 """Where the docs explain why the variance condition fails with group-mean baselines."""
 
 
@@ -137,8 +137,8 @@ def _base_rows(rows: list[dict[str, Any]], norm: str) -> dict[tuple, list[dict[s
 
 
 def _best_counts(cells: dict[tuple, list[dict]], metric: str, lowest: bool) -> str:
-    """"oracle in 3 of 4 cells, gae in 1 (its 95% interval clear of every other estimator's:
-    oracle in 2, gae in 1)": per estimator, the cells where its ``metric`` is the lowest (or
+    """Per estimator, e.g. "oracle in 3 of 4 cells, gae in 1 (its 95% interval clear of every
+    other estimator's: oracle in 2, gae in 1)": the cells where its ``metric`` is the lowest (or
     highest), and in how many of them its interval overlaps no other estimator's (unpaired
     intervals: a conservative check)."""
     wins: dict[str, list[int]] = {}
@@ -206,7 +206,9 @@ def _prop_summary(props: list[dict[str, Any]], settings: dict[str, Any]) -> list
                        if var.count(w))  # fmt: skip
     md = ["- Proposition 4.1's variance condition (the variance of A_k rises with k; paired 95% "
           f"intervals of each step v_k - v_(k-1)), of {n} cells: {counts}."]  # fmt: skip
-    loo = "leave_one_out=true" in str(settings.get("estimator_options", "")).replace(" ", "").lower()
+    loo = (
+        "leave_one_out=true" in str(settings.get("estimator_options", "")).replace(" ", "").lower()
+    )
     if var.count(DOES_NOT_HOLD) == n and not loo:
         md.append("  It fails in every cell. This is expected with group-mean baselines: a step's "
                   "own return is in its group's mean, so the smaller deep groups shrink "
@@ -311,7 +313,10 @@ def _fig_vs_k(cells: list[tuple], envs: list[str], levels: list[dict]) -> Any:
                 axes[i, 0].plot(ks, [r["bias2"] for r in lv], **style)
                 axes[i, 1].plot(ks, [r["variance"] for r in lv], **style)
         mine = [r for r in levels if r["env"] == env]
-        for ax, key, what in ((axes[i, 0], "bias2", "bias$^2$"), (axes[i, 1], "variance", "variance")):
+        for ax, key, what in (
+            (axes[i, 0], "bias2", "bias$^2$"),
+            (axes[i, 1], "variance", "variance"),
+        ):
             ax.set_title(f"{env.split(':')[0]}: {what} of $A_k$ (common support)", fontsize=10)
             ax.set_xlabel("level k of the hierarchy")
             _integer_x(ax)
@@ -415,8 +420,13 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     tmp = out / "results.json.tmp"
     tmp.write_text(
         json.dumps(
-            {"settings": settings, "rows": rows, "levels": levels, "prop41": props,
-             "prop41_checks": [None if p is None else prop_checks(p) for p in props]},
+            {
+                "settings": settings,
+                "rows": rows,
+                "levels": levels,
+                "prop41": props,
+                "prop41_checks": [None if p is None else prop_checks(p) for p in props],
+            },
             indent=1,
             default=float,
         )

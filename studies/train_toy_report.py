@@ -17,13 +17,14 @@ from studies.verdict import HOLDS, NOT_SIGNIFICANT, Step, ordering_verdict
 __all__ = ["compare", "ordering_tests", "orderings", "summarise", "write_results"]
 
 CURVE_PLOT_METRICS = (
-    ("success", "rollout success"),
-    ("reward", "mean episode reward"),
-    ("adv_abs", "mean |advantage|"),
-    ("kl", "KL to reference (k3)"),
-    ("clip_frac", "clip fraction"),
-    ("entropy", "policy entropy"),
+    ("success", "rollout success", "share of episodes (T = 1)"),
+    ("reward", "mean episode reward", "reward per episode"),
+    ("adv_abs", "mean |advantage|", "|advantage| (as trained: normalised)"),
+    ("kl", "KL to reference (k3)", "KL (nats per step)"),
+    ("clip_frac", "clip fraction", "share of steps clipped"),
+    ("entropy", "policy entropy", "entropy (nats per step)"),
 )
+"""training_metrics.png: (curves.csv column, panel title, y-axis label with its unit)."""
 
 
 def _env_label(env: str, k: int, single_k: int | None) -> str:
@@ -250,7 +251,7 @@ def orderings(
         have = {r["label"] for r in rows if r["env"] == env}
         m = {lab: _mean(rows, env, lab, metric) for lab in have}
 
-        def step(high: str, low: str, env: str = env) -> Step:
+        def step(high: str, low: str, env: str = env, m: dict[str, float] = m) -> Step:
             """high > low, from the test of one against the other (either way round)."""
             t = by.get((env, low, high))
             if t is not None:
@@ -316,7 +317,8 @@ def _console_table(rows: list[dict[str, Any]], labels: list[str], envs: list[str
 
 
 def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
-          labels: list[str], envs: list[str], name: str, title: str) -> None:  # fmt: skip
+          labels: list[str], envs: list[str], name: str, title: str,
+          temperature: float) -> None:  # fmt: skip
     import matplotlib
 
     matplotlib.use("Agg")
@@ -345,7 +347,7 @@ def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
         ax.set_title(_short(env), fontsize=9)
         ax.set_xlabel("iteration")
         ax.set_ylim(-0.02, 1.02)
-    axes[0][0].set_ylabel("train-task success (T = 0.4)")
+    axes[0][0].set_ylabel(f"train-task success (share, T = {temperature:g})")
     handles, names = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 7), fontsize=7)
     fig.suptitle(title, fontsize=10)
@@ -368,6 +370,17 @@ def _runs_by_cell(
 
 def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
                   labels: list[str], env: str) -> None:  # fmt: skip
+    import matplotlib.pyplot as plt
+
+    fig = metrics_figure(results, rows, labels, env)
+    fig.savefig(out / "training_metrics.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def metrics_figure(results: list[dict[str, Any]], rows: list[dict[str, Any]],
+                   labels: list[str], env: str) -> Any:  # fmt: skip
+    """training_metrics.png's Figure: per metric of :data:`CURVE_PLOT_METRICS`, the mean over
+    seeds per iteration, a line per setting; one legend below the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -375,7 +388,7 @@ def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out
 
     runs_of = _runs_by_cell(results, rows)
     fig, axes = plt.subplots(2, 3, figsize=(12, 6))
-    for ax, (metric, title) in zip(axes.flat, CURVE_PLOT_METRICS, strict=True):
+    for ax, (metric, title, unit) in zip(axes.flat, CURVE_PLOT_METRICS, strict=True):
         for lab in labels:
             runs = runs_of.get((env, lab), [])
             if not runs:
@@ -384,17 +397,19 @@ def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out
             ax.plot(np.arange(1, Y.shape[1] + 1), np.nanmean(Y, axis=0), label=lab)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("iteration")
-    axes[0][0].legend(fontsize=7)
+        ax.set_ylabel(unit, fontsize=8)
+    handles, names = axes[0][0].get_legend_handles_labels()
     fig.suptitle(f"training metrics (mean over seeds): {_short(env)}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / "training_metrics.png", dpi=110)
-    plt.close(fig)
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(max(len(names), 1), 7), fontsize=7)  # fmt: skip
+    return fig
 
 
 TRUTH_PLOT_METRICS = (
-    ("truth_J", "exact J (train tasks)"),
-    ("truth_adv_mse", "advantage MSE vs A*"),
-    ("truth_grad_cos", "cos(batch gradient, dJ/dtheta)"),
+    ("truth_J", "exact J (train tasks)", "J (discounted return)"),
+    ("truth_adv_mse", "advantage MSE vs A*", "MSE (reward$^2$)"),
+    ("truth_grad_cos", "cos(batch gradient, dJ/dtheta)", "cosine (1 = same direction)"),
 )
 
 
@@ -412,7 +427,7 @@ def _plot_truth(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: 
     runs_of = _runs_by_cell(results, rows)
     fig, axes = plt.subplots(len(envs), 3, figsize=(12, 3.2 * len(envs)), squeeze=False)
     for row_axes, env in zip(axes, envs, strict=True):
-        for ax, (metric, title) in zip(row_axes, TRUTH_PLOT_METRICS, strict=True):
+        for ax, (metric, title, unit) in zip(row_axes, TRUTH_PLOT_METRICS, strict=True):
             for lab in labels:
                 runs = runs_of.get((env, lab), [])
                 if not runs:
@@ -424,9 +439,12 @@ def _plot_truth(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: 
                     ax.plot(its[logged], np.nanmean(Y[:, logged], axis=0), marker=".", label=lab)
             ax.set_title(f"{_short(env)}: {title}", fontsize=9)
             ax.set_xlabel("iteration")
-    axes[0][0].legend(fontsize=7)
+            ax.set_ylabel(unit, fontsize=8)
+    handles, names = axes[0][0].get_legend_handles_labels()
     fig.tight_layout()
-    fig.savefig(out / "truth_curves.png", dpi=110)
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(max(len(names), 1), 7), fontsize=7)  # fmt: skip
+    fig.savefig(out / "truth_curves.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -457,8 +475,9 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     }  # fmt: skip
     (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
     _plot(results, rows, out, main_labels, envs, "learning_curves.png",
-          "methods: mean ± 95% CI over seeds")  # fmt: skip
-    _plot(results, rows, out, abl_labels, envs, "ablations.png", "ablations of HGPO")
+          "methods: mean ± 95% CI over seeds", cfg.eval_temperature)  # fmt: skip
+    _plot(results, rows, out, abl_labels, envs, "ablations.png", "ablations of HGPO",
+          cfg.eval_temperature)  # fmt: skip
     _plot_metrics(results, rows, out, main_labels, envs[0])
     _plot_truth(results, rows, out, labels, envs)
     return summary
