@@ -12,17 +12,19 @@ import numpy as np
 
 from studies.io import write_csv
 from studies.train_toy_settings import ABLATIONS, SETTING_NOTES
+from studies.verdict import HOLDS, NOT_SIGNIFICANT, Step, ordering_verdict
 
-__all__ = ["compare", "summarise", "write_results"]
+__all__ = ["compare", "ordering_tests", "orderings", "summarise", "write_results"]
 
 CURVE_PLOT_METRICS = (
-    ("success", "rollout success"),
-    ("reward", "mean episode reward"),
-    ("adv_abs", "mean |advantage|"),
-    ("kl", "KL to reference (k3)"),
-    ("clip_frac", "clip fraction"),
-    ("entropy", "policy entropy"),
+    ("success", "rollout success", "share of episodes (T = 1)"),
+    ("reward", "mean episode reward", "reward per episode"),
+    ("adv_abs", "mean |advantage|", "|advantage| (as trained: normalised)"),
+    ("kl", "KL to reference (k3)", "KL (nats per step)"),
+    ("clip_frac", "clip fraction", "share of steps clipped"),
+    ("entropy", "policy entropy", "entropy (nats per step)"),
 )
+"""training_metrics.png: (curves.csv column, panel title, y-axis label with its unit)."""
 
 
 def _env_label(env: str, k: int, single_k: int | None) -> str:
@@ -220,53 +222,75 @@ def _mean(rows: list[dict[str, Any]], env: str, label: str, metric: str) -> floa
     return float(x.mean()) if x.size else float("nan")
 
 
+ORDERING_ALPHA = 0.05
+"""An ordering holds when each of its steps is significant at this level (Holm-corrected)."""
+
+
+def ordering_tests(rows: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """The tests of the orderings' steps that are not against hgpo: grpo against gigpo (and
+    grpo:norm=mean against gigpo:norm=mean) per env, Welch, each a family of one (so its Holm
+    p is its p)."""
+    out = []
+    for sfx in ("", ":norm=mean"):
+        pair = {"gigpo" + sfx, "grpo" + sfx}
+        out += compare([r for r in rows if r["label"] in pair], metric, "gigpo" + sfx)
+    return out
+
+
 def orderings(
     rows: list[dict[str, Any]], tests: list[dict[str, Any]], metric: str
 ) -> list[dict[str, Any]]:
-    """Per env: does each of the paper's orderings hold on ``metric`` (means), and which of its
-    pairwise differences with HGPO are significant (Welch + Holm)?"""
-    sig = {(t["env"], t["label"], t["baseline"]): t for t in tests if t["metric"] == metric}
+    """Per env: the paper's orderings on ``metric``, each a chain of steps (HGPO > GiGPO and
+    GiGPO > GRPO; HGPO above each ablation; alpha = 1 above alpha = 0 and 2) with its Welch +
+    Holm test from ``tests`` (:func:`compare` against hgpo, :func:`ordering_tests`). An
+    ordering holds only when every step is significant (studies.verdict); otherwise the text
+    gives each step's direction and p."""
+    by = {(t["env"], t["label"], t["baseline"]): t for t in tests if t["metric"] == metric}
     out = []
     for env in dict.fromkeys(r["env"] for r in rows):
         have = {r["label"] for r in rows if r["env"] == env}
         m = {lab: _mean(rows, env, lab, metric) for lab in have}
 
-        def s(lab: str, env: str = env) -> str:
-            base = "hgpo:norm=mean" if lab.endswith(":norm=mean") else "hgpo"
-            t = sig.get((env, lab, base))
-            if not t:
-                return ""
-            return f" (diff {t['diff']:+.3f}, Holm p = {t['p_holm']:.2g})"
+        def step(high: str, low: str, env: str = env, m: dict[str, float] = m) -> Step:
+            """high > low, from the test of one against the other (either way round)."""
+            t = by.get((env, low, high))
+            if t is not None:
+                return Step(high, low, -t["diff"], t["p_holm"])
+            t = by.get((env, high, low))
+            if t is not None:
+                return Step(high, low, t["diff"], t["p_holm"])
+            return Step(high, low, m[high] - m[low])  # no test (fewer than 2 runs a side)
 
         checks = []
         for sfx in ("", ":norm=mean"):
             h, gi, gr = "hgpo" + sfx, "gigpo" + sfx, "grpo" + sfx
             if {h, gi, gr} <= have:
                 checks.append((f"HGPO > GiGPO > GRPO{' (norm=mean)' if sfx else ''}",
-                               m[h] > m[gi] > m[gr],
-                               f"{h} {m[h]:.3f}, {gi} {m[gi]:.3f}{s(gi)}, {gr} {m[gr]:.3f}{s(gr)}"))  # fmt: skip
+                               [step(h, gi), step(gi, gr)], (h, gi, gr)))  # fmt: skip
         abl = [a for a in ("oracle", "hgpo-nohog2", "hgpo-uniform") if a in have]
         if "hgpo" in have and abl:
-            ok = all(m[a] < m["hgpo"] for a in abl)
-            checks.append(("ablations below HGPO", ok,
-                           f"hgpo {m['hgpo']:.3f}; " + ", ".join(f"{a} {m[a]:.3f}{s(a)}" for a in abl)))  # fmt: skip
-        alphas = {0: "hgpo-uniform", 1: "hgpo", 2: "hgpo:alpha=2"}
-        if all(v in have for v in alphas.values()):
-            best = max(alphas, key=lambda a: m[alphas[a]])
-            checks.append(("alpha = 1 best of {0, 1, 2}", best == 1,
-                           ", ".join(f"alpha={a}: {m[lab]:.3f}" for a, lab in alphas.items())))  # fmt: skip
-        for name, ok, detail in checks:
-            out.append({"env": env, "metric": metric, "ordering": name, "holds": bool(ok),
-                        "detail": detail})  # fmt: skip
+            checks.append(("ablations below HGPO", [step("hgpo", a) for a in abl],
+                           ("hgpo", *abl)))  # fmt: skip
+        alphas = ("hgpo", "hgpo-uniform", "hgpo:alpha=2")  # alpha = 1, 0, 2
+        if all(v in have for v in alphas):
+            checks.append(("alpha = 1 best of {0, 1, 2}",
+                           [step("hgpo", "hgpo-uniform"), step("hgpo", "hgpo:alpha=2")], alphas))  # fmt: skip
+        for name, steps, shown in checks:
+            status, text = ordering_verdict(steps, ORDERING_ALPHA)
+            out.append({"env": env, "metric": metric, "ordering": name, "verdict": status,
+                        "holds": status == HOLDS, "text": text,
+                        "steps": [{**asdict(s), "significant": s.significant(ORDERING_ALPHA)}
+                                  for s in steps],
+                        "detail": "means " + ", ".join(f"{lab} {m[lab]:.3f}" for lab in shown)})  # fmt: skip
     return out
 
 
 def _orderings_text(ords: list[dict[str, Any]]) -> str:
     lines = []
     for o in ords:
-        verdict = "holds" if o["holds"] else "does NOT hold"
+        is_ = "is " if o["verdict"] == NOT_SIGNIFICANT else ""
         lines.append(
-            f"- {_short(o['env'])} [{o['metric']}]: {o['ordering']} {verdict}: {o['detail']}"
+            f"- {_short(o['env'])} [{o['metric']}]: {o['ordering']} {is_}{o['text']}; {o['detail']}"
         )
     return "\n".join(lines)
 
@@ -293,7 +317,8 @@ def _console_table(rows: list[dict[str, Any]], labels: list[str], envs: list[str
 
 
 def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
-          labels: list[str], envs: list[str], name: str, title: str) -> None:  # fmt: skip
+          labels: list[str], envs: list[str], name: str, title: str,
+          temperature: float) -> None:  # fmt: skip
     import matplotlib
 
     matplotlib.use("Agg")
@@ -322,7 +347,7 @@ def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
         ax.set_title(_short(env), fontsize=9)
         ax.set_xlabel("iteration")
         ax.set_ylim(-0.02, 1.02)
-    axes[0][0].set_ylabel("train-task success (T = 0.4)")
+    axes[0][0].set_ylabel(f"train-task success (share, T = {temperature:g})")
     handles, names = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 7), fontsize=7)
     fig.suptitle(title, fontsize=10)
@@ -345,6 +370,17 @@ def _runs_by_cell(
 
 def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
                   labels: list[str], env: str) -> None:  # fmt: skip
+    import matplotlib.pyplot as plt
+
+    fig = metrics_figure(results, rows, labels, env)
+    fig.savefig(out / "training_metrics.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def metrics_figure(results: list[dict[str, Any]], rows: list[dict[str, Any]],
+                   labels: list[str], env: str) -> Any:  # fmt: skip
+    """training_metrics.png's Figure: per metric of :data:`CURVE_PLOT_METRICS`, the mean over
+    seeds per iteration, a line per setting; one legend below the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -352,7 +388,7 @@ def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out
 
     runs_of = _runs_by_cell(results, rows)
     fig, axes = plt.subplots(2, 3, figsize=(12, 6))
-    for ax, (metric, title) in zip(axes.flat, CURVE_PLOT_METRICS, strict=True):
+    for ax, (metric, title, unit) in zip(axes.flat, CURVE_PLOT_METRICS, strict=True):
         for lab in labels:
             runs = runs_of.get((env, lab), [])
             if not runs:
@@ -361,17 +397,19 @@ def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out
             ax.plot(np.arange(1, Y.shape[1] + 1), np.nanmean(Y, axis=0), label=lab)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("iteration")
-    axes[0][0].legend(fontsize=7)
+        ax.set_ylabel(unit, fontsize=8)
+    handles, names = axes[0][0].get_legend_handles_labels()
     fig.suptitle(f"training metrics (mean over seeds): {_short(env)}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / "training_metrics.png", dpi=110)
-    plt.close(fig)
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(max(len(names), 1), 7), fontsize=7)  # fmt: skip
+    return fig
 
 
 TRUTH_PLOT_METRICS = (
-    ("truth_J", "exact J (train tasks)"),
-    ("truth_adv_mse", "advantage MSE vs A*"),
-    ("truth_grad_cos", "cos(batch gradient, dJ/dtheta)"),
+    ("truth_J", "exact J (train tasks)", "J (discounted return)"),
+    ("truth_adv_mse", "advantage MSE vs A*", "MSE (reward$^2$)"),
+    ("truth_grad_cos", "cos(batch gradient, dJ/dtheta)", "cosine (1 = same direction)"),
 )
 
 
@@ -389,7 +427,7 @@ def _plot_truth(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: 
     runs_of = _runs_by_cell(results, rows)
     fig, axes = plt.subplots(len(envs), 3, figsize=(12, 3.2 * len(envs)), squeeze=False)
     for row_axes, env in zip(axes, envs, strict=True):
-        for ax, (metric, title) in zip(row_axes, TRUTH_PLOT_METRICS, strict=True):
+        for ax, (metric, title, unit) in zip(row_axes, TRUTH_PLOT_METRICS, strict=True):
             for lab in labels:
                 runs = runs_of.get((env, lab), [])
                 if not runs:
@@ -401,9 +439,12 @@ def _plot_truth(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: 
                     ax.plot(its[logged], np.nanmean(Y[:, logged], axis=0), marker=".", label=lab)
             ax.set_title(f"{_short(env)}: {title}", fontsize=9)
             ax.set_xlabel("iteration")
-    axes[0][0].legend(fontsize=7)
+            ax.set_ylabel(unit, fontsize=8)
+    handles, names = axes[0][0].get_legend_handles_labels()
     fig.tight_layout()
-    fig.savefig(out / "truth_curves.png", dpi=110)
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(max(len(names), 1), 7), fontsize=7)  # fmt: skip
+    fig.savefig(out / "truth_curves.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -434,8 +475,9 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     }  # fmt: skip
     (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
     _plot(results, rows, out, main_labels, envs, "learning_curves.png",
-          "methods: mean ± 95% CI over seeds")  # fmt: skip
-    _plot(results, rows, out, abl_labels, envs, "ablations.png", "ablations of HGPO")
+          "methods: mean ± 95% CI over seeds", cfg.eval_temperature)  # fmt: skip
+    _plot(results, rows, out, abl_labels, envs, "ablations.png", "ablations of HGPO",
+          cfg.eval_temperature)  # fmt: skip
     _plot_metrics(results, rows, out, main_labels, envs[0])
     _plot_truth(results, rows, out, labels, envs)
     return summary
@@ -457,12 +499,13 @@ def _all_tests(
     results: list[dict[str, Any]], rows: list[dict]
 ) -> tuple[list[dict], list[str], str]:
     """Welch + Holm against hgpo (and the :norm=mean settings against hgpo:norm=mean) on
-    three metrics, then the rollout schemes' tests when the runs have schemes; with the
+    three metrics, the orderings' GiGPO > GRPO steps (:func:`ordering_tests`), then the rollout schemes' tests when the runs have schemes; with the
     schemes' report section and console text."""
     tests = []
     for metric in ("auc_train", "final_train", "final_heldout"):
         tests += compare(rows, metric)
         tests += compare(rows, metric, "hgpo:norm=mean", ":norm=mean")
+        tests += ordering_tests(rows, metric)
     if not any("scheme" in r for r in results):
         return tests, [], ""
     span = add_step_auc(results, rows)
@@ -503,10 +546,15 @@ def _report_lines(
         "",
         "## The paper's orderings",
         "",
+        "An ordering holds only when each of its steps is significant (Welch, Holm-corrected "
+        f"as in the tests below, p < {ORDERING_ALPHA}); otherwise each step's direction, "
+        "difference and p are given. The GiGPO > GRPO steps are Welch tests of grpo against "
+        "gigpo, each a family of one.",
+        "",
         orderings_text,
         "",
-        "## Welch t-tests against hgpo (the :norm=mean settings against hgpo:norm=mean), "
-        "Holm-corrected per environment, metric and baseline",
+        "## Welch t-tests against hgpo (the :norm=mean settings against hgpo:norm=mean; grpo "
+        "against gigpo for the orderings), Holm-corrected per environment, metric and baseline",
         "",
         "| env | metric | setting | baseline | diff | p | p (Holm) |",
         "|---|---|---|---|---|---|---|",
