@@ -14,7 +14,6 @@ one taken alone. The README and docs quote these lines with their load.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import subprocess
@@ -22,6 +21,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from hgpo.options import ArgumentParser
 
 #: name -> (the README's command after ``python -m``, the flag that takes the output folder)
 COMMANDS: dict[str, tuple[list[str], str]] = {
@@ -58,7 +59,7 @@ def time_command(argv: list[str], out_flag: str, out: Path, timeout_s: float) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.readme_timings", description=__doc__)
+    ap = ArgumentParser(prog="python -m benchmarks.readme_timings", description=__doc__)
     ap.add_argument("--only", nargs="+", choices=sorted(COMMANDS), default=sorted(COMMANDS))
     ap.add_argument("--out", default=None, help="folder for the runs' output (default: a temp)")
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="per command (default 1800)")
