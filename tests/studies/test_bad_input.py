@@ -191,7 +191,7 @@ def test_a_folder_holding_another_runs_results_is_refused(tmp_path, no_work, cap
         bv.main(["--quick", "--K", "3", "--policy", "mlp", "--out", out])
     assert e.value.code == 2 and len(no_work) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.endswith(f"error: --out: {out!r} holds the results of another run (settings that "
+    assert err.removesuffix(" (see --help)").endswith(f"error: --out: {out!r} holds the results of another run (settings that "
                         "differ: Ks, policy); give another --out, or --fresh to replace them"), err  # fmt: skip
     assert bv.main(["--quick", "--out", out, "--workers", "1"]) == 0  # same settings: resumes
     assert bv.main(["--quick", "--K", "3", "--out", out, "--fresh"]) == 0
