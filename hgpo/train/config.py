@@ -773,9 +773,8 @@ def build_parser() -> argparse.ArgumentParser:
     # the deepspeed launcher appends --local_rank=N to the command (it sets LOCAL_RANK too)
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     docs = field_docs()
-    groups = {
-        name: p.add_argument_group(title) for title, names in SECTIONS.items() for name in names
-    }
+    sections = {title: p.add_argument_group(title) for title in SECTIONS}  # one header each
+    groups = {name: sections[title] for title, names in SECTIONS.items() for name in names}
     for f in dataclasses.fields(TrainConfig):
         kind = _field_types()[f.name]
         flag = "--" + f.name.replace("_", "-")

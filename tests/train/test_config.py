@@ -24,6 +24,16 @@ def test_every_field_is_in_one_section_in_class_order():
     assert [n for section in SECTIONS.values() for n in section] == names
 
 
+def test_help_shows_each_section_once_with_its_flags():
+    """Issue 28: --help printed a section header before almost every flag (a group per field)."""
+    text = build_parser().format_help()
+    for title, names in SECTIONS.items():
+        assert text.count(f"\n{title}:\n") == 1, title
+        body = text.split(f"\n{title}:\n", 1)[1].split("\n\n", 1)[0]
+        for name in names:
+            assert "--" + name.replace("_", "-") in body, (title, name)
+
+
 def test_every_numeric_field_refuses_nan_and_infinity():
     base = resolve(preset="tiny")
     for f in dataclasses.fields(TrainConfig):
