@@ -175,7 +175,7 @@ def branch_arrays(
 # tests/toyenvs/reference_branching.py, bit for bit):
 # - Lanes. A group's trajectories run one after another (the next branch point depends on the
 #   finished ones), but groups are independent: W groups are in flight at once and step in
-#   turn, as in ``_kernels.rollout_kernel_fast``, so the table probes of different groups
+#   turn, as in ``_rollout_kernel.rollout_kernel_fast``, so the table probes of different groups
 #   overlap in the CPU. The step loop only steps; the lanes whose trajectory ended in a sweep
 #   are handled after it. Group g writes its rows at the padded rows g * cap_g + i (hidden
 #   state, action, policy row and the context's past part P); :func:`compact` then moves them
@@ -195,7 +195,7 @@ def branch_arrays(
 #   return-to-go and of its square and its variance, and the slot's rows with t >= 1 in a
 #   list; the largest variance is found by a pass over the variances as ordered integers, its
 #   ties by a second (both vectorise).
-# - Array indices in the hot loops are unsigned (``U``, see ``_kernels.U``).
+# - Array indices in the hot loops are unsigned (``U``, see ``toyenvs._rng.U``).
 # - The draws are the reference's: u from the group's choice stream, the j = floor(u n)-th
 #   eligible row in row order, trajectory j of group g from stream (seed, g * 2^24 + j).
 #
@@ -208,27 +208,75 @@ W = kn.LANES  # groups in flight at once
 INDEPENDENT, UNIFORM, SINGLETON, HARD, TREE = range(5)  # rule codes, the order of RULES
 _TIE = 1e-12  # hard: level-K groups whose variance is within this of the largest tie
 _EXACT = 1 << 52  # below this a float quotient is off by at most one
+U = kn.U  # unsigned array indices in the hot loops (see toyenvs._rng.U)
 
-# lane: int64[W, 16], per lane: its group (-1: idle), the trajectory j being run, the group's
-# rows so far, the row and t where j started, j's state (t, hidden state, stream, past part P,
-# ring slot of P's oldest pair), j's parent (-1: a root), the group's choice stream, roots so
-# far, and the counts of the book: slots met, singleton slots, rows at the tree depths.
-L_G, L_J, L_ROW, L_ROW0, L_T0, L_T, L_S, L_ST, L_P, L_POS, L_PARENT, L_CST = range(12)
-L_NROOT, L_ND, L_NSINGLE, L_NDEEP = range(12, 16)
+# ------------------------------------------------------------------ the kernels' array layout
+# The kernels' state is a few plain int64/float64 arrays; the constants below name the fields
+# of their last axis (numba compiles each to its integer). "Local rows" are a group's rows
+# numbered from 0 in the order they are played; a *slot* d is one level-K group of the lane's
+# current rollout group (slots numbered in the order they are met).
+#
+# lane: int64[W, 16], one row per lane (a rollout group in flight) -----------------------------
+LANE_GROUP = 0  # its rollout group g (-1: the lane is idle)
+LANE_TRAJ = 1  # the trajectory j of the group being run
+LANE_ROWS = 2  # the group's local rows so far
+LANE_TRAJ_ROW = 3  # the local row where trajectory j started
+LANE_TRAJ_T = 4  # the step t where trajectory j started (0 for a root, b for a branch)
+LANE_T = 5  # trajectory j's current step t
+LANE_HIDDEN = 6  # its current hidden state
+LANE_STREAM = 7  # its random stream's state
+LANE_PAST = 8  # its context's past part P (the last K (observation, action) pairs)
+LANE_RING_POS = 9  # the ring slot of P's oldest pair
+LANE_PARENT = 10  # its parent trajectory in the group (-1: a root)
+LANE_CHOICE_STREAM = 11  # the group's stream for drawing branch points
+LANE_ROOTS = 12  # roots started so far
+LANE_SLOTS = 13  # slots (level-K groups) met so far: nd
+LANE_SINGLETONS = 14  # slots d >= 1 with exactly one step
+LANE_DEEP_ROWS = 15  # rows at the tree depths so far
 # ring: int64[W, max(K, 1)] the last K (observation, action) pairs, ring[w, pos] the oldest.
-# rec: int64[W, steps, 8] trajectory j of lane w's group: its LENGTH, PARENT j (-1: a root),
-# FINAL hidden state, SUCCESS, first step T0 and first local row ROW0 (and, in trajs, P_FIRST:
-# the compaction's note of the past part P at its first row).
-LENGTH, PARENT, FINAL, SUCCESS, T0, ROW0, P_FIRST = range(7)
-# The book of each lane's group (rows are the group's local rows):
+#
+# rec: int64[W, steps, 8], trajectory j of lane w's group; trajs: int64[n_groups * steps + 1,
+# 7], the records of the groups done, in the order they finish ---------------------------------
+REC_LENGTH = 0  # its rows
+REC_PARENT = 1  # its parent trajectory j (-1: a root)
+REC_FINAL = 2  # the hidden state it ended in
+REC_SUCCESS = 3  # it ended at the goal
+REC_FIRST_T = 4  # its first step t
+REC_FIRST_ROW = 5  # its first local row
+REC_FIRST_PAST = 6  # (trajs only) the compaction's note of the past part P at its first row
+# groups: int64[n_groups, 3] each group's trajectories, rows and first record in trajs;
+# next_group: int64[2] the next group to start and the next free record.
+#
+# The book of each lane's group, read by the singleton and hard rules:
 # dmap: int32[W, table capacity] the slot d of policy row c (-1: not met yet); clear() resets
 #   only the entries it set.
 # cnt: int64[W, cap_g] the steps in slot d (contiguous: singleton counts its slots with one).
-# slots: int64[W, cap_g, 4] per slot d: CODE (the policy row c), FIRST row, N1 steps with
-#   t >= 1 and TAIL of the list of those rows in row order (linked by NXT, whose entry
-#   cap_g + d heads slot d's list).
-# rows: int64[W, 5, 2 cap_g]: SLOT and NXT of each row (hard), TIED and MERGED scratch (hard),
-#   FLAGS one bit per slot (64 to a word) of "d >= 1 and one step" (singleton).
+# slots: int64[W, cap_g, 4], per slot d -------------------------------------------------------
+SLOT_CODE = 0  # its policy row c (its full K-step context)
+SLOT_FIRST_ROW = 1  # its first local row
+SLOT_BRANCHABLE = 2  # its steps with t >= 1 (hard)
+SLOT_TAIL = 3  # the last entry of its list of those rows, in row order (hard; see ROWS_NEXT)
+# rows: int64[W, 5, 2 cap_g], planes over the local rows (or slots) ----------------------------
+ROWS_SLOT = 0  # (hard) each row's slot d
+ROWS_NEXT = 1  # (hard) the next row of the same slot's list; entry cap_g + d heads slot d's
+ROWS_TIED = 2  # (hard, scratch) the slots tied for the largest variance
+ROWS_MERGED = 3  # (hard, scratch) the tied slots' rows merged in row order
+ROWS_SINGLE_BITS = 4  # (singleton) one bit per slot, 64 to a word: "d >= 1 and one step"
+# sums: float64[W, cap_g, 2], per slot d, over its steps' return-to-go G -----------------------
+SUMS_R = 0  # the sum of G
+SUMS_R2 = 1  # the sum of G^2
+# var: float64[W, cap_g] slot d's population variance as the reference computes it, -inf while
+#   it has no step with t >= 1; read through its int64 view as ordered integers (see _order).
+# deep: int64[W, cap_g, 2], per row at a tree depth, in row order ------------------------------
+DEEP_ROW = 0  # the local row
+DEEP_BRANCHES = 1  # the branches started from it so far
+# cfg: int64[6], the kernel's scalars (numba inlines calls of at most 30 arguments) -----------
+CFG_SEED = 0
+CFG_STEPS = 1  # env steps per group
+CFG_ROOT_STEPS = 2  # roots until this many rows
+CFG_RULE = 3  # the rule code
+CFG_RADIX = 4  # M = (n_obs + 1) * (n_actions + 1), the radix of the context code
+CFG_CAP_G = 5  # cap_g = steps + horizon, the padded rows of one group
 #
 # The steps with t = 0 are the roots' first rows; they share one context (the start state's
 # observation after K padding pairs), hence slot 0, and for K >= 1 slot 0 holds nothing else.
@@ -236,22 +284,8 @@ LENGTH, PARENT, FINAL, SUCCESS, T0, ROW0, P_FIRST = range(7)
 # it may hold later steps, but then it has two or more). The branch-free loops below write
 # what a new slot needs at slot nd on every row (kept only if the row opens it): a select
 # between two loaded values compiles to a branch, which mispredicts on half the rows.
-# sums: float64[W, cap_g, 2]: SUM and SQ of the return-to-go over slot d's steps.
-# var: float64[W, cap_g]: slot d's population variance as the reference computes it, -inf
-#   while N1 == 0; read through its int64 view as ordered integers (see _order).
-# deep: int64[W, cap_g, 2]: the rows at the tree depths in row order and their branches.
-CODE, FIRST, N1, TAIL = range(4)
-SLOT, NXT, TIED, MERGED, FLAGS = range(5)
-SUM, SQ = range(2)
-D_ROW, D_CHILD = range(2)
-# cfg: int64[6] the kernel's scalars.
-C_SEED, C_STEPS, C_ROOT, C_RULE, C_M, C_CAPG = range(6)
-# trajs: int64[n_groups * steps + 1, 7] the records of the groups done, in the order they
-# finish; groups: int64[n_groups, 3] each group's trajectories, rows and first record;
-# next_group: int64[2] the next group to start and the next free record.
 
-U = kn.U  # unsigned array indices in the hot loops (see _kernels.U)
-
+# bit tricks: _order (floats as ordered integers) and _popcount (SWAR)
 _LOW63 = np.int64(0x7FFFFFFFFFFFFFFF)
 _S63 = np.int64(63)
 
@@ -295,13 +329,13 @@ def _count_rows(dmap, cnt, slots, rows, lane, w, base, r0, L, o_ctx, hard):
     """Enter rows r0..r0+L-1 in their level-K groups: slot d of policy row c (a new one when
     c is met for the first time), its count, its first row; the singletons among d >= 1."""
     uw = U(w)
-    nd = lane[uw, L_ND]
-    ns = lane[uw, L_NSINGLE]
+    nd = lane[uw, LANE_SLOTS]
+    ns = lane[uw, LANE_SINGLETONS]
     for i in range(L):
         r = r0 + i
         c = o_ctx[U(base + r)]
-        slots[uw, U(nd), CODE] = c  # what slot nd needs if row r opens it
-        slots[uw, U(nd), FIRST] = r
+        slots[uw, U(nd), SLOT_CODE] = c  # what slot nd needs if row r opens it
+        slots[uw, U(nd), SLOT_FIRST_ROW] = r
         d = np.int64(dmap[uw, U(c)])
         new = np.int64(d < 0)
         d += (nd - d) * new
@@ -312,11 +346,11 @@ def _count_rows(dmap, cnt, slots, rows, lane, w, base, r0, L, o_ctx, hard):
         # slot d >= 1 becomes a singleton (k = 0) or stops being one (k = 1): its bit flips
         flip = U((k <= 1) & (d != 0))
         ns += (np.int64(k == 0) - np.int64(k == 1)) * np.int64(d != 0)
-        rows[uw, FLAGS, U(d >> 6)] ^= np.int64(flip << U(d & 63))
+        rows[uw, ROWS_SINGLE_BITS, U(d >> 6)] ^= np.int64(flip << U(d & 63))
         if hard:
-            rows[uw, SLOT, U(r)] = d
-    lane[uw, L_ND] = nd
-    lane[uw, L_NSINGLE] = ns
+            rows[uw, ROWS_SLOT, U(r)] = d
+    lane[uw, LANE_SLOTS] = nd
+    lane[uw, LANE_SINGLETONS] = ns
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -333,20 +367,20 @@ def _record_hard(cnt, slots, rows, sums, var, w, base, r0, L, t0, final, o_hidde
         s = o_hidden[q]
         g += reward_enter[U(s2)] - kn.INVALID_PENALTY * invalid[U(s), U(o_action[q])]
         s2 = s
-        d = U(rows[uw, SLOT, U(r0 + i)])
-        sums[uw, d, SUM] += g
-        sums[uw, d, SQ] += g * g
+        d = U(rows[uw, ROWS_SLOT, U(r0 + i)])
+        sums[uw, d, SUMS_R] += g
+        sums[uw, d, SUMS_R2] += g * g
     for i in range(L):
         r = r0 + i
-        d = U(rows[uw, SLOT, U(r)])
+        d = U(rows[uw, ROWS_SLOT, U(r)])
         if t0 + i >= 1:  # false only on a root's first row
-            rows[uw, NXT, U(slots[uw, d, TAIL])] = r
-            slots[uw, d, TAIL] = r
-            slots[uw, d, N1] += 1
+            rows[uw, ROWS_NEXT, U(slots[uw, d, SLOT_TAIL])] = r
+            slots[uw, d, SLOT_TAIL] = r
+            slots[uw, d, SLOT_BRANCHABLE] += 1
         c = cnt[uw, d]
-        m = sums[uw, d, SUM] / c
-        v = sums[uw, d, SQ] / c - m * m if c >= 2 else 0.0
-        var[uw, d] = v if slots[uw, d, N1] > 0 else -np.inf
+        m = sums[uw, d, SUMS_R] / c
+        v = sums[uw, d, SUMS_R2] / c - m * m if c >= 2 else 0.0
+        var[uw, d] = v if slots[uw, d, SLOT_BRANCHABLE] > 0 else -np.inf
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -355,7 +389,7 @@ def _choose_hard(cnt, slots, rows, var, vbits, lane, w, cst):
     groups whose variance is within _TIE of the largest; (-1, stream, False) when the largest
     is <= _TIE (no draw: the caller falls back to uniform)."""
     uw = U(w)
-    nd = lane[uw, L_ND]
+    nd = lane[uw, LANE_SLOTS]
     top = _order(vbits[uw, 0])
     for d in range(1, nd):  # the largest variance, over ordered integers (no float max)
         top = max(top, _order(vbits[uw, U(d)]))
@@ -371,37 +405,37 @@ def _choose_hard(cnt, slots, rows, var, vbits, lane, w, cst):
         n_slots += x
         only += x * d
     if n_slots == 1:
-        n = slots[uw, U(only), N1]
+        n = slots[uw, U(only), SLOT_BRANCHABLE]
     else:  # ties: list them
         n = 0
         n_slots = 0
         for d in range(nd):
             if var[uw, U(d)] >= thr:
-                rows[uw, TIED, U(n_slots)] = d
+                rows[uw, ROWS_TIED, U(n_slots)] = d
                 only = d
-                n += slots[uw, U(d), N1]
+                n += slots[uw, U(d), SLOT_BRANCHABLE]
                 n_slots += 1
     cst, u = kn.rng_uniform(cst)
     j = min(np.int64(u * n), n - 1)
     cap_g = cnt.shape[1]
-    r = rows[uw, NXT, U(cap_g + only)]
+    r = rows[uw, ROWS_NEXT, U(cap_g + only)]
     if n_slots == 1:  # the usual case: walk the one group's list
         for _ in range(j):
-            r = rows[uw, NXT, U(r)]
+            r = rows[uw, ROWS_NEXT, U(r)]
         return r, cst, True
-    m = 0  # tied groups: their rows merged in row order (insertion sort into MERGED)
+    m = 0  # tied groups: their rows merged in row order (insertion sort into ROWS_MERGED)
     for i in range(n_slots):
-        d = rows[w, TIED, i]
-        r = rows[w, NXT, cap_g + d]
-        for _ in range(slots[w, d, N1]):
+        d = rows[w, ROWS_TIED, i]
+        r = rows[w, ROWS_NEXT, cap_g + d]
+        for _ in range(slots[w, d, SLOT_BRANCHABLE]):
             p = m
-            while p > 0 and rows[w, MERGED, p - 1] > r:
-                rows[w, MERGED, p] = rows[w, MERGED, p - 1]
+            while p > 0 and rows[w, ROWS_MERGED, p - 1] > r:
+                rows[w, ROWS_MERGED, p] = rows[w, ROWS_MERGED, p - 1]
                 p -= 1
-            rows[w, MERGED, p] = r
+            rows[w, ROWS_MERGED, p] = r
             m += 1
-            r = rows[w, NXT, r]
-    return rows[w, MERGED, j], cst, True
+            r = rows[w, ROWS_NEXT, r]
+    return rows[w, ROWS_MERGED, j], cst, True
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -410,18 +444,18 @@ def _nth_one(rec, lane, w, j):
     which come first and rise."""
     uw = U(w)
     r = j
-    for i in range(lane[uw, L_NROOT]):  # (no early exit: the rows past r add nothing)
-        r += np.int64(rec[uw, U(i), ROW0] <= r)
+    for i in range(lane[uw, LANE_ROOTS]):  # (no early exit: the rows past r add nothing)
+        r += np.int64(rec[uw, U(i), REC_FIRST_ROW] <= r)
     return r
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def _nth_single(rows, w, j):
     """The j-th (from 0) slot d >= 1 with one step, in slot order (= row order): whole words
-    of FLAGS by their popcount, then the lowest set bits of the word that holds it."""
+    of ROWS_SINGLE_BITS by their popcount, then the lowest set bits of the word that holds it."""
     i = 0
     while True:
-        x = np.uint64(rows[w, FLAGS, i])
+        x = np.uint64(rows[w, ROWS_SINGLE_BITS, i])
         c = _popcount(x)
         if j < c:
             for _ in range(j):
@@ -436,30 +470,30 @@ def choose(cnt, slots, rows, var, vbits, deep, rec, lane, w, rule):
     """The group's row to branch from by ``rule`` (-1: no step with t >= 1 yet, a new root)
     and the tree entry it came from (-1: none); advances the choice stream. A rule with no
     eligible step falls back to uniform."""
-    n_any = lane[w, L_ROW] - lane[w, L_NROOT]  # the rows with t >= 1
+    n_any = lane[w, LANE_ROWS] - lane[w, LANE_ROOTS]  # the rows with t >= 1
     if n_any == 0:
         return -1, -1
-    cst = lane[w, L_CST]
+    cst = lane[w, LANE_CHOICE_STREAM]
     if rule == TREE:  # the fewest branches first, then the earliest row; no draw
         fewest = -1
-        for i in range(lane[w, L_NDEEP]):
-            if fewest < 0 or deep[w, i, D_CHILD] < deep[w, fewest, D_CHILD]:
+        for i in range(lane[w, LANE_DEEP_ROWS]):
+            if fewest < 0 or deep[w, i, DEEP_BRANCHES] < deep[w, fewest, DEEP_BRANCHES]:
                 fewest = i
         if fewest >= 0:
-            return deep[w, fewest, D_ROW], fewest
-    elif rule == SINGLETON and lane[w, L_NSINGLE] > 0:
-        n = lane[w, L_NSINGLE]
+            return deep[w, fewest, DEEP_ROW], fewest
+    elif rule == SINGLETON and lane[w, LANE_SINGLETONS] > 0:
+        n = lane[w, LANE_SINGLETONS]
         cst, u = kn.rng_uniform(cst)
-        lane[w, L_CST] = cst
+        lane[w, LANE_CHOICE_STREAM] = cst
         d = _nth_single(rows, w, min(np.int64(u * n), n - 1))
-        return slots[w, d, FIRST], -1
+        return slots[w, d, SLOT_FIRST_ROW], -1
     elif rule == HARD:
         r, cst, ok = _choose_hard(cnt, slots, rows, var, vbits, lane, w, cst)
         if ok:
-            lane[w, L_CST] = cst
+            lane[w, LANE_CHOICE_STREAM] = cst
             return r, -1
     cst, u = kn.rng_uniform(cst)
-    lane[w, L_CST] = cst
+    lane[w, LANE_CHOICE_STREAM] = cst
     return _nth_one(rec, lane, w, min(np.int64(u * n_any), n_any - 1)), -1
 
 
@@ -467,22 +501,22 @@ def choose(cnt, slots, rows, var, vbits, deep, rec, lane, w, rule):
 def clear(dmap, cnt, slots, rows, sums, deep, lane, w, rule):
     """Empty lane w's book for its next group: the dmap entries it set and its slots."""
     if rule in (SINGLETON, HARD):
-        for d in range(lane[w, L_ND]):
-            dmap[w, slots[w, d, CODE]] = -1
+        for d in range(lane[w, LANE_SLOTS]):
+            dmap[w, slots[w, d, SLOT_CODE]] = -1
             cnt[w, d] = 0
-        for i in range(lane[w, L_ND] // 64 + 1):
-            rows[w, FLAGS, i] = 0
+        for i in range(lane[w, LANE_SLOTS] // 64 + 1):
+            rows[w, ROWS_SINGLE_BITS, i] = 0
     if rule == HARD:
         cap_g = cnt.shape[1]
-        for d in range(lane[w, L_ND]):
-            slots[w, d, N1] = 0
-            slots[w, d, TAIL] = cap_g + d
-            sums[w, d, SUM] = 0.0
-            sums[w, d, SQ] = 0.0
-    lane[w, L_ND] = 0
-    lane[w, L_NSINGLE] = 0
-    lane[w, L_NDEEP] = 0
-    lane[w, L_NROOT] = 0
+        for d in range(lane[w, LANE_SLOTS]):
+            slots[w, d, SLOT_BRANCHABLE] = 0
+            slots[w, d, SLOT_TAIL] = cap_g + d
+            sums[w, d, SUMS_R] = 0.0
+            sums[w, d, SUMS_R2] = 0.0
+    lane[w, LANE_SLOTS] = 0
+    lane[w, LANE_SINGLETONS] = 0
+    lane[w, LANE_DEEP_ROWS] = 0
+    lane[w, LANE_ROOTS] = 0
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -492,30 +526,35 @@ def begin(lane, ring, rec, deep, w, r, i_deep, seed, starts, K, M, powM, inv_pow
     root at the group's start state (r = -1) or a branch from the snapshot of local row r
     (hidden state, past part P of the full context, t), found in the trajectory that owns r."""
     uw = U(w)
-    g = lane[uw, L_G]
-    lane[uw, L_ST] = kn.stream_seed(seed, g * _STREAMS + lane[uw, L_J])
-    lane[uw, L_ROW0] = lane[uw, L_ROW]
-    lane[uw, L_POS] = 0
+    g = lane[uw, LANE_GROUP]
+    lane[uw, LANE_STREAM] = kn.stream_seed(seed, g * _STREAMS + lane[uw, LANE_TRAJ])
+    lane[uw, LANE_TRAJ_ROW] = lane[uw, LANE_ROWS]
+    lane[uw, LANE_RING_POS] = 0
     if r < 0:
-        lane[uw, L_S], lane[uw, L_P] = starts[U(g)], powM[U(K)] - 1
-        lane[uw, L_T], lane[uw, L_PARENT], lane[uw, L_T0] = 0, -1, 0
-        lane[uw, L_NROOT] += 1
+        lane[uw, LANE_HIDDEN], lane[uw, LANE_PAST] = starts[U(g)], powM[U(K)] - 1
+        lane[uw, LANE_T], lane[uw, LANE_PARENT], lane[uw, LANE_TRAJ_T] = 0, -1, 0
+        lane[uw, LANE_ROOTS] += 1
         for k in range(K):
             ring[uw, U(k)] = M - 1
         return
     lo = 0  # the last trajectory that starts at or before r (branch-free search)
-    n = lane[uw, L_J]
+    n = lane[uw, LANE_TRAJ]
     while n > 1:
         half = n >> 1
-        lo = lo + half if rec[uw, U(lo + half), ROW0] <= r else lo
+        lo = lo + half if rec[uw, U(lo + half), REC_FIRST_ROW] <= r else lo
         n -= half
     q = U(g * cap_g + r)
-    t = rec[uw, U(lo), T0] + r - rec[uw, U(lo), ROW0]
+    t = rec[uw, U(lo), REC_FIRST_T] + r - rec[uw, U(lo), REC_FIRST_ROW]
     P = o_pp[q]
-    lane[uw, L_S], lane[uw, L_P], lane[uw, L_T], lane[uw, L_PARENT] = o_hidden[q], P, t, lo
-    lane[uw, L_T0] = t
+    lane[uw, LANE_HIDDEN], lane[uw, LANE_PAST], lane[uw, LANE_T], lane[uw, LANE_PARENT] = (
+        o_hidden[q],
+        P,
+        t,
+        lo,
+    )
+    lane[uw, LANE_TRAJ_T] = t
     if i_deep >= 0:
-        deep[uw, U(i_deep), D_CHILD] += 1
+        deep[uw, U(i_deep), DEEP_BRANCHES] += 1
     for k in range(K):  # ring[w, k] is pair t-K+k: the oldest, most significant digit first
         D = powM[U(K - 1 - k)]
         x = _quotient(P, D, inv_powM[U(K - 1 - k)])
@@ -529,11 +568,11 @@ def start_group(lane, ring, rec, deep, next_group, w, seed, starts, K, M, powM, 
     """Give lane w the next group (its first root); False when none is left."""
     g = next_group[0]
     if g >= starts.shape[0]:
-        lane[w, L_G] = -1
+        lane[w, LANE_GROUP] = -1
         return False
     next_group[0] = g + 1
-    lane[w, L_G], lane[w, L_J], lane[w, L_ROW] = g, 0, 0
-    lane[w, L_CST] = kn.stream_seed(seed, g * _STREAMS + _CHOICE)
+    lane[w, LANE_GROUP], lane[w, LANE_TRAJ], lane[w, LANE_ROWS] = g, 0, 0
+    lane[w, LANE_CHOICE_STREAM] = kn.stream_seed(seed, g * _STREAMS + _CHOICE)
     begin(lane, ring, rec, deep, w, -1, -1, seed, starts, K, M, powM, inv_powM, cap_g,
           o_hidden, o_pp)  # fmt: skip
     return True
@@ -561,12 +600,19 @@ def end_trajectory(lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, de
     (The scalars come in ``cfg``: numba inlines calls of at most 30 arguments.)"""
     K = powM.shape[0] - 1
     seed, steps, root_steps, rule, M, cap_g = (
-        cfg[C_SEED], cfg[C_STEPS], cfg[C_ROOT], cfg[C_RULE], cfg[C_M], cfg[C_CAPG],
+        cfg[CFG_SEED], cfg[CFG_STEPS], cfg[CFG_ROOT_STEPS], cfg[CFG_RULE], cfg[CFG_RADIX],
+        cfg[CFG_CAP_G],
     )  # fmt: skip
-    g, j, r0, r1, t0 = lane[w, L_G], lane[w, L_J], lane[w, L_ROW0], lane[w, L_ROW], lane[w, L_T0]
+    g, j, r0, r1, t0 = (
+        lane[w, LANE_GROUP],
+        lane[w, LANE_TRAJ],
+        lane[w, LANE_TRAJ_ROW],
+        lane[w, LANE_ROWS],
+        lane[w, LANE_TRAJ_T],
+    )
     L = r1 - r0
-    rec[w, j, LENGTH], rec[w, j, PARENT], rec[w, j, FINAL] = L, lane[w, L_PARENT], s2
-    rec[w, j, SUCCESS], rec[w, j, T0], rec[w, j, ROW0] = success, t0, r0
+    rec[w, j, REC_LENGTH], rec[w, j, REC_PARENT], rec[w, j, REC_FINAL] = L, lane[w, LANE_PARENT], s2
+    rec[w, j, REC_SUCCESS], rec[w, j, REC_FIRST_T], rec[w, j, REC_FIRST_ROW] = success, t0, r0
     base = g * cap_g
     if rule in (SINGLETON, HARD):
         _count_rows(dmap, cnt, slots, rows, lane, w, base, r0, L, o_ctx, rule == HARD)
@@ -576,10 +622,10 @@ def end_trajectory(lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, de
     elif rule == TREE:
         for t in range(max(t0, 1), t0 + L):  # the rows at the set depths, in row order
             if at_depth[t]:
-                i = lane[w, L_NDEEP]
-                deep[w, i, D_ROW], deep[w, i, D_CHILD] = r0 + t - t0, 0
-                lane[w, L_NDEEP] = i + 1
-    lane[w, L_J] = j + 1
+                i = lane[w, LANE_DEEP_ROWS]
+                deep[w, i, DEEP_ROW], deep[w, i, DEEP_BRANCHES] = r0 + t - t0, 0
+                lane[w, LANE_DEEP_ROWS] = i + 1
+    lane[w, LANE_TRAJ] = j + 1
     if r1 < steps:
         r = -1
         i_deep = -1
@@ -604,9 +650,9 @@ def new_book(rule, cap_g, capacity):
     dmap = np.full((W, capacity if counted else 1), -1, np.int32)
     cnt = np.zeros((W, n_slots), np.int64)
     slots = np.zeros((W, n_slots, 4), np.int64)
-    slots[:, :, TAIL] = np.arange(n_slots, 2 * n_slots)  # slot d's empty list: its head entry
+    slots[:, :, SLOT_TAIL] = np.arange(n_slots, 2 * n_slots)  # slot d's empty list: its head entry
     rows = np.empty((W, 5, 2 * cap_g if hard else cap_g // 64 + 1), np.int64)
-    rows[:, FLAGS] = 0
+    rows[:, ROWS_SINGLE_BITS] = 0
     sums = np.zeros((W, cap_g if hard else 1, 2))
     var = np.empty((W, cap_g if hard else 1))
     deep = np.empty((W, cap_g if rule == TREE else 1, 2), np.int64)
@@ -692,11 +738,11 @@ def run_lanes(
         n_ended = 0
         for w in range(W):
             uw = U(w)
-            g = lane[uw, L_G]
+            g = lane[uw, LANE_GROUP]
             if g < 0:
                 continue
-            s = lane[uw, L_S]
-            P = lane[uw, L_P]
+            s = lane[uw, LANE_HIDDEN]
+            P = lane[uw, LANE_PAST]
             o = obs_of_state[U(s)]
             code = P * n_obs + o
             c = kn.probe(code, htab, mask, imask)
@@ -707,15 +753,15 @@ def run_lanes(
                 )  # fmt: skip
                 if c < 0:
                     return False
-            a, s2, st = kn.draw_and_move(lane[uw, L_ST], c, s, cdf, next_state, next_prob,
+            a, s2, st = kn.draw_and_move(lane[uw, LANE_STREAM], c, s, cdf, next_state, next_prob,
                                          deterministic)  # fmt: skip
-            q = U(g * cap_g + lane[uw, L_ROW])
+            q = U(g * cap_g + lane[uw, LANE_ROWS])
             o_hidden[q] = s
             o_action[q] = a
             o_ctx[q] = c
             o_pp[q] = P
-            lane[uw, L_ROW] += 1
-            t = lane[uw, L_T] + 1
+            lane[uw, LANE_ROWS] += 1
+            t = lane[uw, LANE_T] + 1
             if terminal[U(s2)] or t >= horizon:
                 ended[U(n_ended), 0] = w
                 ended[U(n_ended), 1] = s2
@@ -723,13 +769,15 @@ def run_lanes(
                 continue
             if K > 0:
                 pair = o * (A + 1) + a
-                pos = U(lane[uw, L_POS])
-                lane[uw, L_P] = (P - ring[uw, pos] * top) * M + pair
+                pos = U(lane[uw, LANE_RING_POS])
+                lane[uw, LANE_PAST] = (P - ring[uw, pos] * top) * M + pair
                 ring[uw, pos] = pair
-                lane[uw, L_POS] = lane[uw, L_POS] + 1 if lane[uw, L_POS] + 1 < K else 0
-            lane[uw, L_S] = s2
-            lane[uw, L_ST] = st
-            lane[uw, L_T] = t
+                lane[uw, LANE_RING_POS] = (
+                    lane[uw, LANE_RING_POS] + 1 if lane[uw, LANE_RING_POS] + 1 < K else 0
+                )
+            lane[uw, LANE_HIDDEN] = s2
+            lane[uw, LANE_STREAM] = st
+            lane[uw, LANE_T] = t
         for i in range(n_ended):
             w = ended[i, 0]
             s2 = ended[i, 1]
@@ -754,7 +802,7 @@ def compact(trajs, groups, cap_g, K, n_obs, n_actions, powM, inv_powM, obs_of_st
     trajectories).
 
     Keys: key_K = P n_obs + o; key_k, 0 < k < K, by the recursion of
-    ``_kernels.context_keys_pass`` from the row before, and at a trajectory's first row
+    ``_rollout_kernel.context_keys_pass`` from the row before, and at a trajectory's first row
     (P mod M^k) n_obs + o."""
     M = (n_obs + 1) * (n_actions + 1)
     uK = U(K)
@@ -774,18 +822,20 @@ def compact(trajs, groups, cap_g, K, n_obs, n_actions, powM, inv_powM, obs_of_st
         r = lo
         for jj in range(n_tr):  # trajectory, parent and step of each row; P at its first
             k = U(rec0 + jj)
-            L, p, t0 = trajs[k, LENGTH], trajs[k, PARENT], trajs[k, T0]
+            L, p, t0 = trajs[k, REC_LENGTH], trajs[k, REC_PARENT], trajs[k, REC_FIRST_T]
             parent = tr - jj + p if p >= 0 else -1
             for i in range(L):
                 a = U(r + i)
                 o_traj[a] = tr
                 o_parent[a] = parent
                 o_step[a] = t0 + i
-            trajs[k, P_FIRST] = o_keys[uK, U(r)]
-            o_success[U(tr)] = trajs[k, SUCCESS] != 0
+            trajs[k, REC_FIRST_PAST] = o_keys[uK, U(r)]
+            o_success[U(tr)] = trajs[k, REC_SUCCESS] != 0
             r += L
             tr += 1
-            o_reward[U(r - 1)] = reward_enter[U(trajs[k, FINAL])]  # ... its last: its final state
+            o_reward[U(r - 1)] = reward_enter[
+                U(trajs[k, REC_FINAL])
+            ]  # ... its last: its final state
         for r in range(lo, hi):
             a = U(r)
             s = o_hidden[a]
@@ -804,9 +854,9 @@ def compact(trajs, groups, cap_g, K, n_obs, n_actions, powM, inv_powM, obs_of_st
             r = lo
             for jj in range(n_tr):  # a trajectory's first row: from its P
                 k = U(rec0 + jj)
-                P0 = trajs[k, P_FIRST]
+                P0 = trajs[k, REC_FIRST_PAST]
                 x = P0 - _quotient(P0, powM[kk], inv_powM[kk]) * powM[kk]
                 o_keys[U(kk), U(r)] = x * n_obs + o_obs[U(r)]
-                r += trajs[k, LENGTH]
+                r += trajs[k, REC_LENGTH]
         row = hi
     return row, tr

@@ -9,6 +9,9 @@ Snapshots (branching rollouts): :class:`AlfWorldSnapshot` holds the game, the ep
 bookkeeping (steps, done, won) and the engine's own state
 (:class:`agentenvs.alfworld.engine.EngineSnapshot`: SAS variable values, facts, feedback); a
 restore loads the game if this env is playing another one and copies the state in, no replay.
+
+Same role as ``agentenvs/webshop/env.py`` in a parallel benchmark package (each
+benchmark's ``env.py`` holds its environment class); the shared name is deliberate.
 """
 
 from __future__ import annotations

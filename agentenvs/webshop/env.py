@@ -22,6 +22,9 @@ Snapshots (branching rollouts): :meth:`WebShopEnv.snapshot` is a :class:`WebShop
 the session (goal number, page, result list, chosen options, step count, score), a few hundred
 bytes; the catalog and search index are shared by every env of a process and never copied.
 The simulator has no randomness.
+
+Same role as ``agentenvs/alfworld/env.py`` in a parallel benchmark package (each
+benchmark's ``env.py`` holds its environment class); the shared name is deliberate.
 """
 
 from __future__ import annotations

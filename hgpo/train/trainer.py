@@ -9,7 +9,6 @@ ZeRO-3 the reference too, sharded, without optimizer).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -23,30 +22,26 @@ import numpy as np
 import torch
 
 from hgpo import Advantages, compute_advantages
-from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
 from hgpo.train.branching import BranchPlan, branch_figures, play_branched
 from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError, is_toy
+from hgpo.train.engines import build_engines, rollout_engine
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
-from hgpo.train.lora import ADAPTER_DIR, add_adapters
 from hgpo.train.loss import ppo_loss, value_loss
 from hgpo.train.metrics import LevelFigures, MetricsLogger, PhaseTimes, RankFigures, merge_metrics
 from hgpo.train.model import (
-    HF_MODEL_DIR,
-    Critic,
-    HFEngine,
     Packed,
     check_thinking_switch,
     grad_norm,
-    load_causal_lm,
     load_tokenizer,
     pack,
     response_logprobs,
-    save_hf_model,
 )
 from hgpo.train.preflight import validate_config
-from hgpo.train.rollout import Engine, Play, Rollout, logprob_gap, run_episodes
-from hgpo.train.rundir import clear_run, record_resume, resume_changes
+from hgpo.train.rollout import Play, Rollout, logprob_gap, run_episodes
+from hgpo.train.run_checkpoint import load_run, save_run
+from hgpo.train.run_checkpoint import set_lr as set_lr  # (it lived here)
+from hgpo.train.rundir import clear_run, resume_changes
 from hgpo.train.update import (
     MicroBatch,
     Scored,
@@ -107,13 +102,6 @@ def begin_forward(engine: Any) -> None:
         engine.optimizer.clear_backward_seen_flag()
 
 
-def set_lr(optimizer: Any, lr: float, weight_decay: float) -> None:
-    """Set every parameter group's learning rate and weight decay (DeepSpeed's ZeRO optimizers
-    wrap the torch optimizer and share its ``param_groups``)."""
-    for group in optimizer.param_groups:
-        group["lr"], group["weight_decay"] = lr, weight_decay
-
-
 def tiny_corpus(env: str = "") -> list[str]:
     """Text the tiny tokenizer is trained on: the paper's templates and typical env strings
     (a toy env adds its template, observations, tasks and actions)."""
@@ -160,8 +148,12 @@ class Trainer:
         check_thinking_switch(self.tok, cfg.enable_thinking)
         self.sharded = cfg.zero_stage == 3
         self.lora = cfg.lora_rank > 0
-        self._build_engines()
-        self.engine = self._rollout_engine()
+        built = build_engines(cfg, self.model_path, self.dtype, self.device, self.grad_accum)
+        self.actor, self.ref, self.critic = built.actor, built.ref, built.critic
+        self._ref_engine = built.ref_engine  # ZeRO-3: owns the hooks of the reference's shards
+        self.engine = rollout_engine(
+            cfg, self.tok, self.model_path, self.actor.module, self.dtype, self.device
+        )
         self.groups_per_rank = cfg.groups_per_iter // self.world
         self.train_envs = EnvSet(cfg, TRAIN_SPLIT, self.groups_per_rank * cfg.group_size)
         self.val_envs: dict[str, EnvSet] = {}
@@ -218,47 +210,6 @@ class Trainer:
             )
         return cfg.mini_batch_size // per_opt_step
 
-    def _build_engines(self) -> None:
-        """The actor (with LoRA adapters when asked), the KL reference and the critic (gae),
-        each in a DeepSpeed engine.
-
-        The reference is a frozen copy of the initial model (under ZeRO-3 sharded like the
-        actor, forward only); with LoRA it is the actor itself with its adapters switched off.
-        """
-        import deepspeed
-
-        cfg = self.cfg
-        ds_cfg = self._ds_config()
-        actor = load_causal_lm(self.model_path, self.dtype, self.device)
-        if cfg.gradient_checkpointing:
-            actor.gradient_checkpointing_enable()
-        self.ref = None
-        self._ref_engine = None  # ZeRO-3: owns the hooks that gather the reference's shards
-        if cfg.kl_coef > 0 and not self.lora:
-            ref = load_causal_lm(self.model_path, self.dtype, self.device).eval()
-            ref.requires_grad_(False)
-            if self.sharded:
-                self._ref_engine, *_ = deepspeed.initialize(model=ref, config=ds_cfg)
-                ref = self._ref_engine.module.eval()
-            self.ref = ref
-        if self.lora:
-            actor = add_adapters(actor, cfg)
-            if (
-                cfg.gradient_checkpointing
-            ):  # frozen embeddings: checkpointed blocks need a grad input
-                actor.enable_input_require_grads()
-        trainable = [p for p in actor.parameters() if p.requires_grad]
-        # A torch optimizer: DeepSpeed's own Adam would be compiled with g++ on first use.
-        opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.actor, *_ = deepspeed.initialize(model=actor, optimizer=opt, config=ds_cfg)
-        self.critic = None
-        if cfg.use_critic:
-            critic = Critic(self.model_path, self.dtype).to(self.device)
-            copt = torch.optim.AdamW(
-                critic.parameters(), lr=cfg.critic_lr, weight_decay=cfg.weight_decay
-            )
-            self.critic, *_ = deepspeed.initialize(model=critic, optimizer=copt, config=ds_cfg)
-
     def _reference_logprobs(self, batch: Packed) -> torch.Tensor:
         """Log-probs [B, R] of the response tokens under the KL reference."""
         if self.ref is not None:
@@ -286,88 +237,26 @@ class Trainer:
         dist.barrier()
         return str(path)
 
-    def _ds_config(self) -> dict[str, Any]:
-        cfg = self.cfg
-        return {
-            "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-            "gradient_accumulation_steps": self.grad_accum,
-            "gradient_clipping": cfg.grad_clip,
-            "zero_optimization": {"stage": cfg.zero_stage},
-            "bf16": {"enabled": self.dtype == torch.bfloat16},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        }
-
-    def _rollout_engine(self) -> Engine:
-        cfg = self.cfg
-        if cfg.rollout_engine == "vllm":
-            from hgpo.train.vllm_engine import VLLMEngine
-
-            return VLLMEngine(self.model_path, self.tok, cfg, self.actor.module)
-        if self.sharded:
-            # A full copy of the actor to sample from: generating on the sharded module would
-            # gather every layer for every token, in lockstep over the ranks.
-            full = load_causal_lm(self.model_path, self.dtype, self.device).eval()
-            full.requires_grad_(False)
-            return HFEngine(full, self.tok, cfg.rollout_batch_size, self.device, copy=True)
-        return HFEngine(self.actor.module, self.tok, cfg.rollout_batch_size, self.device)
-
     # -- checkpoints ---------------------------------------------------------------------------
     def _save(self, iteration: int) -> None:
-        root = self.out / "checkpoints"
-        if self.rank == 0:
-            ckpt.tmp_dir(root, iteration)
-        dist.barrier()
-        tmp = root / f".tmp-iter_{iteration:06d}"
-        # LoRA: the actor's checkpoint holds the adapters and their optimizer state only
-        self.actor.save_checkpoint(str(tmp), tag="actor", exclude_frozen_parameters=self.lora)
-        if self.lora and self.rank == 0:
-            self.actor.module.save_pretrained(str(tmp / ADAPTER_DIR))
-        if self.critic is not None:
-            self.critic.save_checkpoint(str(tmp), tag="critic")
-        save_hf_model(self.actor.module, self.tok, tmp / HF_MODEL_DIR, self.rank == 0)
-        if self.rank == 0:
-            state = {
-                "iteration": iteration,
-                "model_path": self.model_path,
-                "world_size": self.world,
-            }
-            (tmp / "trainer_state.json").write_text(json.dumps(state) + "\n")
-            self.cfg.save(tmp / "config.json")  # the settings --resume is checked against
-        _maybe_die("save", iteration)
-        dist.barrier()
-        if self.rank == 0:
-            ckpt.commit(root, tmp, iteration, self.cfg.keep_checkpoints)
-        dist.barrier()
+        """Checkpoint ``iteration`` (:func:`hgpo.train.run_checkpoint.save_run`)."""
+        save_run(
+            self.out, self.cfg, iteration, rank=self.rank, world=self.world, actor=self.actor,
+            critic=self.critic, lora=self.lora, tok=self.tok, model_path=self.model_path,
+            before_publish=lambda: _maybe_die("save", iteration),
+        )  # fmt: skip
 
     def _load(self) -> None:
-        path = ckpt.latest(self.out / "checkpoints")
-        if path is None:
+        """--resume: the newest checkpoint's engines and next iteration
+        (:func:`hgpo.train.run_checkpoint.load_run`), then the rollout engine's weights."""
+        got = load_run(
+            self.out, self.cfg, self.world, self.actor, self.critic, self.lora,
+            getattr(self, "_resume_changes", None),
+        )  # fmt: skip
+        if got is None:
             log.warning("--resume: no checkpoint in %s, starting from iteration 1", self.out)
             return
-        state = json.loads((path / "trainer_state.json").read_text())
-        saved_world = int(state.get("world_size", self.world))
-        if saved_world != self.world and self.cfg.zero_stage > 0:
-            # DeepSpeed partitions ZeRO-1/2/3 optimizer states by rank and cannot re-partition
-            # them; ZeRO-0 checkpoints resume on any number of ranks
-            raise TrainConfigError(
-                f"--resume: {path} was written by {saved_world} ranks under "
-                f"TrainConfig.zero_stage={self.cfg.zero_stage}, this run has {self.world}; "
-                f"resume with {saved_world} ranks, or start a new run from its weights with "
-                f"--model {path / HF_MODEL_DIR}"
-            )
-        # LoRA: the base weights come from model_path, the checkpoint has the adapters
-        self.actor.load_checkpoint(str(path), tag="actor", load_module_strict=not self.lora)
-        if self.critic is not None:
-            self.critic.load_checkpoint(str(path), tag="critic")
-        # the optimizer states bring back the saved learning rates; the run's config (where
-        # flags given with --resume may change them) decides
-        set_lr(self.actor.optimizer, self.cfg.lr, self.cfg.weight_decay)
-        if self.critic is not None:
-            set_lr(self.critic.optimizer, self.cfg.critic_lr, self.cfg.weight_decay)
-        self.start = int(state["iteration"]) + 1
-        if getattr(self, "_resume_changes", None):  # rank 0 only (empty elsewhere)
-            record_resume(self.out, self.start, self._resume_changes)
+        path, self.start = got
         self.engine_sync()
         log.info("resumed from %s: next iteration %d", path, self.start)
 

@@ -1,0 +1,158 @@
+"""Rollout engine on ``transformers.generate`` and the model's own forward (the CPU engine, and
+the GPU fallback when vLLM is not installed); :mod:`hgpo.train.vllm_engine` holds the vLLM one.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from hgpo.train.model import inference_named_parameters, load_named, pack, stop_ids
+
+__all__ = ["HFEngine"]
+
+
+class HFEngine:
+    """Rollout engine on ``transformers.generate`` (CPU, or GPU fallback).
+
+    By default it samples from the training module itself (no copy). With ``copy=True``
+    (ZeRO-3: the training module is sharded, and ranks would have to run every forward pass
+    in lockstep) ``model`` is a plain full model of its own, and ``sync(actor)`` gathers the
+    actor's parameters into it one at a time.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tok: Any,
+        batch_size: int,
+        device: torch.device,
+        copy: bool = False,
+    ) -> None:
+        self.model, self.tok, self.batch_size, self.device = model, tok, batch_size, device
+        self.copy = copy
+        self.stop = stop_ids(tok)
+
+    def sync(self, model: nn.Module) -> None:
+        """Sample from ``model`` (the training module); with ``copy``, load its (gathered)
+        parameters into the engine's own model. A collective under ZeRO-3: every rank calls it."""
+        if not self.copy:
+            self.model = model
+            return
+        load_named(self.model, inference_named_parameters(model))
+
+    def generated_logprobs(self) -> None:
+        """None: the training module computes the log-probs itself (same weights)."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to free: the model belongs to the trainer."""
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: Sequence[Sequence[int]], temperature: float, top_p: float, max_new: int
+    ) -> list[list[int]]:
+        """Sample one response per prompt; each ends at (and keeps) its first stop token."""
+        out: list[list[int]] = []
+        was_training = self.model.training
+        self.model.eval()
+        pad = self.tok.pad_token_id
+        for s in range(0, len(prompts), self.batch_size):
+            chunk = prompts[s : s + self.batch_size]
+            packed = pack(chunk, [[]] * len(chunk), pad, self.device)
+            ids = packed.input_ids[:, : packed.P]
+            att = packed.attention_mask[:, : packed.P]
+            gen = self.model.generate(
+                input_ids=ids,
+                attention_mask=att,
+                do_sample=True,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=0,
+                max_new_tokens=max_new,
+                eos_token_id=self.stop,
+                pad_token_id=pad,
+            )
+            for row in gen[:, packed.P :].tolist():
+                cut = len(row)
+                for j, t in enumerate(row):
+                    if t in self.stop:
+                        cut = j + 1
+                        break
+                out.append(row[:cut])
+        if was_training:
+            self.model.train()
+        return out
+
+    @torch.no_grad()
+    def score(
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+    ) -> list[float]:
+        """Sum of the response tokens' log-probabilities (temperature 1) given each prompt.
+
+        Consecutive entries with the same prompt (the candidates of one step in
+        action_mode="score") share one pass over that prompt: its key/value cache is computed
+        once and repeated for up to ``batch_size`` responses at a time.
+        """
+        if len(prompts) != len(responses):
+            raise ValueError(
+                f"score: {len(prompts)} prompts but {len(responses)} responses (one each)"
+            )
+        out: list[float] = []
+        was_training = self.model.training
+        self.model.eval()
+        s = 0
+        while s < len(prompts):
+            e = s + 1
+            while e < len(prompts) and list(prompts[e]) == list(prompts[s]):
+                e += 1
+            for c in range(s, e, self.batch_size):
+                out.extend(
+                    self._score_shared(prompts[s], responses[c : min(e, c + self.batch_size)])
+                )
+            s = e
+        if was_training:
+            self.model.train()
+        return out
+
+    def _score_shared(
+        self, prompt: Sequence[int], responses: Sequence[Sequence[int]]
+    ) -> list[float]:
+        """Summed response log-probs of ``responses`` after one shared ``prompt`` (KV cache)."""
+        if not prompt:
+            raise ValueError("score: an empty prompt (at least one token is needed)")
+        decoder = self.model.get_decoder()
+        head = self.model.get_output_embeddings()
+        P = len(prompt)
+        first = decoder(
+            input_ids=torch.tensor([list(prompt)], dtype=torch.long, device=self.device),
+            use_cache=True,
+        )
+        n, R = len(responses), max(1, max(len(r) for r in responses))
+        ids = torch.full((n, R), self.tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, R), dtype=torch.float32)
+        for b, r in enumerate(responses):
+            if len(r):
+                ids[b, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+                mask[b, : len(r)] = 1.0
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        # transformers 5 names the cache "cache" (argument and output), earlier ones
+        # "past_key_values" (still accepted by 5.x with a FutureWarning)
+        params = inspect.signature(decoder.forward).parameters
+        key = "cache" if "cache" in params else "past_key_values"
+        cache = getattr(first, key)
+        cache.batch_repeat_interleave(n)
+        # responses are right-padded: a real token never attends to a later pad (causal), so
+        # no attention mask is needed; the pads' log-probs are masked out below.
+        pos = torch.arange(P, P + R, device=self.device).unsqueeze(0).expand(n, R)
+        rest = decoder(input_ids=ids, position_ids=pos, use_cache=True, **{key: cache})
+        h = torch.cat(
+            [first.last_hidden_state[:, -1:].expand(n, 1, -1), rest.last_hidden_state[:, :-1]], 1
+        )  # position t predicts token t + 1
+        logp = torch.log_softmax(head(h).float(), dim=-1)
+        lp = logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        return (lp * mask).sum(-1).tolist()
