@@ -11,7 +11,6 @@ import numpy as np
 
 from agentenvs import BatchedEnv, BatchMemory, EpisodeMemory, ParsedAction
 from agentenvs.adapters import Benchmark
-from agentenvs.adapters.alfworld_bench import game_files as _alfworld_files  # noqa: F401
 from agentenvs.batched import require_snapshot
 from agentenvs.registry import benchmark
 from hgpo.train.config import TrainConfig, TrainConfigError
