@@ -52,7 +52,7 @@ def _bench(name: str, env: BatchedEnv, n_tasks: int, group_n: int, steps: int) -
         for info in infos:
             adm = [a for a in info.get("admissible_actions", []) if a != "search[<your query>]"]
             first = (info.get("admissible_actions") or [""])[0]
-            if name == "webshop" and first.startswith("search"):
+            if first == "search[<your query>]":  # WebShop's search page: a random query
                 acts.append(f"search[{rng.choice(['tea', 'mug', 'shoes', 'lamp', 'cable'])}]")
             else:
                 acts.append(rng.choice(adm) if adm else "look")

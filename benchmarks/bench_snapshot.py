@@ -43,8 +43,11 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def per_env(name: str, make: Callable[[], Any], n_tasks: int, episodes: int) -> None:
-    """Snapshot after every step of random episodes of env A, restore into env B."""
+def per_env(
+    name: str, make: Callable[[], Any], n_tasks: int, episodes: int, other_game: bool = False
+) -> None:
+    """Snapshot after every step of random episodes of env A, restore into env B (and, with
+    ``other_game``, into B after it reset to another task: ALFWorld loads another game)."""
     a, b = make(), make()
     rng = random.Random(0)
     cost: dict[str, list[float]] = {k: [] for k in ("step", "snapshot", "pickle", "restore")}
@@ -71,7 +74,7 @@ def per_env(name: str, make: Callable[[], Any], n_tasks: int, episodes: int) -> 
             t0 = time.perf_counter()
             b.restore(snap)
             cost["restore"].append(_ms(t0))
-        if name == "alfworld" and n_tasks > 1:  # B plays another game: the restore loads ours
+        if other_game and n_tasks > 1:  # B plays another game: the restore loads ours
             b.reset((task + 1) % n_tasks)
             t0 = time.perf_counter()
             b.restore(snap)
@@ -145,7 +148,7 @@ def main() -> None:
 
     games = find_games(args.games)
     os.environ.setdefault("AGENTENVS_ALFWORLD_CACHE", tempfile.mkdtemp(prefix="bench_snap_"))
-    per_env("alfworld", lambda: AlfWorldEnv(games), len(games), args.episodes)
+    per_env("alfworld", lambda: AlfWorldEnv(games), len(games), args.episodes, other_game=True)
     batched("toy", toy_factory(spec), 4, args.envs, args.workers)
     batched("webshop", shop, 4, args.envs, args.workers)
     batched("alfworld", alfworld_factory(games), 4, args.envs, args.workers)

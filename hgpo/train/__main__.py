@@ -9,7 +9,8 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    from hgpo.options import EXTRAS, exit_on_missing_extras
+    from agentenvs.registry import benchmark
+    from hgpo.options import exit_on_missing_extras
     from hgpo.train.config import parse_args
 
     cfg, ns = parse_args(argv)
@@ -17,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
         return 0
     # the trainer's packages (torch, ...) and the env's, before any import of them
-    extras = ("llm", cfg.env) if cfg.env in EXTRAS else ("llm",)
+    extras = ("llm", *benchmark(cfg.env).extras)
     exit_on_missing_extras(f"python -m hgpo.train --env {cfg.env}", *extras)
     from hgpo.train.logs import configure_logging
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentenvs.adapters.toy_bench import is_toy  # noqa: F401 (re-exported: was defined here)
+from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo.config import EstimatorConfig
 from hgpo.config import field_docs as dataclass_field_docs
 from hgpo.estimators import ESTIMATORS
@@ -45,7 +47,8 @@ __all__ = [
     "resolve",
 ]
 
-ENVS = ("alfworld", "webshop")
+ENVS = tuple(n for n, b in BENCHMARKS.items() if b.paper)
+"""The benchmarks with the paper's presets (alfworld, webshop)."""
 TINY_MODEL = "tiny"
 """``model`` value that builds a tiny random model (``tiny_arch``: Qwen2 or Qwen3) and a locally
 trained tokenizer."""
@@ -252,8 +255,7 @@ class TrainConfig:
         for f in dataclasses.fields(self):  # ints become floats where a float is asked for
             value = _check_field(f.name, getattr(self, f.name))
             object.__setattr__(self, f.name, value)
-        if not is_toy(self.env):  # a toy spec is parsed by _check_toy
-            check_choice("TrainConfig.env", self.env, (*ENVS, "toy:FAMILY:param=value,..."))
+        benchmark(self.env, "TrainConfig.env")  # a spec's parameters: _check_toy
         if self.estimator not in ESTIMATORS:
             raise ValueError(
                 f"TrainConfig.estimator: unknown estimator {self.estimator!r}; known "
@@ -306,10 +308,8 @@ class TrainConfig:
     def _check_toy(self) -> None:
         """A toy env spec parses (unknown family / parameter named); --truth-every needs it and
         score mode (issue 14 hook)."""
-        if is_toy(self.env):
-            from agentenvs.toytext import parse_toy_spec
-
-            parse_toy_spec(self.env, where="TrainConfig.env")
+        bench = benchmark(self.env, "TrainConfig.env")
+        bench.check(self.env, "TrainConfig.env")
         if self.truth_every:
             if self.action_mode != "score":
                 raise ValueError(
@@ -317,7 +317,7 @@ class TrainConfig:
                     f"exact truth needs pi(a | prompt) over the listed actions; free text has no "
                     f"finite action set), got action_mode={self.action_mode!r}"
                 )
-            if not is_toy(self.env):
+            if not bench.exact_truth:
                 raise ValueError(
                     f"TrainConfig.truth_every={self.truth_every} needs a toy env "
                     f"('toy:FAMILY:...', whose hidden states are known), got env={self.env!r}"
@@ -551,11 +551,6 @@ def _check_field(name: str, value: Any) -> Any:
     return value
 
 
-def is_toy(env: str) -> bool:
-    """True for a toy POMDP spec "toy:FAMILY:param=value,..." (agentenvs.toytext)."""
-    return isinstance(env, str) and env.startswith("toy:")
-
-
 def parse_options(text: str, where: str = "--estimator-options") -> dict[str, Any]:
     """ "a=1,b=mean" -> {"a": 1, "b": "mean"}: the project's one parser (hgpo.options)."""
     return parse_name_values(text, where=where)
@@ -574,27 +569,9 @@ def field_docs() -> dict[str, str]:
 
 
 # --- presets ------------------------------------------------------------------------------------
-ENV_DEFAULTS: dict[str, dict[str, Any]] = {
-    "alfworld": {
-        "max_steps": 50,
-        "max_prompt_tokens": 2048,
-        "mini_batch_size": 256,
-        "val_tasks": 128,
-    },
-    "webshop": {
-        "max_steps": 15,
-        "max_prompt_tokens": 4096,
-        "mini_batch_size": 64,
-        "val_tasks": 256,
-    },
-    "toy": {  # the toy env's own horizon ends its episodes; max_steps only caps it
-        "max_steps": 100,
-        "max_prompt_tokens": 2048,
-        "mini_batch_size": 64,
-        "val_tasks": 128,
-    },
-}
-"""The paper's per-benchmark settings, applied before a preset."""
+ENV_DEFAULTS: dict[str, dict[str, Any]] = {n: dict(b.defaults) for n, b in BENCHMARKS.items()}
+"""The paper's per-benchmark settings, applied before a preset (each adapter's
+``Benchmark.defaults``, agentenvs.registry)."""
 
 MODELS = {"1.5b": "Qwen/Qwen2.5-1.5B-Instruct", "7b": "Qwen/Qwen2.5-7B-Instruct"}
 """The paper's models, by preset size."""
@@ -692,9 +669,7 @@ def _resolve(env: str | None, preset: str | None, overrides: dict[str, Any]) -> 
         raise ValueError(f"unknown preset {preset!r}; known presets: {', '.join(PRESETS)}")
     layer = dict(PRESETS[preset]) if preset else {}
     env = env or overrides.get("env") or layer.get("env") or "alfworld"
-    if not is_toy(env):
-        check_choice("TrainConfig.env", env, (*ENVS, "toy:FAMILY:param=value,..."))
-    values: dict[str, Any] = {"env": env, **ENV_DEFAULTS["toy" if is_toy(env) else env]}
+    values: dict[str, Any] = {"env": env, **benchmark(env, "TrainConfig.env").defaults}
     values.update({k: v for k, v in layer.items() if k != "env"})
     values.update(overrides)
     values["env"] = env

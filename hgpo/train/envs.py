@@ -1,29 +1,19 @@
-"""The trainer's view of ALFWorld and WebShop: splits, batched envs, prompts and grouping keys."""
+"""The trainer's view of a benchmark (its adapter, agentenvs.registry): splits, batched envs,
+prompts and grouping keys."""
 
 from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agentenvs import (
-    BatchedEnv,
-    BatchMemory,
-    EpisodeMemory,
-    alfworld_factory,
-    alfworld_games,
-    alfworld_prompt,
-    alfworld_task,
-    observation_key,
-    webshop_factory,
-    webshop_prompt,
-)
+from agentenvs import BatchedEnv, BatchMemory, EpisodeMemory, ParsedAction
+from agentenvs.adapters import Benchmark
 from agentenvs.batched import require_snapshot
-from agentenvs.toytext import toy_prompt
-from hgpo.train.config import TrainConfig, TrainConfigError, is_toy
+from agentenvs.registry import benchmark
+from hgpo.train.config import TrainConfig, TrainConfigError
 
 TRAIN_SPLIT = "train"
 
@@ -82,39 +72,15 @@ def _build_crashing(factory: Any, slots: set[int], at: int, how: str) -> Crashin
 
 
 def val_splits(env: str) -> tuple[str, ...]:
-    """Held-out splits: ALFWorld in (valid_seen) and out of distribution (valid_unseen); WebShop
-    eval; a toy family its held-out start states."""
-    if is_toy(env):
-        return ("heldout",)
-    return ("valid_seen", "valid_unseen") if env == "alfworld" else ("eval",)
-
-
-def _alfworld_files(cfg: TrainConfig, split: str) -> list[str]:
-    if cfg.alfworld_games_dir:
-        from agentenvs.alfworld.env import find_games
-
-        folder = Path(cfg.alfworld_games_dir) / split
-        games = find_games(folder)
-        if not games:
-            raise ValueError(f"TrainConfig.alfworld_games_dir: no games under {str(folder)!r}")
-        return games
-    n = cfg.alfworld_train_games if split == TRAIN_SPLIT else cfg.val_tasks
-    return alfworld_games(split, n_games=n, seed=cfg.seed)
+    """Held-out splits of ``env``'s benchmark (``Benchmark.val_splits``): ALFWorld in
+    (valid_seen) and out of distribution (valid_unseen); WebShop eval; a toy family its
+    held-out start states."""
+    return benchmark(env).val_splits
 
 
 def split_size(cfg: TrainConfig, split: str) -> int:
     """Number of tasks of ``split``."""
-    if is_toy(cfg.env):
-        from agentenvs.toytext import parse_toy_spec, split_tasks
-
-        return int(split_tasks(parse_toy_spec(cfg.env).build(), split).size)
-    if cfg.env == "alfworld":
-        return len(_alfworld_files(cfg, split))
-    return (
-        cfg.webshop_goals - cfg.webshop_eval_goals
-        if split == TRAIN_SPLIT
-        else cfg.webshop_eval_goals
-    )
+    return benchmark(cfg.env).split_size(cfg, split)
 
 
 def env_actors(cfg: TrainConfig, world: int = 1) -> dict[str, int]:
@@ -155,33 +121,14 @@ def check_ray_capacity(cfg: TrainConfig, world: int = 1) -> None:
 
 
 class EnvSet:
-    """One split of a benchmark as a :class:`BatchedEnv` of ``num_envs`` slots, with prompts."""
+    """One split of a benchmark as a :class:`BatchedEnv` of ``num_envs`` slots, with prompts
+    (the benchmark's adapter, :func:`agentenvs.registry.benchmark`, builds and reads them)."""
 
     def __init__(self, cfg: TrainConfig, split: str, num_envs: int) -> None:
-        self.cfg, self.split, self.bench = cfg, split, cfg.env
-        self.toy = None
-        if is_toy(cfg.env):  # issue 14 hook: a toy POMDP as text (agentenvs.toytext)
-            from agentenvs.toytext import parse_toy_spec, render, toy_factory
-
-            spec = parse_toy_spec(cfg.env)
-            self.bench, self.toy = "toy", render(spec.build())
-            self.num_tasks = split_size(cfg, split)
-            factory = toy_factory(spec, split, seed=cfg.seed)
-        elif cfg.env == "alfworld":
-            files = _alfworld_files(cfg, split)
-            self.num_tasks = len(files)
-            factory = alfworld_factory(files, max_steps=cfg.max_steps)
-        else:
-            n_eval = cfg.webshop_eval_goals
-            self.num_tasks = cfg.webshop_goals - n_eval if split == TRAIN_SPLIT else n_eval
-            factory = webshop_factory(
-                "train" if split == TRAIN_SPLIT else "eval",
-                seed=cfg.seed,
-                n_products=cfg.webshop_products,
-                n_goals=cfg.webshop_goals,
-                n_eval=n_eval,
-                max_steps=cfg.max_steps,
-            )
+        self.cfg, self.split = cfg, split
+        self.bench: Benchmark = benchmark(cfg.env)
+        self.num_tasks = self.bench.split_size(cfg, split)
+        factory = self.bench.factory(cfg, split)
         if split == TRAIN_SPLIT and os.environ.get(CRASH_ENV):
             factory = _crashing(factory, os.environ[CRASH_ENV])
         self._env = BatchedEnv(
@@ -199,35 +146,32 @@ class EnvSet:
         obs, infos = self._env.reset(task_ids, group_n)
         self._memory.reset(len(obs))
         for i, (o, info) in enumerate(zip(obs, infos, strict=True)):
-            if self.bench == "alfworld":
-                self._tasks[i] = alfworld_task(o) if o else ""
-            elif self.bench == "toy":
-                self._tasks[i] = info.get("task", "")
-            else:
-                self._tasks[i] = info.get("task", "")
+            self._tasks[i] = self.bench.task_text(o, info)
         return obs, infos
 
     def shown(self, i: int, obs: str) -> str:
         """What the prompt and the memory show of observation ``obs`` of slot ``i``."""
-        if self.bench == "webshop":
-            return observation_key("webshop", obs, self._tasks[i])
-        return obs  # ALFWorld and toy: the observation text itself
+        return self.bench.shown(obs, self._tasks[i])
 
     def key(self, i: int, obs: str) -> str:
-        """The state key HGPO groups by (agentenvs.observation_key; toy: the observation text)."""
-        if self.bench == "toy":
-            return obs
-        return observation_key(self.bench, obs, self._tasks[i])
+        """The state key HGPO groups by (``Benchmark.key``)."""
+        return self.bench.key(obs, self._tasks[i])
 
     def prompt(self, i: int, obs: str, info: dict[str, Any]) -> str:
         """The paper's prompt of slot ``i`` (memory module + template)."""
         admissible = info.get("admissible_actions", [])
-        K = self.cfg.history_length
-        if self.bench == "toy":
-            return toy_prompt(self.toy.family, self._tasks[i], obs, admissible, self._memory[i], K)
-        if self.bench == "alfworld":
-            return alfworld_prompt(self._tasks[i], obs, admissible, self._memory[i], K)
-        return webshop_prompt(self._tasks[i], self.shown(i, obs), admissible, self._memory[i], K)
+        return self.bench.prompt(
+            self.cfg.env, self._tasks[i], self.shown(i, obs), admissible, self._memory[i],
+            self.cfg.history_length,
+        )  # fmt: skip
+
+    def candidates(self, i: int, info: dict[str, Any]) -> list[str]:
+        """The actions action_mode="score" chooses from at slot ``i``."""
+        return self.bench.candidates(info.get("admissible_actions", []), self._tasks[i])
+
+    def parse(self, text: str, info: dict[str, Any]) -> ParsedAction:
+        """The action of response ``text`` at a step with ``info`` (``Benchmark.parse``)."""
+        return self.bench.parse(text, info)
 
     def step(self, actions: list[str]) -> tuple[list[str], np.ndarray, np.ndarray, list[dict]]:
         """Step every slot that is not done with its action: (obs, rewards, dones, infos)."""

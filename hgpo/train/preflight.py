@@ -11,7 +11,8 @@ import logging
 import os
 from pathlib import Path
 
-from hgpo.options import OptionError, check_writable_dir
+from agentenvs.registry import BENCHMARKS, benchmark
+from hgpo.options import OptionError, bad, check_writable_dir
 from hgpo.train import checkpoint as ckpt
 from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
 from hgpo.train.rundir import RESUMES_FILE, check_run_dir, flag_of, resume_changes
@@ -19,10 +20,10 @@ from hgpo.train.rundir import RESUMES_FILE, check_run_dir, flag_of, resume_chang
 log = logging.getLogger(__name__)
 
 EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
-    "alfworld": (("textworld", "fast_downward"), "pip install -e '.[alfworld]'"),
-    "webshop": (("bm25s", "rapidfuzz"), "pip install -e '.[webshop]'"),
+    n: (b.modules, b.install) for n, b in BENCHMARKS.items() if b.extras
 }
-"""Per env: the modules its extra installs, and the command that installs them."""
+"""Per benchmark with an extra: the modules it checks for, and the command that installs them
+(``Benchmark.modules``, ``Benchmark.install``)."""
 
 
 def validate_config(cfg: TrainConfig) -> None:
@@ -37,14 +38,9 @@ def validate_config(cfg: TrainConfig) -> None:
 
         check_model(cfg.model)
     check_model_shapes(cfg)
-    if cfg.env == "alfworld" and cfg.alfworld_games_dir:
-        from hgpo.train.envs import TRAIN_SPLIT, val_splits
-
-        for split in (TRAIN_SPLIT, *val_splits("alfworld")):
-            if not (Path(cfg.alfworld_games_dir) / split).is_dir():
-                raise TrainConfigError(
-                    f"TrainConfig.alfworld_games_dir: {cfg.alfworld_games_dir!r} has no {split}/ folder"
-                )
+    problem = benchmark(cfg.env).preflight(cfg)  # e.g. alfworld_games_dir's split folders
+    if problem:
+        raise TrainConfigError(problem)
     if cfg.env_backend == "ray" and os.environ.get("RANK", "0") == "0":  # before any actor
         from hgpo.train.envs import check_ray_capacity
 
@@ -183,9 +179,12 @@ def check_snapshots(cfg: TrainConfig) -> None:
     one env of the training split (built in a worker, before any model)."""
     from hgpo.train.envs import TRAIN_SPLIT, EnvSet
 
+    where = f"TrainConfig.env (rollout_scheme={cfg.rollout_scheme!r})"
+    if not benchmark(cfg.env).snapshots:  # known without building an env (require_snapshot's line)
+        raise bad(where, "an environment with snapshot support", cfg.env)
     envs = EnvSet(cfg, TRAIN_SPLIT, 1)
     try:
-        envs.require_snapshot(f"TrainConfig.env (rollout_scheme={cfg.rollout_scheme!r})")
+        envs.require_snapshot(where)
     finally:
         envs.close()
 
@@ -205,12 +204,12 @@ def installed(module: str) -> bool:
 
 def check_packages(cfg: TrainConfig) -> None:
     """The env's extra, and vLLM for ``rollout_engine = "vllm"``, are installed."""
-    modules, install = EXTRAS.get(cfg.env, ((), ""))  # an env without an extra needs none
-    missing = [m for m in modules if not installed(m)]
+    bench = benchmark(cfg.env)  # a benchmark without an extra needs none
+    missing = [m for m in bench.modules if not installed(m)]
     if missing:
         raise TrainConfigError(
-            f"TrainConfig.env: {cfg.env!r} needs {', '.join(missing)} (the [{cfg.env}] extra); "
-            f"install it with {install}"
+            f"TrainConfig.env: {cfg.env!r} needs {', '.join(missing)} (the "
+            f"[{','.join(bench.extras)}] extra); install it with {bench.install}"
         )
     if cfg.lora_rank and not installed("peft"):
         raise TrainConfigError(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from agentenvs import parse_action
+from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo import StepBatch, state_ids
 from hgpo.train.envs import EnvSet
 
@@ -100,15 +100,11 @@ SCORE_THINK = "<think>I follow the plan.</think>"
 
 
 def candidate_actions(bench: str, admissible: Sequence[str], task: str) -> list[str]:
-    """The actions action_mode="score" chooses from: the admissible ones, with WebShop's
-    ``search[<your query>]`` placeholder filled with the task text."""
-    out = []
-    for a in admissible:
-        if bench == "webshop" and a.startswith("search[") and "<" in a:
-            a = f"search[{task}]"
-        if a not in out:
-            out.append(a)
-    return out
+    """The actions action_mode="score" chooses from on benchmark ``bench`` (a name or an
+    ``--env`` value): the admissible ones, each once, with WebShop's ``search[<your query>]``
+    placeholder filled with the task text (``Benchmark.candidates``)."""
+    found = BENCHMARKS.get(bench) or benchmark(bench)
+    return found.candidates(admissible, task)
 
 
 def response_text(action: str) -> str:
@@ -322,10 +318,7 @@ def act(
     ]
     t = time.perf_counter()
     if play.action_mode == "score":
-        cands = [
-            candidate_actions(envs.bench, infos[i].get("admissible_actions", []), envs.task(i))
-            for i in live
-        ]
+        cands = [envs.candidates(i, infos[i]) for i in live]
         responses = score_and_sample(engine, tok, prompts, cands, play.temperature)
         engine_lps = None
     else:
@@ -336,13 +329,7 @@ def act(
     records, actions = [], []
     for j, i in enumerate(live):
         text = tok.decode(responses[j], skip_special_tokens=True)
-        admissible = (
-            infos[i].get("admissible_actions") if envs.bench in ("alfworld", "toy") else None
-        )
-        # toy envs parse like ALFWorld (issue 14 hook): an unlisted action is invalid
-        parsed = parse_action(
-            text, "webshop" if envs.bench == "webshop" else "alfworld", admissible
-        )
+        parsed = envs.parse(text, infos[i])
         actions.append(parsed.action)
         records.append(
             StepRecord(

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo import Advantages, compute_advantages
 from hgpo.train import dist
 from hgpo.train.branching import BranchPlan, branch_figures, play_branched
-from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError, is_toy
+from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
 from hgpo.train.engines import build_engines, rollout_engine
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
 from hgpo.train.loss import ppo_loss, value_loss
@@ -103,27 +104,15 @@ def begin_forward(engine: Any) -> None:
 
 
 def tiny_corpus(env: str = "") -> list[str]:
-    """Text the tiny tokenizer is trained on: the paper's templates and typical env strings
-    (a toy env adds its template, observations, tasks and actions)."""
-    from agentenvs import prompts
-
-    toy: list[str] = []
-    if is_toy(env):  # issue 14 hook
-        from agentenvs.toytext import toy_corpus
-
-        toy = toy_corpus(env)
+    """Text the tiny tokenizer is trained on: the text ``env``'s benchmark adds of its own
+    (a toy env: its template, observations, tasks and actions), then every benchmark's
+    templates and typical env strings (``Benchmark.corpus``, ``templates``, ``sample_text``)."""
+    own = benchmark(env, "TrainConfig.env").corpus(env) if env else []
+    benches = BENCHMARKS.values()
     return [
-        *toy,
-        prompts.ALFWORLD_TEMPLATE,
-        prompts.ALFWORLD_TEMPLATE_NO_HIS,
-        prompts.WEBSHOP_TEMPLATE,
-        prompts.WEBSHOP_TEMPLATE_NO_HIS,
-        "You arrive at fridge 1. The fridge 1 is closed. You open the fridge 1. In it, you see "
-        "a apple 1, a egg 2, and a tomato 1. Nothing happens. You pick up the apple 1 from the "
-        "countertop 1. You heat the apple 1 using the microwave 1. You move the apple 1 to the "
-        "diningtable 1. go to cabinet 1, open drawer 2, take mug 1 from shelf 3, use desklamp 1",
-        "Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next > [SEP] B09XYZ [SEP] $19.99 "
-        "Buy Now Description Features Reviews size color price lower than 40.00 dollars",
+        *own,
+        *(t for b in benches for t in b.templates),
+        *(t for b in benches for t in b.sample_text),
     ]
 
 

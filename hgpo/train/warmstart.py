@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo.options import (
-    EXTRAS,
     ArgumentParser,
     bad,
     check_int,
@@ -36,29 +36,17 @@ log = logging.getLogger(__name__)
 
 THINK = "<think>I follow the plan.</think>"
 
+EXPERT_ENVS = tuple(sorted((n for n, b in BENCHMARKS.items() if b.expert_plans), reverse=True))
+"""The benchmarks with a scripted expert: the ``--env`` choices (reverse name order, so that
+--help lists webshop, the default, first, as it always has)."""
+
 
 def expert_plans(cfg: TrainConfig, tasks: list[int]) -> list[list[str]]:
-    """The scripted expert's actions for each training task."""
-    plans = []
-    if cfg.env == "webshop":
-        from agentenvs.webshop.env import WebShopEnv, expert_actions, make_world
-
-        world = make_world(
-            cfg.seed, cfg.webshop_products, cfg.webshop_goals, cfg.webshop_eval_goals
-        )
-        env = WebShopEnv(world, split="train", max_steps=cfg.max_steps)
-        for t in tasks:
-            env.reset(t)
-            plans.append(expert_actions(env))
-    else:
-        from agentenvs.alfworld.env import AlfWorldEnv, run_expert
-        from hgpo.train.envs import _alfworld_files
-
-        env = AlfWorldEnv(_alfworld_files(cfg, "train"), max_steps=cfg.max_steps)
-        for t in tasks:
-            plans.append(run_expert(env, t)[1])
-        env.close()
-    return plans
+    """The scripted expert's actions for each training task (``Benchmark.expert_plans``)."""
+    plans = benchmark(cfg.env).expert_plans
+    if plans is None:
+        raise bad("--env", "a benchmark with a scripted expert: " + ", ".join(EXPERT_ENVS), cfg.env)
+    return plans(cfg, tasks)
 
 
 def expert_samples(
@@ -166,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--env", choices=("webshop", "alfworld"), default="webshop")
+    ap.add_argument("--env", choices=EXPERT_ENVS, default="webshop")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--model", default=TINY_MODEL)
     ap.add_argument("--tasks", type=int, default=8, help="the first N training tasks")
@@ -227,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = _config(args)
     except ValueError as e:
         ap.error(str(e))
-    extras = ("llm", cfg.env) if cfg.env in EXTRAS else ("llm",)
+    extras = ("llm", *benchmark(cfg.env).extras)
     exit_on_missing_extras(f"python -m hgpo.train.warmstart --env {cfg.env}", *extras)
     configure_logging(rank0=True, fmt="%(asctime)s %(message)s")
     import torch
