@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--skip-alfworld", action="store_true")
     a = ap.parse_args()
     if a.backend != "process":
-        from hgpo.ray_cluster import ensure_ray
+        from agentenvs.ray_cluster import ensure_ray
 
         ensure_ray("--backend ray")  # started before the timings, not inside them
     print("load average before: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))

@@ -109,7 +109,7 @@ def check_backend(backend: str, ray_address: str, flag: str = "--backend") -> No
     Raises :class:`hgpo.options.OptionError` (a ValueError) naming the flag: the CLIs print it
     and exit with 2.
     """
-    from hgpo.ray_cluster import check_address, import_ray
+    from agentenvs.ray_cluster import check_address, import_ray
 
     check_choice(flag, backend, BACKENDS)
     if backend == "ray":
@@ -320,7 +320,7 @@ def _run_ray(
     address: str,
 ) -> None:
     """Every task submitted at once; results collected as they complete (ray.wait)."""
-    from hgpo.ray_cluster import ray_session
+    from agentenvs.ray_cluster import ray_session
 
     with ray_session("--backend ray", address, num_cpus=workers) as ray:
         remote = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(_call_on_node)

@@ -296,7 +296,7 @@ class TrainConfig:
                 self.enable_thinking,
             )
         if self.env_backend == "ray":
-            from hgpo.ray_cluster import require_ray
+            from agentenvs.ray_cluster import require_ray
 
             require_ray("TrainConfig.env_backend='ray'")
         self.estimator_config()  # validates estimator_options
