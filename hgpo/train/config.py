@@ -30,10 +30,8 @@ from hgpo.options import (
     check_number,
     parse_name_values,
 )
+from hgpo.schemes import Scheme, parse_scheme
 from hgpo.train.tiny import ARCHS as TINY_ARCHS
-
-if typing.TYPE_CHECKING:
-    from toyenvs.branching import Scheme
 
 __all__ = [
     "PRESETS",
@@ -325,12 +323,10 @@ class TrainConfig:
 
     # -- derived ----------------------------------------------------------------------------------
     def scheme(self) -> Scheme | None:
-        """The parsed rollout_scheme, None for "independent" (toyenvs' parser and its errors;
+        """The parsed rollout_scheme, None for "independent" (hgpo.schemes.parse_scheme, its errors;
         a tree depth must lie in 1..max_steps - 1)."""
         if self.rollout_scheme == "independent":
             return None
-        from toyenvs.branching import parse_scheme
-
         return parse_scheme(self.rollout_scheme, self.max_steps, where="TrainConfig.rollout_scheme")
 
     def estimator_config(self) -> EstimatorConfig:
