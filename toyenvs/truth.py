@@ -29,6 +29,7 @@ import numpy as np
 
 from hgpo.options import bad, check_int, check_number
 from toyenvs import _kernels as kn
+from toyenvs._kernels import build_node_index, lookup_nodes  # public here: the node index
 from toyenvs.core import POMDP, check_tasks
 from toyenvs.policy import TabularPolicy
 from toyenvs.rollout import Rollouts, _check_common, env_args, rollout_arrays
@@ -42,8 +43,10 @@ __all__ = [
     "ChainTooLarge",
     "ExactGroundTruth",
     "MCGroundTruth",
+    "build_node_index",
     "enumerate_chain",
     "exact_ground_truth",
+    "lookup_nodes",
     "mc_ground_truth",
     "solve_chain",
 ]
