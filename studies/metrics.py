@@ -2,7 +2,7 @@
 (intervals, bias / variance decompositions, rank correlation).
 
 The comparisons the trainer needs too (sign agreement, the batch policy gradient and its
-cosine with the exact one) live in :mod:`toyenvs.compare`, beside the ground truth; they are
+cosine with the exact one) live in the core, :mod:`hgpo.compare` (pure numpy); they are
 re-exported here under their names.
 
 Conventions: a *sample* is one step of one batch; its *key* identifies the pair (z, a) =
@@ -18,7 +18,7 @@ import numpy as np
 from scipy import stats as sps
 from statsmodels.stats.weightstats import DescrStatsW
 
-from toyenvs.compare import (
+from hgpo.compare import (
     cosine_relerr,
     gradient_compare,
     gradient_estimate,

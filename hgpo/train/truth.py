@@ -48,8 +48,8 @@ from agentenvs.memory import EpisodeMemory
 from agentenvs.parser import parse_action
 from agentenvs.toytext import ToyText, parse_toy_spec, render, split_tasks, toy_prompt
 from hgpo import ESTIMATORS, compute_advantages
+from hgpo.compare import gradient_compare, sign_agreement
 from hgpo.train.config import TrainConfig, TrainConfigError
-from toyenvs.compare import gradient_compare, sign_agreement
 from toyenvs.policy import decode_context, encode_context
 from toyenvs.truth import (
     Chain,

@@ -1,11 +1,12 @@
-"""Figures that compare estimated advantages, and the policy gradients they give, with the exact
-ones of :mod:`toyenvs.truth`. Pure numpy.
+"""Figures that compare estimated advantages, and the policy gradients they give, with the true
+ones: sign agreement, the batch policy-gradient estimate of a tabular softmax policy, and its
+cosine and relative error against the exact gradient. Pure numpy.
 
-They sit beside the ground truth they are scored against: the exact A*, the policy's table
-pi(. | c) and the exact gradient of a tabular (or tabulated neural) softmax policy come from
-``toyenvs.exact_ground_truth``; the trainer's LLM truth (``hgpo.train.truth``) and the studies
-(``studies.metrics`` re-exports them) both use them. The estimator core never sees a true value,
-so they are not in ``hgpo``.
+Their inputs are arrays (estimates, true advantages, the policy's table pi(. | c), an exact
+gradient), wherever the truth comes from: ``toyenvs.exact_ground_truth`` for the toy POMDPs, the
+LLM policy's exact chain in ``hgpo.train.truth``. They need nothing but numpy, so they sit in the
+lowest layer, where the trainer and the studies (``studies.metrics`` re-exports them) both
+reach them without loading an environment.
 
 A *sample* is one step of one batch; ``context`` is the row of the policy's logits table of
 each step (``c`` below), ``action`` its action, ``advantage`` its estimated advantage.
