@@ -12,6 +12,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from hgpo.train.lora import (
+    base_persistent_buffers,
+    has_adapters,
+    merged_named_parameters,
+    persistent_buffers,
+)
+
 log = logging.getLogger(__name__)
 
 
@@ -209,8 +216,6 @@ def gathered_named_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Te
 def inference_named_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) of the weights an inference copy needs, under the base model's names:
     LoRA adapters merged in (``lora.merged_named_parameters``), ZeRO-3 shards gathered."""
-    from hgpo.train.lora import has_adapters, merged_named_parameters
-
     if has_adapters(module):
         return merged_named_parameters(module)
     return gathered_named_parameters(module)
@@ -241,14 +246,6 @@ HF_MODEL_DIR = "hf_model"
 """The consolidated model folder inside a checkpoint (``from_pretrained`` and vLLM load it)."""
 
 
-def persistent_buffers(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of the buffers that belong in a state dict (not the non-persistent ones)."""
-    for mod_name, mod in module.named_modules():
-        for name, b in mod.named_buffers(recurse=False):
-            if b is not None and name not in mod._non_persistent_buffers_set:
-                yield (f"{mod_name}.{name}" if mod_name else name), b
-
-
 def save_hf_model(module: nn.Module, tok: Any, path: Path, write: bool) -> None:
     """Save ``module`` as a full Hugging Face model folder (with ``tok``) at ``path``; a LoRA
     actor as its base model with the adapters merged.
@@ -256,8 +253,6 @@ def save_hf_model(module: nn.Module, tok: Any, path: Path, write: bool) -> None:
     Under ZeRO-3 the parameters are gathered one at a time (a collective: every rank calls
     this, and only the rank with ``write`` keeps the tensors and writes them).
     """
-    from hgpo.train.lora import base_persistent_buffers, has_adapters
-
     state: dict[str, torch.Tensor] = {}
     for name, t in inference_named_parameters(module):
         if write:
