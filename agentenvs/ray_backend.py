@@ -1,7 +1,7 @@
 """Environment workers as Ray actors: ``BatchedEnv(..., backend="ray")``.
 
 Each worker is one actor (:class:`EnvWorker`) hosting a contiguous block of slots through the
-same :class:`agentenvs.batched.EnvHost` as a worker process, so slots, ordering, observations
+same :class:`agentenvs.envhost.EnvHost` as a worker process, so slots, ordering, observations
 and rewards are those of the process backend. Actors ask for one CPU each and are spread over
 the cluster's nodes (``SPREAD``), like verl-agent's ``AlfworldWorker``/``WebshopWorker``.
 
@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from agentenvs.batched import EnvHost, Payloads, TextEnv
+from agentenvs.envhost import EnvHost, Payloads, TextEnv
 from agentenvs.ray_cluster import ensure_ray, import_ray
 
 log = logging.getLogger(__name__)
