@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentenvs.alfworld.expert import expert_plan
 from agentenvs.alfworld.generator import GameSpec
 from hgpo.options import bad, check_int
 
@@ -215,8 +216,6 @@ def run_expert(env: AlfWorldEnv, task: int) -> tuple[bool, list[str]]:
 
     Returns (won, plan). Every command must be admissible when it is sent.
     """
-    from agentenvs.alfworld.expert import expert_plan
-
     env.reset(task)
     gen = env.traj.get("generator")
     if gen is None:

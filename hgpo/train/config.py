@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hgpo.config import EstimatorConfig
+from agentenvs.ray_cluster import require_ray
+from agentenvs.toytext import parse_toy_spec
+from hgpo.config import EstimatorConfig, reference_config
 from hgpo.config import field_docs as dataclass_field_docs
 from hgpo.estimators import ESTIMATORS
 from hgpo.options import (
@@ -31,6 +33,7 @@ from hgpo.options import (
     parse_name_values,
 )
 from hgpo.schemes import Scheme, parse_scheme
+from hgpo.train.checkpoint import atomic_write_text
 from hgpo.train.tiny import ARCHS as TINY_ARCHS
 
 __all__ = [
@@ -294,8 +297,6 @@ class TrainConfig:
                 self.enable_thinking,
             )
         if self.env_backend == "ray":
-            from agentenvs.ray_cluster import require_ray
-
             require_ray("TrainConfig.env_backend='ray'")
         self.estimator_config()  # validates estimator_options
         self._check_toy()
@@ -305,8 +306,6 @@ class TrainConfig:
         """A toy env spec parses (unknown family / parameter named); --truth-every needs it and
         score mode (issue 14 hook)."""
         if is_toy(self.env):
-            from agentenvs.toytext import parse_toy_spec
-
             parse_toy_spec(self.env, where="TrainConfig.env")
         if self.truth_every:
             if self.action_mode != "score":
@@ -331,8 +330,6 @@ class TrainConfig:
 
     def estimator_config(self) -> EstimatorConfig:
         """The EstimatorConfig of this run: paper (or reference) options, K, gamma, overrides."""
-        from hgpo.config import reference_config
-
         base = EstimatorConfig()
         if self.reference_options:
             try:  # each estimator's own preset (rloo: norm=mean, std=sample; ...)
@@ -362,8 +359,6 @@ class TrainConfig:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the resolved config as JSON (atomically)."""
-        from hgpo.train.checkpoint import atomic_write_text
-
         data = {k: v for k, v in self.to_dict().items() if k not in NOT_SAVED}
         atomic_write_text(Path(path), json.dumps(data, indent=2, sort_keys=True) + "\n")
 

@@ -21,8 +21,9 @@ from agentenvs import (
     webshop_factory,
     webshop_prompt,
 )
+from agentenvs.alfworld.env import find_games
 from agentenvs.batched import require_snapshot
-from agentenvs.toytext import toy_prompt
+from agentenvs.toytext import parse_toy_spec, render, split_tasks, toy_factory, toy_prompt
 from hgpo.train.config import TrainConfig, TrainConfigError, is_toy
 
 TRAIN_SPLIT = "train"
@@ -91,8 +92,6 @@ def val_splits(env: str) -> tuple[str, ...]:
 
 def _alfworld_files(cfg: TrainConfig, split: str) -> list[str]:
     if cfg.alfworld_games_dir:
-        from agentenvs.alfworld.env import find_games
-
         folder = Path(cfg.alfworld_games_dir) / split
         games = find_games(folder)
         if not games:
@@ -105,8 +104,6 @@ def _alfworld_files(cfg: TrainConfig, split: str) -> list[str]:
 def split_size(cfg: TrainConfig, split: str) -> int:
     """Number of tasks of ``split``."""
     if is_toy(cfg.env):
-        from agentenvs.toytext import parse_toy_spec, split_tasks
-
         return int(split_tasks(parse_toy_spec(cfg.env).build(), split).size)
     if cfg.env == "alfworld":
         return len(_alfworld_files(cfg, split))
@@ -161,8 +158,6 @@ class EnvSet:
         self.cfg, self.split, self.bench = cfg, split, cfg.env
         self.toy = None
         if is_toy(cfg.env):  # issue 14 hook: a toy POMDP as text (agentenvs.toytext)
-            from agentenvs.toytext import parse_toy_spec, render, toy_factory
-
             spec = parse_toy_spec(cfg.env)
             self.bench, self.toy = "toy", render(spec.build())
             self.num_tasks = split_size(cfg, split)

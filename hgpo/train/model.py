@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hgpo.train.config import TrainConfigError
 from hgpo.train.lora import (
     base_persistent_buffers,
     has_adapters,
@@ -82,8 +83,6 @@ THINKING_SWITCH = "enable_thinking"
 def check_thinking_switch(tok: Any, enable_thinking: bool) -> None:
     """Refuse ``enable_thinking`` for a chat template that never reads the switch (Qwen2.5's):
     the flag would change nothing, silently. Raises TrainConfigError (the CLI's exit 2)."""
-    from hgpo.train.config import TrainConfigError
-
     if enable_thinking and THINKING_SWITCH not in (tok.chat_template or ""):
         raise TrainConfigError(
             "TrainConfig.enable_thinking: must be false for this model, whose chat template "

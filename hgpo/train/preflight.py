@@ -14,7 +14,10 @@ from pathlib import Path
 from hgpo.options import OptionError, check_writable_dir
 from hgpo.train import checkpoint as ckpt
 from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
+from hgpo.train.envs import TRAIN_SPLIT, EnvSet, check_ray_capacity, val_splits
 from hgpo.train.rundir import RESUMES_FILE, check_run_dir, flag_of, resume_changes
+from hgpo.train.tiny import tiny_config
+from hgpo.train.truth import check_truth_size
 
 log = logging.getLogger(__name__)
 
@@ -38,22 +41,16 @@ def validate_config(cfg: TrainConfig) -> None:
         check_model(cfg.model)
     check_model_shapes(cfg)
     if cfg.env == "alfworld" and cfg.alfworld_games_dir:
-        from hgpo.train.envs import TRAIN_SPLIT, val_splits
-
         for split in (TRAIN_SPLIT, *val_splits("alfworld")):
             if not (Path(cfg.alfworld_games_dir) / split).is_dir():
                 raise TrainConfigError(
                     f"TrainConfig.alfworld_games_dir: {cfg.alfworld_games_dir!r} has no {split}/ folder"
                 )
     if cfg.env_backend == "ray" and os.environ.get("RANK", "0") == "0":  # before any actor
-        from hgpo.train.envs import check_ray_capacity
-
         check_ray_capacity(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     if cfg.scheme() is not None:
         check_snapshots(cfg)
     if cfg.truth_every:  # the chain fits --truth-max-nodes, before any model is built
-        from hgpo.train.truth import check_truth_size
-
         check_truth_size(cfg)
 
 
@@ -67,7 +64,6 @@ def check_model_shapes(cfg: TrainConfig) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from hgpo.train.lora import check_targets, max_rank
-    from hgpo.train.tiny import tiny_config
 
     if cfg.model == TINY_MODEL:
         config = tiny_config(cfg.tiny_vocab, cfg.tiny_hidden, cfg.tiny_layers, arch=cfg.tiny_arch)
@@ -181,8 +177,6 @@ def check_sizes(cfg: TrainConfig) -> None:
 def check_snapshots(cfg: TrainConfig) -> None:
     """A branching ``rollout_scheme`` needs training envs that snapshot and restore: asked of
     one env of the training split (built in a worker, before any model)."""
-    from hgpo.train.envs import TRAIN_SPLIT, EnvSet
-
     envs = EnvSet(cfg, TRAIN_SPLIT, 1)
     try:
         envs.require_snapshot(f"TrainConfig.env (rollout_scheme={cfg.rollout_scheme!r})")

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentenvs import prompts
+from agentenvs.toytext import toy_corpus
 from hgpo import Advantages, compute_advantages
 from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
@@ -47,6 +49,8 @@ from hgpo.train.model import (
 from hgpo.train.preflight import validate_config
 from hgpo.train.rollout import Engine, Play, Rollout, logprob_gap, run_episodes
 from hgpo.train.rundir import clear_run, record_resume, resume_changes
+from hgpo.train.tiny import build_tiny
+from hgpo.train.truth import TruthMonitor
 from hgpo.train.update import (
     MicroBatch,
     Scored,
@@ -56,6 +60,7 @@ from hgpo.train.update import (
     pad_rows,
     plan_epoch,
 )
+from hgpo.train.vllm_engine import VLLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +122,8 @@ def set_lr(optimizer: Any, lr: float, weight_decay: float) -> None:
 def tiny_corpus(env: str = "") -> list[str]:
     """Text the tiny tokenizer is trained on: the paper's templates and typical env strings
     (a toy env adds its template, observations, tasks and actions)."""
-    from agentenvs import prompts
-
     toy: list[str] = []
     if is_toy(env):  # issue 14 hook
-        from agentenvs.toytext import toy_corpus
-
         toy = toy_corpus(env)
     return [
         *toy,
@@ -198,7 +199,6 @@ class Trainer:
                 "TrainConfig.truth_every needs one rank (it scores the whole chain on rank 0), "
                 f"got {self.world} ranks"
             )
-        from hgpo.train.truth import TruthMonitor
 
         return TruthMonitor(self.cfg, self.tok)
 
@@ -270,7 +270,6 @@ class Trainer:
         cfg = self.cfg
         if cfg.model != TINY_MODEL:
             return cfg.model
-        from hgpo.train.tiny import build_tiny
 
         path = self.out / "tiny_model"
         if self.rank == 0:
@@ -301,8 +300,6 @@ class Trainer:
     def _rollout_engine(self) -> Engine:
         cfg = self.cfg
         if cfg.rollout_engine == "vllm":
-            from hgpo.train.vllm_engine import VLLMEngine
-
             return VLLMEngine(self.model_path, self.tok, cfg, self.actor.module)
         if self.sharded:
             # A full copy of the actor to sample from: generating on the sharded module would

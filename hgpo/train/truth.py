@@ -48,8 +48,10 @@ from agentenvs.memory import EpisodeMemory
 from agentenvs.parser import parse_action
 from agentenvs.toytext import ToyText, parse_toy_spec, render, split_tasks, toy_prompt
 from hgpo import ESTIMATORS, compute_advantages
+from hgpo.branching import lookback_rows
 from hgpo.compare import gradient_compare, sign_agreement
 from hgpo.train.config import TrainConfig, TrainConfigError
+from hgpo.train.rollout import response_text
 from toyenvs.policy import decode_context, encode_context
 from toyenvs.truth import (
     Chain,
@@ -268,7 +270,6 @@ class TruthMonitor:
         """float64[n_rows, A] pi(. | t, c) of the current weights: every action's response
         scored after every row's prompt (in batches), softmax at the rollout temperature."""
         from hgpo.train.model import encode_prompt
-        from hgpo.train.rollout import response_text
 
         tok, cfg = self.tok, self.cfg
         resp = [tok(response_text(a), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -409,8 +410,6 @@ class TruthMonitor:
 def _context_rows(roll: Any, K: int) -> list[np.ndarray]:
     """Per row, the rows of its last min(K, t) steps, oldest first: the rows before it in its
     trajectory, read across the branch point for a branch (hgpo.branching.lookback_rows)."""
-    from hgpo.branching import lookback_rows
-
     steps = np.asarray(roll.step, dtype=np.int64)
     if not roll.n_branches:
         starts = np.flatnonzero(steps == 0)

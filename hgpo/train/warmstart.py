@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from agentenvs.alfworld.env import AlfWorldEnv, run_expert
+from agentenvs.webshop.env import WebShopEnv, expert_actions, make_world
 from hgpo.options import (
     EXTRAS,
     ArgumentParser,
@@ -29,8 +31,10 @@ from hgpo.options import (
     check_writable_dir,
     exit_on_missing_extras,
 )
-from hgpo.train.config import TINY_MODEL, TrainConfig, resolve
+from hgpo.train.config import TINY_MODEL, TrainConfig, parse_options, resolve
+from hgpo.train.envs import TRAIN_SPLIT, EnvSet, _alfworld_files, split_size
 from hgpo.train.logs import configure_logging
+from hgpo.train.tiny import build_tiny
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +45,6 @@ def expert_plans(cfg: TrainConfig, tasks: list[int]) -> list[list[str]]:
     """The scripted expert's actions for each training task."""
     plans = []
     if cfg.env == "webshop":
-        from agentenvs.webshop.env import WebShopEnv, expert_actions, make_world
-
         world = make_world(
             cfg.seed, cfg.webshop_products, cfg.webshop_goals, cfg.webshop_eval_goals
         )
@@ -51,9 +53,6 @@ def expert_plans(cfg: TrainConfig, tasks: list[int]) -> list[list[str]]:
             env.reset(t)
             plans.append(expert_actions(env))
     else:
-        from agentenvs.alfworld.env import AlfWorldEnv, run_expert
-        from hgpo.train.envs import _alfworld_files
-
         env = AlfWorldEnv(_alfworld_files(cfg, "train"), max_steps=cfg.max_steps)
         for t in tasks:
             plans.append(run_expert(env, t)[1])
@@ -65,7 +64,6 @@ def expert_samples(
     cfg: TrainConfig, tok, tasks: list[int]
 ) -> tuple[list[tuple[list[int], list[int]]], float]:
     """(prompt ids, response ids) of every expert step, and the experts' success rate."""
-    from hgpo.train.envs import TRAIN_SPLIT, EnvSet
     from hgpo.train.model import encode_prompt
 
     plans = expert_plans(cfg, tasks)
@@ -189,9 +187,6 @@ def _parser() -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace) -> TrainConfig:
     """The RL run's config of these flags (named errors); ``--tasks`` within its training
     tasks."""
-    from hgpo.train.config import parse_options
-    from hgpo.train.envs import TRAIN_SPLIT, split_size
-
     overrides = parse_options(",".join(args.override), where="--override")
     cfg = resolve(
         args.env, args.preset, {"model": args.model, "out_dir": str(Path(args.out)), **overrides}
@@ -207,7 +202,6 @@ def _initial_model(cfg: TrainConfig, out: Path) -> str:
     builds it (under ``out/init``)."""
     if cfg.model != TINY_MODEL:
         return cfg.model
-    from hgpo.train.tiny import build_tiny
     from hgpo.train.trainer import tiny_corpus
 
     return str(
