@@ -7,17 +7,15 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from agentenvs.alfworld.env import AlfWorldEnv, find_games, official_games
-from agentenvs.alfworld.generator import generate_split
 from agentenvs.batched import TextEnv
-from agentenvs.webshop.adapter import WebAgentSiteEnv
-from agentenvs.webshop.env import WebShopEnv, make_world, webshop_anchor
 from hgpo.options import bad, check_choice, check_int
 
 
 def _webshop(
     split: str, seed: int, n_products: int, n_goals: int, n_eval: int, max_steps: int
 ) -> TextEnv:
+    from agentenvs.webshop.env import WebShopEnv, make_world
+
     world = make_world(seed, n_products, n_goals, n_eval)
     return WebShopEnv(world, split=split, max_steps=max_steps)
 
@@ -45,6 +43,8 @@ def webshop_factory(
 
 
 def _web_agent_site(goal_indices: tuple[int, ...], max_steps: int, env_kwargs: dict) -> TextEnv:
+    from agentenvs.webshop.adapter import WebAgentSiteEnv
+
     return WebAgentSiteEnv(list(goal_indices), max_steps=max_steps, **env_kwargs)
 
 
@@ -65,6 +65,10 @@ def web_agent_site_factory(
 
 
 def _alfworld(game_files: tuple[str, ...], max_steps: int) -> TextEnv:
+    # (the alfworld modules load on use: agentenvs/__init__ imports this module, and
+    # ``python -m agentenvs.alfworld.generator`` must not find itself imported already)
+    from agentenvs.alfworld.env import AlfWorldEnv
+
     return AlfWorldEnv(list(game_files), max_steps=max_steps)
 
 
@@ -76,6 +80,9 @@ def alfworld_games(
 ) -> list[str]:
     """Game files of ``split``: the official ones under $ALFWORLD_DATA when present, else
     ``n_games`` generated games written under ``root`` (default ``~/.cache/agentenvs``)."""
+    from agentenvs.alfworld.env import find_games, official_games
+    from agentenvs.alfworld.generator import generate_split
+
     check_int("n_games", n_games, lo=0)
     check_int("seed", seed, lo=0)
     official = official_games(split)
@@ -108,5 +115,7 @@ def observation_key(benchmark: str, observation: str, task: str = "") -> str:
     if benchmark == "alfworld":
         return observation
     if benchmark == "webshop":
+        from agentenvs.webshop.env import webshop_anchor
+
         return webshop_anchor(observation, task)
     raise bad("benchmark", "one of 'alfworld', 'webshop'", benchmark)
