@@ -65,6 +65,8 @@ def web_agent_site_factory(
 
 
 def _alfworld(game_files: tuple[str, ...], max_steps: int) -> TextEnv:
+    # (the alfworld modules load on use: agentenvs/__init__ imports this module, and
+    # ``python -m agentenvs.alfworld.generator`` must not find itself imported already)
     from agentenvs.alfworld.env import AlfWorldEnv
 
     return AlfWorldEnv(list(game_files), max_steps=max_steps)

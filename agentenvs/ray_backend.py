@@ -1,7 +1,7 @@
 """Environment workers as Ray actors: ``BatchedEnv(..., backend="ray")``.
 
 Each worker is one actor (:class:`EnvWorker`) hosting a contiguous block of slots through the
-same :class:`agentenvs.batched.EnvHost` as a worker process, so slots, ordering, observations
+same :class:`agentenvs.envhost.EnvHost` as a worker process, so slots, ordering, observations
 and rewards are those of the process backend. Actors ask for one CPU each and are spread over
 the cluster's nodes (``SPREAD``), like verl-agent's ``AlfworldWorker``/``WebshopWorker``.
 
@@ -22,8 +22,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from agentenvs.batched import EnvHost, Payloads, TextEnv
-from hgpo.ray_cluster import ensure_ray, import_ray
+from agentenvs.envhost import EnvHost, Payloads, TextEnv
+from agentenvs.ray_cluster import ensure_ray, import_ray
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class EnvWorker:
 
 def free_cpus(where: str, address: str = "") -> tuple[float, float]:
     """(free, total) logical CPUs of the Ray cluster at ``address`` (joined, or started here,
-    for the rest of the process as the env actors need: :func:`hgpo.ray_cluster.ensure_ray`)."""
+    for the rest of the process as the env actors need: :func:`agentenvs.ray_cluster.ensure_ray`)."""
     ensure_ray(where, address)
     return (
         float(ray.available_resources().get("CPU", 0.0)),

@@ -37,8 +37,10 @@ from typing import Any
 
 import numpy as np
 
+import toyenvs
 from agentenvs.memory import EpisodeMemory
 from hgpo.options import OptionError, bad, check_int, parse_name_values
+from toyenvs.core import POMDP
 
 __all__ = [
     "SPLITS",
@@ -94,8 +96,6 @@ class ToySpec:
 
 @functools.lru_cache(maxsize=8)
 def _build(family: str, items: tuple[tuple[str, Any], ...]) -> Any:
-    import toyenvs
-
     return toyenvs.make(family, **dict(items))
 
 
@@ -105,8 +105,6 @@ def parse_toy_spec(spec: str, where: str = "--env") -> ToySpec:
     The family is built once to validate it. Raises :class:`hgpo.options.OptionError` (a
     ValueError) naming ``where`` and the known families, or the family's parameters.
     """
-    import toyenvs
-
     if not isinstance(spec, str) or not spec.startswith(TOY_PREFIX):
         raise bad(where, f"'{TOY_PREFIX}FAMILY:param=value,...'", spec)
     family, _, rest = spec[len(TOY_PREFIX) :].partition(":")
@@ -268,8 +266,6 @@ _RENDER: dict[str, Callable[[Any], tuple[list[str], list[str], list[str]]]] = {
 
 def render(env: Any) -> ToyText:
     """The text of every observation id of ``env`` (a toyenvs.POMDP of a known family)."""
-    from toyenvs.core import POMDP
-
     if not isinstance(env, POMDP):
         raise bad("render: env", "a toyenvs.POMDP", type(env).__name__)
     if env.name not in _RENDER:

@@ -22,6 +22,7 @@ from typing import Any
 
 from agentenvs.batched import BatchedEnv
 from agentenvs.factories import alfworld_factory, webshop_factory
+from agentenvs.ray_cluster import ensure_ray
 from hgpo.options import ArgumentParser
 
 
@@ -116,8 +117,6 @@ def main() -> None:
     ap.add_argument("--skip-alfworld", action="store_true")
     a = ap.parse_args()
     if a.backend != "process":
-        from hgpo.ray_cluster import ensure_ray
-
         ensure_ray("--backend ray")  # started before the timings, not inside them
     print("load average before: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     for backend in ("process", "ray") if a.backend == "both" else (a.backend,):

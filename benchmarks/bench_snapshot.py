@@ -26,7 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentenvs.alfworld.env import AlfWorldEnv, find_games
 from agentenvs.batched import BatchedEnv
+from agentenvs.factories import alfworld_factory, webshop_factory
+from agentenvs.toytext import ToyTextEnv, parse_toy_spec, toy_factory
 from hgpo.options import ArgumentParser
 
 HERE = Path(__file__).parent
@@ -137,14 +140,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--games", default=str(TEST_GAMES), help="folder of ALFWorld games")
     args = ap.parse_args()
-    from agentenvs.factories import alfworld_factory, webshop_factory
-    from agentenvs.toytext import ToyTextEnv, parse_toy_spec, toy_factory
 
     spec = parse_toy_spec("toy:keydoor:size=6,horizon=30")
     per_env("toy", lambda: ToyTextEnv(spec), 8, args.episodes * 4)
     shop = webshop_factory(n_products=5000, n_goals=2000)
     per_env("webshop", shop, 50, args.episodes * 4)
-    from agentenvs.alfworld.env import AlfWorldEnv, find_games
 
     games = find_games(args.games)
     os.environ.setdefault("AGENTENVS_ALFWORLD_CACHE", tempfile.mkdtemp(prefix="bench_snap_"))

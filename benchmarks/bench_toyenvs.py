@@ -38,7 +38,11 @@ import numpy as np
 from numba import njit
 
 import toyenvs
+from hgpo.batch import StepBatch, _parented_starts, _trajectory_starts
+from hgpo.branching import branch_layout
 from hgpo.options import ArgumentParser
+from studies.train_toy import TrainToyConfig, run_one
+from toyenvs.branching import SCHEMES, branch_arrays, parse_scheme
 from toyenvs.rollout import alloc_buffers, rollout_arrays
 
 
@@ -146,8 +150,6 @@ def bench_neural(min_cpu: float, repeat: int, groups: int = 256, n: int = 8) -> 
 
 def bench_neural_training() -> tuple[float, float, float]:
     """(CPU s, wall s, final train success) of one MLP train_toy run (see module doc)."""
-    from studies.train_toy import TrainToyConfig, run_one
-
     cfg = TrainToyConfig(policy="mlp", width=64, iterations=100, groups=16, rollouts=8)
     run = {"env": "keydoor:size=4,horizon=40", "setting": "hgpo", "K": 2, "seed": 0}
     small = TrainToyConfig(policy="mlp", width=64, iterations=2, eval_rollouts=1)
@@ -237,8 +239,6 @@ def bench_branching(K: int, rounds: int, groups: int = 64, n: int = 8) -> None:
     median one. Ratios: time per env step relative to today's independent rollouts (N = 8,
     ``rollout_kernel_fast``), and to ``independent`` run to the step budget (roots only, the
     branching kernel: the same machinery, so the cost of branching itself)."""
-    from toyenvs.branching import SCHEMES
-
     env = toyenvs.make("keydoor", size=5)
     pol = toyenvs.TabularPolicy(env, K=K)
     tasks = np.resize(env.tasks, groups)
@@ -290,9 +290,6 @@ def _branching_breakdown(env, pol, tasks, n, steps, labels, rounds, seed) -> Non
     the numba call and its Python around it) and the ``StepBatch`` built from them, called as
     ``toyenvs.rollout`` calls them (its argument checks and ``Rollouts`` are the small rest):
     fastest burst of 10 calls of each, ns per step."""
-    from hgpo.batch import StepBatch
-    from toyenvs.branching import branch_arrays, parse_scheme
-
     cols = ("group", "traj", "step", "reward", "state", "action", "invalid")
 
     def parts(scheme: str | None) -> tuple[float, float]:
@@ -331,8 +328,6 @@ def bench_branching_fit(K: int, rounds: int, groups: int = 64, steps: int = 200)
     Python) of ``branch:uniform`` at branch budgets 0.05..0.95, same tasks, fastest of
     ``rounds`` bursts of 10 calls each; least squares time = a rows + b trajectories (a also
     carries the per-call constant: the row counts hardly change)."""
-    from toyenvs.branching import branch_arrays, parse_scheme
-
     env = toyenvs.make("keydoor", size=5)
     pol = toyenvs.TabularPolicy(env, K=K)
     tasks = np.resize(env.tasks, groups)
@@ -404,10 +399,6 @@ def bench_branching_checks(K: int, rounds: int, groups: int = 64, steps: int = 2
     branch layout on the same ``branch:uniform`` batch as the cost table, against the same
     checks in one compiled pass (:func:`_compiled_checks`, checked to agree on every batch);
     today's unbranched row pass beside. Fastest of ``rounds`` bursts of 200 calls, warm."""
-    from hgpo.batch import StepBatch, _parented_starts, _trajectory_starts
-    from hgpo.branching import branch_layout
-    from toyenvs.branching import branch_arrays, parse_scheme
-
     env = toyenvs.make("keydoor", size=5)
     pol = toyenvs.TabularPolicy(env, K=K)
     tasks = np.resize(env.tasks, groups)

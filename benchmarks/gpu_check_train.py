@@ -36,7 +36,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from hgpo import ESTIMATORS
 from hgpo.options import ArgumentParser
+from hgpo.train import dist
+from hgpo.train.config import resolve
+from hgpo.train.tiny import tiny_model, train_tokenizer
 
 
 def _peak_mem_gib(cuda: bool) -> float:
@@ -53,8 +57,6 @@ def _peak_mem_gib(cuda: bool) -> float:
 def toy_run(spec: str, out: str, device: str) -> dict:
     """Two iterations of the trainer on toy env ``spec`` (tiny model, score mode, exact truth
     every iteration); returns the figures of the last one."""
-    from hgpo import ESTIMATORS
-    from hgpo.train.config import resolve
     from hgpo.train.trainer import train
 
     cfg = resolve(
@@ -118,8 +120,6 @@ def model_config(arch: str) -> Any:
     from transformers import Qwen2Config
 
     if arch == "tiny":  # the trainer's --model tiny: width 64, 2 layers, 1024 tokens
-        from hgpo.train.tiny import tiny_model
-
         return tiny_model(1024).config
     big = arch == "qwen2.5-1.5b"
     return Qwen2Config(
@@ -174,7 +174,6 @@ def build_models(args: argparse.Namespace, device: Any, dtype: Any) -> tuple[Any
     from transformers import AutoModelForCausalLM
 
     from hgpo.train.model import load_tokenizer
-    from hgpo.train.tiny import train_tokenizer
 
     os.makedirs(args.out, exist_ok=True)
     tok = train_tokenizer(args.out, [], 512)  # the tokenizer only frames prompts here
@@ -212,9 +211,7 @@ def build(args: argparse.Namespace) -> Setup:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hgpo.train import dist
-    from hgpo.train.config import resolve
-    from hgpo.train.model import HFEngine
+    from hgpo.train.hf_engine import HFEngine
 
     _rank, world, device = dist.init(args.device)
     cuda = device.type == "cuda"

@@ -24,7 +24,11 @@ import time
 
 import numpy as np
 
+import toyenvs
 from hgpo.options import ArgumentParser
+from studies.metrics import cosine_relerr
+from studies.stages import parse_env
+from studies.tabular import neural_expert_stages
 
 HOUSEHOLD = "household:n_rooms=1,receptacles_per_room=5,n_tasks=4,horizon=8"
 CELLS = (
@@ -39,11 +43,6 @@ CELLS = (
 def measure(cell: str) -> dict[str, float | str | int]:
     """The figures of one "env:K:target:arch" cell (module docstring)."""
     import torch
-
-    import toyenvs
-    from studies.bias_variance import parse_env
-    from studies.metrics import cosine_relerr
-    from studies.tabular import neural_expert_stages
 
     torch.set_num_threads(1)
     env_spec, K, target, arch = cell.rsplit(":", 3)
@@ -73,8 +72,6 @@ def measure(cell: str) -> dict[str, float | str | int]:
 def speed(n: int = 65536, chunk: int = 8192) -> None:
     """Print the --speed figures (module docstring)."""
     import torch
-
-    import toyenvs
 
     torch.set_num_threads(1)
     env = toyenvs.make("household", n_rooms=1, receptacles_per_room=5, n_tasks=4, horizon=8)

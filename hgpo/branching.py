@@ -30,15 +30,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # batch.py imports this module; no import at run time (no circle)
-    from hgpo.batch import StepBatch
-
 __all__ = [
     "BranchLayout",
+    "BranchedRows",
     "bad_parent_change",
     "branch_layout",
     "lookback_rows",
@@ -260,7 +258,25 @@ def _virtual_rows(
     return rows
 
 
-def lookback_rows(batch: StepBatch, K: int) -> np.ndarray:
+class BranchedRows(Protocol):
+    """What :func:`lookback_rows` and :func:`virtual_episode_returns` read of a branched
+    :class:`hgpo.StepBatch` (batch.py builds the layout from this module, so this module names
+    the slice it needs instead of importing the batch)."""
+
+    @property
+    def branches(self) -> BranchLayout | None: ...
+
+    @property
+    def traj_index(self) -> np.ndarray: ...
+
+    @property
+    def step(self) -> np.ndarray: ...
+
+    @property
+    def n_steps(self) -> int: ...
+
+
+def lookback_rows(batch: BranchedRows, K: int) -> np.ndarray:
     """int64[K + 1, n]: row k holds the row of s_{t-k} on the step's virtual trajectory, -1
     where t < k (Eq. (3)'s context read across the branch point)."""
     lay = batch.branches
@@ -273,7 +289,7 @@ def lookback_rows(batch: StepBatch, K: int) -> np.ndarray:
     return out
 
 
-def virtual_episode_returns(batch: StepBatch, rewards: np.ndarray) -> np.ndarray:
+def virtual_episode_returns(batch: BranchedRows, rewards: np.ndarray) -> np.ndarray:
     """float64[n_traj] R(tau_i) = sum of the rewards of V(i), by the recursion from the last
     step back (the rounding of the unbranched :func:`hgpo.returns.episode_returns`)."""
     lay = batch.branches

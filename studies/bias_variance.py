@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+import toyenvs
+from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
 from hgpo.options import (
     ArgumentParser,
     bad,
@@ -41,6 +43,7 @@ from hgpo.options import (
     check_number,
     parse_name_values,
 )
+from studies import metrics as M
 from studies.backend import (
     ADDRESS_HELP,
     BACKEND_HELP,
@@ -50,6 +53,8 @@ from studies.backend import (
     check_backend,
     run_tasks,
 )
+from studies.bias_variance_report import write_results
+from studies.branching_study import DEFAULT_BUDGETS, QUICK_BUDGETS, SchemeStudy, run_scheme_study
 from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
 from studies.compile_note import note_numba_compile
 from studies.io import (
@@ -59,6 +64,8 @@ from studies.io import (
     finished_dir,
     result_key,
 )
+from studies.stages import parse_env, stage_policies
+from studies.tabular import evaluate_success
 
 __all__ = ["StudyConfig", "main", "parse_env", "run_cell", "run_study"]
 
@@ -122,8 +129,6 @@ class StudyConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from hgpo import ESTIMATORS
-
         for name in self.estimators:
             check_choice("--estimators", name, ESTIMATORS)
         for norm in self.norms:
@@ -153,8 +158,6 @@ class StudyConfig:
     def estimator_config(self, K: int, norm: str = "mean", alpha: float | None = None) -> Any:
         """The EstimatorConfig of a cell: K, alpha (default ``self.alpha``), gamma, ``norm`` and
         ``estimator_options``."""
-        from hgpo import EstimatorConfig
-
         opts = parse_name_values(self.estimator_options, where="--estimator-options")
         own = {"K", "alpha", "gamma", "norm", "gae_lambda"} & set(opts)
         if own:
@@ -187,72 +190,7 @@ def _check_stage(stage: str) -> None:
     check_number("--stages: success target", v, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
 
 
-def parse_env(spec: str) -> tuple[str, dict[str, Any]]:
-    """ "keydoor:size=5,slip=0.1" -> ("keydoor", {"size": 5, "slip": 0.1}); validated by toyenvs.
-
-    The parameters go through the project's one parser (hgpo.options.parse_name_values); a bad
-    family or value is a ValueError naming ``--envs`` and the spec.
-    """
-    import toyenvs
-
-    if not isinstance(spec, str):
-        raise bad("--envs", 'a string "family:param=value,..."', spec)
-    name, _, rest = spec.partition(":")
-    params = parse_name_values(rest, where=f"--envs {spec!r}")
-    try:
-        toyenvs.make(name, **params)  # raises a ValueError naming a bad family / parameter
-    except ValueError as exc:
-        raise ValueError(f"--envs {spec!r}: {exc}") from None
-    return name, params
-
-
 # ---------------------------------------------------------------------------- one cell
-
-
-def _load_snapshot(path: str) -> Any:
-    """A TabularPolicy or NeuralPolicy snapshot (a neural one stores its parameters)."""
-    import toyenvs
-
-    with np.load(path, allow_pickle=False) as data:
-        neural = any(k.startswith("param.") for k in data.files)
-    return (toyenvs.NeuralPolicy if neural else toyenvs.TabularPolicy).load(path)
-
-
-def _stage_policies(
-    env: Any, K: int, stages: tuple[str, ...], seed: int, cfg: StudyConfig | None = None
-) -> list[tuple[str, Any]]:
-    import toyenvs
-    from studies.tabular import expert_stages, neural_expert_stages
-
-    cfg = cfg or StudyConfig()
-
-    def fresh() -> Any:
-        if cfg.policy == "tabular":
-            return toyenvs.TabularPolicy(env, K=K)
-        return toyenvs.NeuralPolicy(
-            env, K, cfg.policy, cfg.width, cfg.layers, seed=cfg.seed, dtype=cfg.net_dtype
-        )
-
-    targets = tuple(float(s) for s in stages if s != "untrained" and not Path(s).is_file())
-    if not targets:
-        got = []
-    elif cfg.policy == "tabular":
-        got = expert_stages(env, K, targets, seed=seed)
-    else:
-        got = neural_expert_stages(env, fresh, targets, seed=seed, fit_steps=cfg.fit_steps)
-    trained = {st.target: st.policy for st in got}
-    out = []
-    for s in stages:
-        if s == "untrained":
-            out.append((s, fresh()))
-        elif Path(s).is_file():
-            pol = _load_snapshot(s)
-            if pol.K != K:
-                raise ValueError(f"--stages: snapshot {s} has K={pol.K}, the cell K={K}")
-            out.append((Path(s).stem, pol))
-        else:
-            out.append((s, trained[float(s)]))
-    return out
 
 
 @dataclass(frozen=True)
@@ -359,16 +297,13 @@ def _cell_policy(
     cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
 ) -> _CellPolicy:
     """Build the cell's environment and its policy at ``stage``, then solve its exact truth."""
-    import toyenvs
-    from studies.tabular import evaluate_success
-
     name, params = parse_env(env_spec)
     env = toyenvs.make(name, **params)
     if cfg.policy != "tabular":
         import torch
 
         torch.set_num_threads(1)  # one core per cell: the study runs `workers` cells at once
-    pol = dict(_stage_policies(env, K, (stage,), cell_seed, cfg))[
+    pol = dict(stage_policies(env, K, (stage,), cell_seed, cfg))[
         stage if not Path(stage).is_file() else Path(stage).stem
     ]
     success = evaluate_success(env, pol)
@@ -406,8 +341,6 @@ def _draw_batches(
 ) -> _Draws:
     """Draw ``cfg.n_batches`` independent batches (groups x rollouts) and run every variant
     on each; the truth of each step is A*(z, a) = Q(z, a) - V(z) at its hidden node z."""
-    import toyenvs
-
     env, gt = cell.env, cell.gt
     rng = np.random.default_rng(cell_seed)
     draws = _Draws(K)
@@ -441,9 +374,6 @@ def _measure_variant(
     advantages, its per-batch figures (grid variants) and, for hgpo/mean, its levels.
     Returns the advantages of a grid variant, whose gradient figures the caller adds (all of
     the batch's variants at once: one forward pass of a network policy for all of them)."""
-    from hgpo import compute_advantages
-    from studies import metrics as M
-
     out = compute_advantages(
         v.estimator, rb.batch, v.config, values=V if v.estimator == "gae" else None
     )
@@ -482,8 +412,6 @@ def _record_levels(draws: _Draws, out: Any) -> None:
 def _estimator_rows(common: dict[str, Any], draws: _Draws, steps: _Steps) -> list[dict[str, Any]]:
     """One row per (variant, norm): bias^2 / variance / MSE with intervals (mean norm, reward
     units) and the mean and interval of every per-batch figure."""
-    from studies import metrics as M
-
     rows = []
     for (label, norm), arrs in draws.samples.items():
         est_all = np.concatenate(arrs)
@@ -505,8 +433,6 @@ def _level_rows(common: dict[str, Any], draws: _Draws, steps: _Steps) -> list[di
     """Per level k of the hierarchy (hgpo, mean norm): bias/variance over all steps and on the
     common support (steps whose level-K group has >= 2 members, hence every level's too:
     Prop. 4.1's setting), utilisation, group sizes, and v_k - v_{k-1} with a paired interval."""
-    from studies import metrics as M
-
     key, truth, bid, support = steps.key, steps.truth, steps.batch, steps.support
     level_rows: list[dict[str, Any]] = []
     for k in range(draws.K + 1):
@@ -549,8 +475,6 @@ def _cell_proposition_41(
 ) -> dict[str, Any] | None:
     """Proposition 4.1 checked on the common support (:func:`proposition_41`); None when hgpo
     (mean norm) was not measured or no step is on the support."""
-    from studies import metrics as M
-
     hgpo_mean = draws.samples.get(("hgpo", "mean"))
     support = steps.support
     if hgpo_mean is None or not level_rows or not support.any():
@@ -576,9 +500,6 @@ def _gradient_figures(
     parameters by ``pol.pullbacks`` (one forward pass for all), against
     ``gt.parameter_gradient(_undiscounted)``.
     """
-    import toyenvs
-    from studies import metrics as M
-
     b = rb.batch
     exact = (("grad", gt.policy_gradient_undiscounted), ("grad_J", gt.policy_gradient))
     if isinstance(pol, toyenvs.TabularPolicy):
@@ -657,7 +578,6 @@ def run_study(cfg: StudyConfig, progress: bool = True, fresh: bool = False) -> d
         raise SweepError(sweep.failures, len(tasks))
     # (every cell read back from its file: a fresh study and a resumed one report the same)
     results = [json.loads(paths[t.key].read_text()) for t in tasks]
-    from studies.bias_variance_report import write_results
 
     return write_results(cfg, results)
 
@@ -873,13 +793,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _scheme_main(p: argparse.ArgumentParser, a: argparse.Namespace, cfg: StudyConfig) -> int:
     """[branching] ``--scheme``: checks every scheme option, then runs the comparison."""
-    from studies.branching_study import (
-        DEFAULT_BUDGETS,
-        QUICK_BUDGETS,
-        SchemeStudy,
-        run_scheme_study,
-    )
-
     budgets = a.budgets or (QUICK_BUDGETS if a.quick else DEFAULT_BUDGETS)
     study = SchemeStudy(tuple(a.scheme), tuple(budgets), a.branch_budget)
     try:

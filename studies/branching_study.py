@@ -41,6 +41,17 @@ from typing import Any
 
 import numpy as np
 
+import toyenvs
+from hgpo import EstimatorConfig, compute_advantages
+from hgpo.options import bad, check_number
+from studies import metrics as M
+from studies.backend import SweepError, Task, run_tasks
+from studies.compile_note import note_numba_compile
+from studies.io import atomic_write_json, write_csv
+from studies.stages import parse_env, stage_policies
+from studies.tabular import evaluate_success
+from toyenvs.branching import parse_scheme
+
 __all__ = ["SchemeStudy", "budget_needed", "run_scheme_cell", "run_scheme_study"]
 
 DEFAULT_BUDGETS = (0.5, 0.75, 1.0, 1.5, 2.0)
@@ -61,11 +72,6 @@ class SchemeStudy:
     def check(self, envs: tuple[str, ...]) -> None:
         """Named errors for an unknown scheme, a tree depth beyond an env's horizon, a budget
         multiplier <= 0 or a branch share outside (0, 1], before any work."""
-        import toyenvs
-        from hgpo.options import bad, check_number
-        from studies.bias_variance import parse_env
-        from toyenvs.branching import parse_scheme
-
         check_number("--branch-budget", self.branch_budget, lo=0.0, hi=1.0, lo_open=True)
         for m in self.budgets:
             check_number("--budgets", m, lo=0.0, lo_open=True)
@@ -83,8 +89,6 @@ class SchemeStudy:
 
 
 def _measure(est: str, rb: Any, K: int, gamma: float, alpha: float) -> dict[str, Any]:
-    from hgpo import EstimatorConfig, compute_advantages
-
     base = EstimatorConfig(K=K, gamma=gamma, alpha=alpha)
     mean = compute_advantages(est, rb.batch, base.replace(norm="mean"))
     std = compute_advantages(est, rb.batch, base.replace(norm="mean_std"))
@@ -95,14 +99,9 @@ def run_scheme_cell(
     study: SchemeStudy, cfg: Any, env_spec: str, K: int, stage: str, cell_seed: int
 ) -> list[dict[str, Any]]:
     """Rows (scheme, budget, estimator) of one (environment, K, stage) cell."""
-    import toyenvs
-    from studies import metrics as M
-    from studies.bias_variance import _stage_policies, parse_env
-    from studies.tabular import evaluate_success
-
     name, params = parse_env(env_spec)
     env = toyenvs.make(name, **params)
-    pol = dict(_stage_policies(env, K, (stage,), cell_seed))[
+    pol = dict(stage_policies(env, K, (stage,), cell_seed))[
         stage if not Path(stage).is_file() else Path(stage).stem
     ]
     success = evaluate_success(env, pol)
@@ -275,10 +274,6 @@ def run_scheme_study(cfg: Any, study: SchemeStudy, progress: bool = True) -> str
     processes, studies.backend; a progress bar counts the cells); writes ``schemes.csv``,
     ``schemes.json``, ``budget_needed.csv``, ``schemes.md`` and ``schemes.png`` into
     ``cfg.out``. :class:`studies.backend.SweepError` lists the cells that failed."""
-    from studies.backend import SweepError, Task, run_tasks
-    from studies.compile_note import note_numba_compile
-    from studies.io import atomic_write_json, write_csv
-
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     probe = out / ".write_test"

@@ -1,4 +1,9 @@
-"""Figures that compare estimated advantages with the true ones. Pure numpy, no environment.
+"""Figures that compare estimated advantages with the true ones: the statistics of the studies
+(intervals, bias / variance decompositions, rank correlation).
+
+The comparisons the trainer needs too (sign agreement, the batch policy gradient and its
+cosine with the exact one) live in the core, :mod:`hgpo.compare` (pure numpy); they are
+re-exported here under their names.
 
 Conventions: a *sample* is one step of one batch; its *key* identifies the pair (z, a) =
 (hidden state, context, t, action) whose true advantage A*(z, a) it estimates. Averages over
@@ -12,6 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 from statsmodels.stats.weightstats import DescrStatsW
+
+from hgpo.compare import (
+    cosine_relerr,
+    gradient_compare,
+    gradient_estimate,
+    sign_agreement,
+    visited_gradient_estimate,
+)
 
 __all__ = [
     "BiasVariance",
@@ -152,81 +165,8 @@ def variance_difference(
     return float(full), lo, hi
 
 
-def sign_agreement(estimate: np.ndarray, truth: np.ndarray, tol: float = 1e-9) -> float:
-    """Share of samples with |A*| > tol whose estimate has the same sign (0 counts as wrong)."""
-    sel = np.abs(truth) > tol
-    if not sel.any():
-        return float("nan")
-    return float((np.sign(estimate[sel]) == np.sign(truth[sel])).mean())
-
-
 def spearman(estimate: np.ndarray, truth: np.ndarray) -> float:
     """Spearman rank correlation of estimates and true advantages (nan if either is constant)."""
     if np.all(estimate == estimate[0]) or np.all(truth == truth[0]):
         return float("nan")
     return float(sps.spearmanr(estimate, truth).statistic)
-
-
-def gradient_estimate(
-    context: np.ndarray, action: np.ndarray, advantage: np.ndarray, probs: np.ndarray, n_traj: int
-) -> np.ndarray:
-    """The batch policy-gradient estimate of a tabular softmax policy.
-
-    g[c, :] = (1 / n_traj) sum over steps in context c of A_t (e_{a_t} - pi(. | c)),
-    the score function of logits theta[c, a] times the estimated advantage.
-
-    Args:
-        context: int64[m] row of the logits table of each step; action: int64[m];
-        advantage: float64[m]; probs: float64[n_contexts, n_actions] pi(. | c); n_traj: the
-        number of trajectories (the estimate is per trajectory, like the exact gradient).
-    """
-    rows, g_rows = visited_gradient_estimate(context, action, advantage, probs, n_traj)
-    g = np.zeros_like(probs)
-    g[rows] = g_rows
-    return g
-
-
-def visited_gradient_estimate(
-    context: np.ndarray, action: np.ndarray, advantage: np.ndarray, probs: np.ndarray, n_traj: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, g[rows]): :func:`gradient_estimate` on the visited rows (sorted), 0 elsewhere, at
-    a cost that does not grow with the table."""
-    rows, local = np.unique(context, return_inverse=True)
-    g = np.zeros((rows.size, probs.shape[1]))
-    np.add.at(g, (local, action), advantage)
-    g -= np.bincount(local, weights=advantage, minlength=rows.size)[:, None] * probs[rows]
-    g /= n_traj
-    return rows, g
-
-
-def cosine_relerr(g: np.ndarray, t: np.ndarray) -> tuple[float, float]:
-    """(cosine, ||g - t|| / ||t||) of two flat vectors; NaN, NaN when either is zero."""
-    ng2, nt2 = float(g @ g), float(t @ t)
-    if ng2 == 0 or nt2 == 0:
-        return float("nan"), float("nan")
-    return float(g @ t / np.sqrt(ng2 * nt2)), float(np.linalg.norm(g - t) / np.sqrt(nt2))
-
-
-def gradient_compare(
-    context: np.ndarray,
-    action: np.ndarray,
-    advantage: np.ndarray,
-    probs: np.ndarray,
-    n_traj: int,
-    g_true: np.ndarray,
-) -> tuple[float, float]:
-    """(cosine, relative error) of the batch gradient estimate against ``g_true``.
-
-    Same estimate as :func:`gradient_estimate`, computed on the visited rows only (the
-    estimate is 0 elsewhere), so a large table costs nothing per call:
-    ||g_hat - g||^2 = ||g_hat||^2 - 2 g_hat . g + ||g||^2.
-    """
-    rows, g = visited_gradient_estimate(context, action, advantage, probs, n_traj)
-    inside = rows < g_true.shape[0]
-    t = g_true[rows[inside]]
-    dot = float((g[inside] * t).sum())
-    nh2 = float((g * g).sum())
-    nt2 = float((g_true * g_true).sum())
-    cos = dot / np.sqrt(nh2 * nt2) if nh2 > 0 and nt2 > 0 else float("nan")
-    rel = np.sqrt(max(nh2 - 2 * dot + nt2, 0.0) / nt2) if nt2 > 0 else float("nan")
-    return float(cos), float(rel)

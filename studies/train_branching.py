@@ -34,6 +34,7 @@ import numpy as np
 from scipy import stats
 
 from hgpo.options import ArgumentParser, bad, check_int, check_number
+from hgpo.train.config import build_parser
 from hgpo.train.metrics import read_metrics
 from studies.backend import set_parent_death_signal
 from studies.cli import check_out_dir
@@ -98,8 +99,6 @@ def run_key(config: dict, seed: int) -> str:
 def check_run_args(run_args: tuple[str, ...]) -> None:
     """A ValueError naming the first option after ``--`` that the study sets itself, in any
     spelling ``hgpo.train`` accepts (``--flag value``, ``--flag=value``, a unique prefix)."""
-    from hgpo.train.config import build_parser
-
     options = build_parser()._option_string_actions
     for tok in run_args:
         if not tok.startswith("--"):

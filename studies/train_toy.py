@@ -38,6 +38,9 @@ from typing import Any
 
 import numpy as np
 
+import toyenvs
+from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
+from hgpo.config import field_docs
 from hgpo.options import (
     ArgumentParser,
     bad,
@@ -56,7 +59,13 @@ from studies.io import (
     finished_dir,
     result_key,
 )
+from studies.metrics import gradient_estimate
+from studies.stages import parse_env
+from studies.tabular import expert_stages, neural_expert_stages
+from studies.tabular_ppo import PPOSettings, TabularPPO, ValueTable
+from studies.train_toy_report import write_results
 from studies.train_toy_settings import DEFAULT_SETTINGS, FULL_SETTINGS
+from toyenvs.branching import parse_scheme
 
 __all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
 
@@ -236,9 +245,6 @@ def _check_start(where: str, value: Any) -> str:
 
 def _check_schemes(schemes: tuple[str, ...], envs: tuple[str, ...]) -> None:
     """Named errors for an unknown scheme or a tree depth beyond an env's horizon."""
-    import toyenvs
-    from toyenvs.branching import parse_scheme
-
     if len(set(schemes)) != len(schemes):
         raise bad("--scheme", "distinct schemes", " ".join(schemes))
     for spec in envs if schemes else ():
@@ -253,8 +259,6 @@ def _check_schemes(schemes: tuple[str, ...], envs: tuple[str, ...]) -> None:
 
 def split_env(spec: str) -> tuple[str, dict[str, Any], str | None]:
     """ "keydoor:size=5,start=0.03" -> ("keydoor", {"size": 5}, "0.03"), validated by toyenvs."""
-    from studies.bias_variance import parse_env
-
     if not isinstance(spec, str):
         raise bad("--envs", 'a string "family:param=value,..."', spec)
     name, _, rest = spec.partition(":")
@@ -272,8 +276,6 @@ def parse_setting(spec: str, cfg: TrainToyConfig | None = None) -> tuple[str, in
 
     Returns (estimator, K or None when the setting does not fix it, EstimatorConfig without K).
     """
-    from hgpo import ESTIMATORS, EstimatorConfig
-
     if not isinstance(spec, str):
         raise bad("--settings", 'a string "estimator:option=value,..."', spec)
     cfg = cfg or TrainToyConfig.__new__(TrainToyConfig)
@@ -328,8 +330,6 @@ _START_CACHE: dict[tuple[str, int, str, int], Any] = {}
 
 def _new_policy(cfg: TrainToyConfig, env: Any, K: int, seed: int) -> Any:
     """A fresh policy of cfg.policy: uniform table, or a network at the uniform policy."""
-    import toyenvs
-
     if cfg.policy == "tabular":
         return toyenvs.TabularPolicy(env, K=K)
     return toyenvs.NeuralPolicy(
@@ -342,8 +342,6 @@ def _start_policy(
     env_spec: str, start: str, env: Any, K: int, seed: int, cfg: TrainToyConfig | None = None
 ) -> Any:
     """The starting policy; warm starts are cached per process (every seed starts the same)."""
-    from studies.tabular import expert_stages, neural_expert_stages
-
     cfg = cfg or TrainToyConfig()
     if start == "uniform":
         return _new_policy(cfg, env, K, seed)
@@ -360,8 +358,6 @@ def _start_policy(
 
 
 def _evaluate(env: Any, pol: Any, tasks: np.ndarray, cfg: TrainToyConfig, seed: int) -> float:
-    import toyenvs
-
     if tasks.size == 0:
         return float("nan")
     t0 = pol.temperature
@@ -386,9 +382,6 @@ def _truth_figures(
     batch's policy-gradient estimate pushed to the parameters, pullback(sum_t A_hat_t
     grad_logits log pi(a_t | c_t)) / n_traj, and the exact dJ/dtheta (discounted).
     """
-    import toyenvs
-    from studies.metrics import gradient_estimate
-
     try:
         gt = toyenvs.exact_ground_truth(
             env, pol, gamma=cfg.gamma, tasks=tasks, max_nodes=TRUTH_MAX_NODES
@@ -419,8 +412,6 @@ def _collect(
     iteration by iteration); a branched group may overshoot S by less than the horizon, and
     the batch's rows (``env_steps`` in the curve) are the cost actually paid.
     """
-    import toyenvs
-
     rb = toyenvs.rollout(env, pol, tasks, cfg.rollouts, seed)
     if scheme is None or scheme == "independent":
         return rb
@@ -491,9 +482,6 @@ def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
 def _setup_run(cfg: TrainToyConfig, run: dict[str, Any]) -> _RunSetup:
     """The run's environment, setting (its K on the estimator config), starting policy, PPO
     trainer of cfg.policy, and the value table when the estimator is ``gae``."""
-    import toyenvs
-    from studies.tabular_ppo import PPOSettings, TabularPPO, ValueTable
-
     fam, params, start = split_env(run["env"])
     env = toyenvs.make(fam, **params)
     est, _, ec = parse_setting(run["setting"], cfg)
@@ -570,8 +558,6 @@ def _iteration_advantages(
 ) -> _IterationAdvantages:
     """The setting's advantages of batch ``rb``; with a critic (gae) its values feed the
     estimator, it is then fitted to the returns A + V, and the advantages are whitened."""
-    from hgpo import compute_advantages
-
     critic = setup.critic
     values = critic.values(rb.context) if critic is not None else None
     adv = compute_advantages(setup.estimator, rb.batch, config=setup.config, values=values)
@@ -652,7 +638,6 @@ def run_study(cfg: TrainToyConfig, progress: bool = True, fresh: bool = False) -
     if sweep.failures:
         raise SweepError(sweep.failures, len(runs))
     results = [json.loads(p.read_text()) for p in paths]
-    from studies.train_toy_report import write_results
 
     return write_results(cfg, results)
 
@@ -667,7 +652,6 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m studies.train_toy", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
     )  # fmt: skip
-    from hgpo.config import field_docs
 
     doc = field_docs(TrainToyConfig)
     for f in dataclasses.fields(TrainToyConfig):

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from studies.io import write_csv
+from studies.metrics import mean_ci
 from studies.train_toy_settings import ABLATIONS, SETTING_NOTES
 from studies.verdict import HOLDS, NOT_SIGNIFICANT, Step, ordering_verdict
 
@@ -143,8 +144,6 @@ def _scheme_section(
 
 
 def _ci(x: np.ndarray) -> tuple[float, float]:
-    from studies.metrics import mean_ci
-
     m, lo, hi = mean_ci(x)
     return m, (hi - lo) / 2 if np.isfinite(hi) else float("nan")
 
@@ -323,8 +322,6 @@ def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from studies.metrics import mean_ci
 
     if not labels:
         return

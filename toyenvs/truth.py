@@ -29,8 +29,9 @@ import numpy as np
 
 from hgpo.options import bad, check_int, check_number
 from toyenvs import _kernels as kn
+from toyenvs._kernels import build_node_index, lookup_nodes  # public here: the node index
 from toyenvs.core import POMDP, check_tasks
-from toyenvs.policy import TabularPolicy
+from toyenvs.policy import TabularPolicy, context_radix
 from toyenvs.rollout import Rollouts, _check_common, env_args, rollout_arrays
 
 if TYPE_CHECKING:
@@ -42,8 +43,10 @@ __all__ = [
     "ChainTooLarge",
     "ExactGroundTruth",
     "MCGroundTruth",
+    "build_node_index",
     "enumerate_chain",
     "exact_ground_truth",
+    "lookup_nodes",
     "mc_ground_truth",
     "solve_chain",
 ]
@@ -205,8 +208,6 @@ def enumerate_chain(
     Raises:
         ChainTooLarge (a ValueError) when it holds more than ``max_nodes`` nodes.
     """
-    from toyenvs.policy import context_radix
-
     K = check_int("K", K, lo=0)
     max_nodes = check_int("max_nodes", max_nodes, lo=1)
     tasks = check_tasks(env, tasks)

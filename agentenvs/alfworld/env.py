@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentenvs.alfworld.expert import expert_plan
 from agentenvs.alfworld.generator import GameSpec
 from hgpo.options import bad, check_int
 
@@ -218,8 +219,6 @@ def run_expert(env: AlfWorldEnv, task: int) -> tuple[bool, list[str]]:
 
     Returns (won, plan). Every command must be admissible when it is sent.
     """
-    from agentenvs.alfworld.expert import expert_plan
-
     env.reset(task)
     gen = env.traj.get("generator")
     if gen is None:

@@ -6,13 +6,15 @@ import json
 import os
 import sys
 
+from agentenvs.registry import benchmark
+from hgpo.options import exit_on_missing_extras
+from hgpo.train.config import TrainConfigError, parse_args
+from hgpo.train.logs import configure_logging
+from hgpo.train.preflight import note_resume, validate_config
+
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
-    from agentenvs.registry import benchmark
-    from hgpo.options import exit_on_missing_extras
-    from hgpo.train.config import parse_args
-
     cfg, ns = parse_args(argv)
     if ns.print_config:
         print(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
@@ -20,11 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     # the trainer's packages (torch, ...) and the env's, before any import of them
     extras = ("llm", *benchmark(cfg.env).extras)
     exit_on_missing_extras(f"python -m hgpo.train --env {cfg.env}", *extras)
-    from hgpo.train.logs import configure_logging
 
     configure_logging(rank0=os.environ.get("RANK", "0") == "0")
-    from hgpo.train.config import TrainConfigError
-    from hgpo.train.preflight import note_resume, validate_config
 
     try:
         validate_config(cfg)

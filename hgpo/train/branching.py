@@ -61,8 +61,8 @@ from hgpo.train.rollout import (
 )
 
 if TYPE_CHECKING:
+    from hgpo.schemes import Scheme
     from hgpo.train.config import TrainConfig
-    from toyenvs.branching import Scheme
 
 __all__ = ["BranchPlan", "branch_figures", "choose", "play_branched"]
 

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from agentenvs.adapters.toy_bench import is_toy  # noqa: F401 (re-exported: was defined here)
+from agentenvs.ray_cluster import require_ray
 from agentenvs.registry import BENCHMARKS, benchmark
-from hgpo.config import EstimatorConfig
+from hgpo.config import EstimatorConfig, reference_config
 from hgpo.config import field_docs as dataclass_field_docs
 from hgpo.estimators import ESTIMATORS
 from hgpo.options import (
@@ -32,10 +33,9 @@ from hgpo.options import (
     check_number,
     parse_name_values,
 )
+from hgpo.schemes import Scheme, parse_scheme
+from hgpo.train.checkpoint import atomic_write_text
 from hgpo.train.tiny import ARCHS as TINY_ARCHS
-
-if typing.TYPE_CHECKING:
-    from toyenvs.branching import Scheme
 
 __all__ = [
     "PRESETS",
@@ -298,8 +298,6 @@ class TrainConfig:
                 self.enable_thinking,
             )
         if self.env_backend == "ray":
-            from hgpo.ray_cluster import require_ray
-
             require_ray("TrainConfig.env_backend='ray'")
         self.estimator_config()  # validates estimator_options
         self._check_toy()
@@ -325,18 +323,14 @@ class TrainConfig:
 
     # -- derived ----------------------------------------------------------------------------------
     def scheme(self) -> Scheme | None:
-        """The parsed rollout_scheme, None for "independent" (toyenvs' parser and its errors;
+        """The parsed rollout_scheme, None for "independent" (hgpo.schemes.parse_scheme, its errors;
         a tree depth must lie in 1..max_steps - 1)."""
         if self.rollout_scheme == "independent":
             return None
-        from toyenvs.branching import parse_scheme
-
         return parse_scheme(self.rollout_scheme, self.max_steps, where="TrainConfig.rollout_scheme")
 
     def estimator_config(self) -> EstimatorConfig:
         """The EstimatorConfig of this run: paper (or reference) options, K, gamma, overrides."""
-        from hgpo.config import reference_config
-
         base = EstimatorConfig()
         if self.reference_options:
             try:  # each estimator's own preset (rloo: norm=mean, std=sample; ...)
@@ -366,8 +360,6 @@ class TrainConfig:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the resolved config as JSON (atomically)."""
-        from hgpo.train.checkpoint import atomic_write_text
-
         data = {k: v for k, v in self.to_dict().items() if k not in NOT_SAVED}
         atomic_write_text(Path(path), json.dumps(data, indent=2, sort_keys=True) + "\n")
 

@@ -152,9 +152,15 @@ def merged_named_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tenso
         yield name.replace(".base_layer.", "."), t
 
 
+def persistent_buffers(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of the buffers that belong in a state dict (not the non-persistent ones)."""
+    for mod_name, mod in module.named_modules():
+        for name, b in mod.named_buffers(recurse=False):
+            if b is not None and name not in mod._non_persistent_buffers_set:
+                yield (f"{mod_name}.{name}" if mod_name else name), b
+
+
 def base_persistent_buffers(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The base model's persistent buffers under its own names."""
-    from hgpo.train.model import persistent_buffers
-
     for name, b in persistent_buffers(model.get_base_model()):
         yield name.replace(".base_layer.", "."), b

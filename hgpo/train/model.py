@@ -1,7 +1,6 @@
 """Policy, reference and critic models; prompt encoding; per-token log-probs.
 
-The rollout engine on ``transformers`` is :class:`hgpo.train.hf_engine.HFEngine` (still
-importable from here).
+The rollout engine on ``transformers`` is :class:`hgpo.train.hf_engine.HFEngine`.
 """
 
 from __future__ import annotations
@@ -14,6 +13,14 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from hgpo.train.config import TrainConfigError
+from hgpo.train.lora import (
+    base_persistent_buffers,
+    has_adapters,
+    merged_named_parameters,
+    persistent_buffers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +85,6 @@ THINKING_SWITCH = "enable_thinking"
 def check_thinking_switch(tok: Any, enable_thinking: bool) -> None:
     """Refuse ``enable_thinking`` for a chat template that never reads the switch (Qwen2.5's):
     the flag would change nothing, silently. Raises TrainConfigError (the CLI's exit 2)."""
-    from hgpo.train.config import TrainConfigError
-
     if enable_thinking and THINKING_SWITCH not in (tok.chat_template or ""):
         raise TrainConfigError(
             "TrainConfig.enable_thinking: must be false for this model, whose chat template "
@@ -212,8 +217,6 @@ def gathered_named_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Te
 def inference_named_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) of the weights an inference copy needs, under the base model's names:
     LoRA adapters merged in (``lora.merged_named_parameters``), ZeRO-3 shards gathered."""
-    from hgpo.train.lora import has_adapters, merged_named_parameters
-
     if has_adapters(module):
         return merged_named_parameters(module)
     return gathered_named_parameters(module)
@@ -244,14 +247,6 @@ HF_MODEL_DIR = "hf_model"
 """The consolidated model folder inside a checkpoint (``from_pretrained`` and vLLM load it)."""
 
 
-def persistent_buffers(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of the buffers that belong in a state dict (not the non-persistent ones)."""
-    for mod_name, mod in module.named_modules():
-        for name, b in mod.named_buffers(recurse=False):
-            if b is not None and name not in mod._non_persistent_buffers_set:
-                yield (f"{mod_name}.{name}" if mod_name else name), b
-
-
 def save_hf_model(module: nn.Module, tok: Any, path: Path, write: bool) -> None:
     """Save ``module`` as a full Hugging Face model folder (with ``tok``) at ``path``; a LoRA
     actor as its base model with the adapters merged.
@@ -259,8 +254,6 @@ def save_hf_model(module: nn.Module, tok: Any, path: Path, write: bool) -> None:
     Under ZeRO-3 the parameters are gathered one at a time (a collective: every rank calls
     this, and only the rank with ``write`` keeps the tensors and writes them).
     """
-    from hgpo.train.lora import base_persistent_buffers, has_adapters
-
     state: dict[str, torch.Tensor] = {}
     for name, t in inference_named_parameters(module):
         if write:
@@ -282,20 +275,9 @@ def grad_norm(module: nn.Module) -> float:
     return float(torch.stack(sq).sum().sqrt()) if sq else 0.0
 
 
-def __getattr__(name: str) -> Any:
-    """``hgpo.train.model.HFEngine``, where callers imported it before it had its own module
-    (looked up on first use: ``hf_engine`` imports this module)."""
-    if name == "HFEngine":
-        from hgpo.train.hf_engine import HFEngine
-
-        return HFEngine
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "HF_MODEL_DIR",
     "Critic",
-    "HFEngine",  # noqa: F822 (module __getattr__)
     "Packed",
     "check_model",
     "check_thinking_switch",

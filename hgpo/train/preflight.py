@@ -15,7 +15,10 @@ from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo.options import OptionError, bad, check_writable_dir
 from hgpo.train import checkpoint as ckpt
 from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
+from hgpo.train.envs import TRAIN_SPLIT, EnvSet, check_ray_capacity
 from hgpo.train.rundir import RESUMES_FILE, check_run_dir, flag_of, resume_changes
+from hgpo.train.tiny import tiny_config
+from hgpo.train.truth import check_truth_size
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +45,10 @@ def validate_config(cfg: TrainConfig) -> None:
     if problem:
         raise TrainConfigError(problem)
     if cfg.env_backend == "ray" and os.environ.get("RANK", "0") == "0":  # before any actor
-        from hgpo.train.envs import check_ray_capacity
-
         check_ray_capacity(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     if cfg.scheme() is not None:
         check_snapshots(cfg)
     if cfg.truth_every:  # the chain fits --truth-max-nodes, before any model is built
-        from hgpo.train.truth import check_truth_size
-
         check_truth_size(cfg)
 
 
@@ -63,7 +62,6 @@ def check_model_shapes(cfg: TrainConfig) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from hgpo.train.lora import check_targets, max_rank
-    from hgpo.train.tiny import tiny_config
 
     if cfg.model == TINY_MODEL:
         config = tiny_config(cfg.tiny_vocab, cfg.tiny_hidden, cfg.tiny_layers, arch=cfg.tiny_arch)
@@ -177,8 +175,6 @@ def check_sizes(cfg: TrainConfig) -> None:
 def check_snapshots(cfg: TrainConfig) -> None:
     """A branching ``rollout_scheme`` needs training envs that snapshot and restore: asked of
     one env of the training split (built in a worker, before any model)."""
-    from hgpo.train.envs import TRAIN_SPLIT, EnvSet
-
     where = f"TrainConfig.env (rollout_scheme={cfg.rollout_scheme!r})"
     if not benchmark(cfg.env).snapshots:  # known without building an env (require_snapshot's line)
         raise bad(where, "an environment with snapshot support", cfg.env)

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
-    """What the trainer needs of a rollout engine (``model.HFEngine``, ``vllm_engine.VLLMEngine``)."""
+    """What the trainer needs of a rollout engine (``hf_engine.HFEngine``, ``vllm_engine.VLLMEngine``)."""
 
     def generate(
         self, prompts: Sequence[Sequence[int]], temperature: float, top_p: float, max_new: int

@@ -43,6 +43,8 @@ from hgpo.train.rollout import Play, Rollout, logprob_gap, run_episodes
 from hgpo.train.run_checkpoint import load_run, save_run
 from hgpo.train.run_checkpoint import set_lr as set_lr  # (it lived here)
 from hgpo.train.rundir import clear_run, resume_changes
+from hgpo.train.tiny import build_tiny
+from hgpo.train.truth import TruthMonitor
 from hgpo.train.update import (
     MicroBatch,
     Scored,
@@ -179,7 +181,6 @@ class Trainer:
                 "TrainConfig.truth_every needs one rank (it scores the whole chain on rank 0), "
                 f"got {self.world} ranks"
             )
-        from hgpo.train.truth import TruthMonitor
 
         return TruthMonitor(self.cfg, self.tok)
 
@@ -210,7 +211,6 @@ class Trainer:
         cfg = self.cfg
         if cfg.model != TINY_MODEL:
             return cfg.model
-        from hgpo.train.tiny import build_tiny
 
         path = self.out / "tiny_model"
         if self.rank == 0:

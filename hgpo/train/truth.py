@@ -48,10 +48,19 @@ from agentenvs.memory import EpisodeMemory
 from agentenvs.parser import parse_action
 from agentenvs.toytext import ToyText, parse_toy_spec, render, split_tasks, toy_prompt
 from hgpo import ESTIMATORS, compute_advantages
+from hgpo.branching import lookback_rows
+from hgpo.compare import gradient_compare, sign_agreement
 from hgpo.train.config import TrainConfig, TrainConfigError
-from toyenvs import _kernels as kn
+from hgpo.train.rollout import response_text
 from toyenvs.policy import decode_context, encode_context
-from toyenvs.truth import Chain, ChainTooLarge, enumerate_chain, solve_chain
+from toyenvs.truth import (
+    Chain,
+    ChainTooLarge,
+    build_node_index,
+    enumerate_chain,
+    lookup_nodes,
+    solve_chain,
+)
 
 __all__ = [
     "BiasVariance",
@@ -238,7 +247,7 @@ class TruthMonitor:
                                         enumerate(rows)])  # fmt: skip
         self.node_t = self.chain.node_t
         P = np.concatenate(self.chain.layer_P)
-        self._index = kn.build_node_index(self.node_t, np.concatenate(self.chain.layer_s), P)
+        self._index = build_node_index(self.node_t, np.concatenate(self.chain.layer_s), P)
         self.enumerate_seconds = time.perf_counter() - t0
         log.info(
             "truth: chain of %d nodes, %d prompts (t, context), enumerated in %.2fs",
@@ -261,7 +270,6 @@ class TruthMonitor:
         """float64[n_rows, A] pi(. | t, c) of the current weights: every action's response
         scored after every row's prompt (in batches), softmax at the rollout temperature."""
         from hgpo.train.model import encode_prompt
-        from hgpo.train.rollout import response_text
 
         tok, cfg = self.tok, self.cfg
         resp = [tok(response_text(a), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -330,7 +338,7 @@ class TruthMonitor:
             P[i] = code // env.n_obs
         if (action < 0).any():
             raise ValueError("truth: a step's response names no action (score mode lists them all)")
-        node = kn.lookup_nodes(self._index, np.asarray(roll.step, dtype=np.int64), hidden, P)
+        node = lookup_nodes(self._index, np.asarray(roll.step, dtype=np.int64), hidden, P)
         if (node < 0).any():
             i = int(np.flatnonzero(node < 0)[0])
             raise ValueError(f"truth: step {i} (t={roll.step[i]}, hidden={hidden[i]}) is not in "
@@ -340,8 +348,6 @@ class TruthMonitor:
     # -- every estimator against the truth -----------------------------------------------------
     def estimator_metrics(self, truth: LLMTruth, roll: Any, nodes: StepNodes) -> dict[str, float]:
         """``truth/<estimator>/<metric>`` of every registered estimator on ``roll``."""
-        from studies import metrics as M
-
         batch = roll.step_batch()
         A_true = truth.Q[nodes.node, nodes.action] - truth.V[nodes.node]
         group = np.asarray(roll.group, dtype=np.int64)
@@ -369,14 +375,14 @@ class TruthMonitor:
             values = truth.V[nodes.node] if name == "gae" else None
             adv = compute_advantages(name, batch, ecfg, values=values).advantages
             bv = cross_group_bias_variance(key, group, adv - A_true, weight)
-            cos, _ = M.gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
+            cos, _ = gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
                                         truth.grad)  # fmt: skip
-            cos_u, _ = M.gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
+            cos_u, _ = gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
                                           truth.grad_undiscounted)  # fmt: skip
             figures = {
                 "bias2": bv.bias2, "variance": bv.variance, "mse": bv.mse,
                 "coverage": bv.coverage, "mse_all": float(np.mean((adv - A_true) ** 2)),
-                "sign": M.sign_agreement(adv, A_true), "grad_cos": cos,
+                "sign": sign_agreement(adv, A_true), "grad_cos": cos,
                 "grad_cos_undiscounted": cos_u,
             }  # fmt: skip
             out.update({f"truth/{name}/{k}": float(v) for k, v in figures.items()})
@@ -404,8 +410,6 @@ class TruthMonitor:
 def _context_rows(roll: Any, K: int) -> list[np.ndarray]:
     """Per row, the rows of its last min(K, t) steps, oldest first: the rows before it in its
     trajectory, read across the branch point for a branch (hgpo.branching.lookback_rows)."""
-    from hgpo.branching import lookback_rows
-
     steps = np.asarray(roll.step, dtype=np.int64)
     if not roll.n_branches:
         starts = np.flatnonzero(steps == 0)

@@ -29,8 +29,10 @@ from hgpo.options import (
     check_writable_dir,
     exit_on_missing_extras,
 )
-from hgpo.train.config import TINY_MODEL, TrainConfig, resolve
+from hgpo.train.config import TINY_MODEL, TrainConfig, parse_options, resolve
+from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size
 from hgpo.train.logs import configure_logging
+from hgpo.train.tiny import build_tiny
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,6 @@ def expert_samples(
     cfg: TrainConfig, tok, tasks: list[int]
 ) -> tuple[list[tuple[list[int], list[int]]], float]:
     """(prompt ids, response ids) of every expert step, and the experts' success rate."""
-    from hgpo.train.envs import TRAIN_SPLIT, EnvSet
     from hgpo.train.model import encode_prompt
 
     plans = expert_plans(cfg, tasks)
@@ -177,9 +178,6 @@ def _parser() -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace) -> TrainConfig:
     """The RL run's config of these flags (named errors); ``--tasks`` within its training
     tasks."""
-    from hgpo.train.config import parse_options
-    from hgpo.train.envs import TRAIN_SPLIT, split_size
-
     overrides = parse_options(",".join(args.override), where="--override")
     cfg = resolve(
         args.env, args.preset, {"model": args.model, "out_dir": str(Path(args.out)), **overrides}
@@ -195,7 +193,6 @@ def _initial_model(cfg: TrainConfig, out: Path) -> str:
     builds it (under ``out/init``)."""
     if cfg.model != TINY_MODEL:
         return cfg.model
-    from hgpo.train.tiny import build_tiny
     from hgpo.train.trainer import tiny_corpus
 
     return str(

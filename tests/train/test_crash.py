@@ -37,7 +37,8 @@ def tiny(tmp_path_factory):
     """(tokenizer, engine) of a tiny random Qwen2 trained on the toy env's texts."""
     from transformers import AutoModelForCausalLM
 
-    from hgpo.train.model import HFEngine, load_tokenizer
+    from hgpo.train.hf_engine import HFEngine
+    from hgpo.train.model import load_tokenizer
     from hgpo.train.tiny import build_tiny
     from hgpo.train.trainer import tiny_corpus
 

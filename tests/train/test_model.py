@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
+from hgpo.train.hf_engine import HFEngine
 from hgpo.train.loss import kl_k3, policy_loss, value_loss
-from hgpo.train.model import Critic, HFEngine, encode_prompt, pack, response_logprobs
+from hgpo.train.model import Critic, encode_prompt, pack, response_logprobs
 from hgpo.train.tiny import build_tiny
 
 

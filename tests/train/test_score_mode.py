@@ -7,8 +7,9 @@ import torch
 
 from agentenvs import parse_action
 from hgpo.train.config import TrainConfig
+from hgpo.train.hf_engine import HFEngine
 from hgpo.train.metrics import read_metrics
-from hgpo.train.model import HFEngine, pack, response_logprobs
+from hgpo.train.model import pack, response_logprobs
 from hgpo.train.rollout import (
     Play,
     candidate_actions,

@@ -89,7 +89,8 @@ def tiny_llm(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from agentenvs.toytext import toy_corpus
-    from hgpo.train.model import HFEngine, load_tokenizer
+    from hgpo.train.hf_engine import HFEngine
+    from hgpo.train.model import load_tokenizer
     from hgpo.train.tiny import build_tiny
 
     path = build_tiny(tmp_path_factory.mktemp("m") / "tiny", toy_corpus(TMAZE), 400, seed=1)
