@@ -20,6 +20,7 @@ from hgpo.train.config import TrainConfig
 from hgpo.train.metrics import read_metrics
 from hgpo.train.rollout import Play
 from tests.train.conftest import run_cli
+from tests.train.tiny_engine import tiny_engine
 
 ENV = "toy:keydoor:size=4,horizon=8"
 N, GROUPS = 4, 2
@@ -35,17 +36,9 @@ def _cfg(**kw) -> TrainConfig:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(tokenizer, engine) of a tiny random Qwen2 trained on the toy env's texts."""
-    from transformers import AutoModelForCausalLM
-
-    from hgpo.train.hf_engine import HFEngine
-    from hgpo.train.model import load_tokenizer
-    from hgpo.train.tiny import build_tiny
     from hgpo.train.trainer import tiny_corpus
 
-    path = build_tiny(tmp_path_factory.mktemp("m") / "tiny", tiny_corpus(ENV), 1024, seed=0)
-    tok = load_tokenizer(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
-    return tok, HFEngine(model, tok, 64, torch.device("cpu"))
+    return tiny_engine(tmp_path_factory.mktemp("m"), tiny_corpus(ENV), 1024, seed=0)
 
 
 def _play(tiny, cfg: TrainConfig, seed: int = 0):

@@ -12,6 +12,7 @@ from hgpo.train.config import TrainConfig, TrainConfigError
 from hgpo.train.metrics import read_metrics
 from hgpo.train.truth import TruthMonitor, cross_group_bias_variance, truth_chain
 from tests.train.conftest import run_cli
+from tests.train.tiny_engine import tiny_engine
 
 TMAZE = "toy:tmaze:length=0"  # cue cell, junction; horizon 6: a chain of a few hundred nodes
 
@@ -86,17 +87,9 @@ def test_cross_group_bias2_is_unbiased_when_visit_counts_move_the_errors():
 
 @pytest.fixture(scope="module")
 def tiny_llm(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
     from agentenvs.toytext import toy_corpus
-    from hgpo.train.hf_engine import HFEngine
-    from hgpo.train.model import load_tokenizer
-    from hgpo.train.tiny import build_tiny
 
-    path = build_tiny(tmp_path_factory.mktemp("m") / "tiny", toy_corpus(TMAZE), 400, seed=1)
-    tok = load_tokenizer(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
-    return tok, HFEngine(model, tok, 64, torch.device("cpu"))
+    return tiny_engine(tmp_path_factory.mktemp("m"), toy_corpus(TMAZE), 400, seed=1)
 
 
 def test_exact_truth_agrees_with_monte_carlo_returns_and_rollout_prompts(tiny_llm):

@@ -1,0 +1,22 @@
+"""A tiny random Qwen2 and its HF rollout engine, built here for the tests that play envs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def tiny_engine(folder: Path, corpus: list[str], vocab: int, seed: int) -> tuple[Any, Any]:
+    """(tokenizer, HFEngine) of a tiny random Qwen2 whose tokenizer is trained on ``corpus``,
+    on the CPU, 64 prompts a batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hgpo.train.hf_engine import HFEngine
+    from hgpo.train.model import load_tokenizer
+    from hgpo.train.tiny import build_tiny
+
+    path = build_tiny(folder / "tiny", corpus, vocab, seed=seed)
+    tok = load_tokenizer(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    return tok, HFEngine(model, tok, 64, torch.device("cpu"))
