@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from hgpo.options import OptionError, check_bool, check_choice, check_int, check_number
+from hgpo.options import (
+    OptionError,
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    field_docs,  # (re-exported: was defined here)
+)
 
 __all__ = ["MAX_K", "EstimatorConfig", "check_K", "field_docs", "reference_config"]
 
@@ -62,23 +66,6 @@ def _check_weights(K: int, alpha: float, weight_offset: float, base_weight: floa
             f"and alpha={alpha!r} give {w0!r} at k = 0 and {wK!r} at k = {K}: choose a smaller "
             "alpha or a weight_offset nearer 1"
         )
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring of dataclass ``cls`` (the string literal under the field in the
-    class body, whitespace collapsed), e.g. for ``--help`` texts."""
-    body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, nxt in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
 
 
 @dataclass(frozen=True)
