@@ -428,6 +428,17 @@ def field_bounds(config_cls: type) -> Mapping[str, Mapping[str, Any]]:
     )
 
 
+def field_choices(config_cls: type) -> Mapping[str, tuple[Any, ...]]:
+    """Read-only ``{field: choices}`` of the fields of a dataclass that declare choices."""
+    return MappingProxyType(
+        {
+            f.name: choices
+            for f in dataclasses.fields(config_cls)
+            if (choices := _setting_of(f).choices) is not None
+        }
+    )
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring of dataclass ``cls`` (the string literal under the field in the
     class body, whitespace collapsed), e.g. for ``--help`` texts."""
