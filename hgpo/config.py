@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from hgpo.options import OptionError, check_bool, check_choice, check_int, check_number
+from hgpo.options import (
+    OptionError,
+    check_fields,
+    check_int,
+    field_choices,
+    field_docs,  # (re-exported: was defined here)
+    setting,
+)
 
 __all__ = ["MAX_K", "EstimatorConfig", "check_K", "field_docs", "reference_config"]
-
-CHOICES: dict[str, tuple[str, ...]] = {  # the string fields of EstimatorConfig
-    "norm": ("mean_std", "mean"),
-    "std": ("population", "sample"),
-    "episode_std": ("population", "sample"),
-    "early": ("paper", "drop"),
-    "penalty_mode": ("return", "after_discount"),
-    "episode_pooling": ("trajectory", "steps"),
-    "episode_singleton": ("zero", "raw"),
-    "zero_rule": ("degenerate", "value", "none"),
-}
-
 
 MAX_K = 256
 """Deepest hierarchy allowed. Levels past the longest trajectory only repeat (or, with
 early="drop", empty) the last one, and the paper's K is 2 or 4."""
-_NON_NEGATIVE = ("alpha", "eps", "weight_eps", "base_weight", "invalid_penalty", "omega")
-_BOOLS = ("base_group", "include_actions", "leave_one_out")
 
 
 def check_K(where: str, K: Any) -> int:
@@ -64,23 +54,6 @@ def _check_weights(K: int, alpha: float, weight_offset: float, base_weight: floa
         )
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring of dataclass ``cls`` (the string literal under the field in the
-    class body, whitespace collapsed), e.g. for ``--help`` texts."""
-    body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, nxt in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
 @dataclass(frozen=True)
 class EstimatorConfig:
     """Options of the advantage estimators. Defaults follow the paper (hgpo-spec.md).
@@ -88,48 +61,48 @@ class EstimatorConfig:
     ``reference_config`` gives the options that reproduce the authors' public code instead.
     """
 
-    K: int = 2
+    K: int = setting(2, lo=0, hi=MAX_K)  # checked by check_K first: its message says the cost
     """Depth of the hierarchy = memory length: levels k = 0..K (Eq. 3-4)."""
-    alpha: float = 1.0
+    alpha: float = setting(1.0, lo=0.0)
     """Weight sharpness of Eq. (7): w_k proportional to (k + weight_offset)^alpha; alpha >= 0."""
-    gamma: float = 0.95
+    gamma: float = setting(0.95, lo=0.0, hi=1.0)
     """Discount of the step return R_t."""
-    norm: str = "mean_std"
+    norm: str = setting("mean_std", choices=("mean_std", "mean"))
     """Group normalisation: "mean_std" ((x - mean) / (std + eps)) or "mean" (x - mean, Dr.GRPO)."""
-    std: str = "population"
+    std: str = setting("population", choices=("population", "sample"))
     """Std of step-level groups (levels, stepwise, oracle): "population" or "sample"."""
-    episode_std: str = "population"
+    episode_std: str = setting("population", choices=("population", "sample"))
     """Std of episode-level groups (grpo, gigpo's episode term, base_group)."""
-    eps: float = 1e-6
+    eps: float = setting(1e-6, lo=0.0)
     """Added to the std in "mean_std"."""
-    early: str = "paper"
+    early: str = setting("paper", choices=("paper", "drop"))
     """Steps with t < k: "paper" (C_k = the shorter full history) or "drop" (left out of level k)."""
-    weight_offset: float = 1.0
+    weight_offset: float = setting(1.0, lo=0.0, lo_open=True)
     """Level k's raw weight is (k + weight_offset)^alpha: 1 in the paper, 2 in the public code."""
-    weight_eps: float = 0.0
+    weight_eps: float = setting(0.0, lo=0.0)
     """Added to the sum of raw weights (the public code adds eps)."""
-    zero_rule: str = "degenerate"
+    zero_rule: str = setting("degenerate", choices=("degenerate", "value", "none"))
     """Which levels Eq. (7) leaves out of both sums: "degenerate" (the step's group is a
     singleton or tied, decided exactly), "value" (A_k == 0.0, the public code's test, sensitive
     to rounding) or "none" (none: every level the step belongs to counts)."""
     base_group: bool = False
     """Add the episode (GiGPO) advantage as an extra level with raw weight ``base_weight``."""
-    base_weight: float = 1.0
+    base_weight: float = setting(1.0, lo=0.0)
     """Raw weight of the base level (1 in the public code, whatever alpha is)."""
     include_actions: bool = False
     """Put past actions in the context keys (the prompt holds them too)."""
-    invalid_penalty: float = 0.1
+    invalid_penalty: float = setting(0.1, lo=0.0)
     """Cost of an invalid action (StepBatch.invalid)."""
-    penalty_mode: str = "return"
+    penalty_mode: str = setting("return", choices=("return", "after_discount"))
     """"return": r_t - penalty enters the discounted return (paper); "after_discount": the
     penalty is subtracted from the step's return (and episode score) after discounting (public code)."""
-    omega: float = 1.0
+    omega: float = setting(1.0, lo=0.0)
     """GiGPO: weight of the step term."""
-    episode_pooling: str = "trajectory"
+    episode_pooling: str = setting("trajectory", choices=("trajectory", "steps"))
     """Episode terms: one score per trajectory, or "steps": every step row counts (GiGPO code)."""
-    episode_singleton: str = "zero"
+    episode_singleton: str = setting("zero", choices=("zero", "raw"))
     """Episode group of one member: "zero" or "raw" (mean 0, std 1: GiGPO code)."""
-    gae_lambda: float = 0.95
+    gae_lambda: float = setting(0.95, lo=0.0, hi=1.0)
     """GAE's lambda (gae only)."""
     leave_one_out: bool = False
     """Leave-one-out step-level groups (RLOO-style): each step's baseline in a level group G_k
@@ -139,26 +112,8 @@ class EstimatorConfig:
     Episode-level groups are unchanged (the rloo estimator is GRPO's leave-one-out)."""
 
     def __post_init__(self) -> None:
-        fixed: dict[str, Any] = {
-            name: check_choice(f"EstimatorConfig.{name}", getattr(self, name), choices)
-            for name, choices in CHOICES.items()
-        }
-        fixed |= {
-            "K": check_K("EstimatorConfig.K", self.K),
-            "gamma": check_number("EstimatorConfig.gamma", self.gamma, lo=0.0, hi=1.0),
-            "gae_lambda": check_number(
-                "EstimatorConfig.gae_lambda", self.gae_lambda, lo=0.0, hi=1.0
-            ),
-            "weight_offset": check_number(
-                "EstimatorConfig.weight_offset", self.weight_offset, lo=0.0, lo_open=True
-            ),
-        }
-        for name in _NON_NEGATIVE:
-            fixed[name] = check_number(f"EstimatorConfig.{name}", getattr(self, name), lo=0.0)
-        for name in _BOOLS:
-            fixed[name] = check_bool(f"EstimatorConfig.{name}", getattr(self, name))
-        for name, value in fixed.items():  # numpy scalars stored as Python numbers and str
-            object.__setattr__(self, name, value)
+        object.__setattr__(self, "K", check_K("EstimatorConfig.K", self.K))
+        check_fields(self, "EstimatorConfig")  # numpy scalars stored as Python numbers and str
         _check_weights(self.K, self.alpha, self.weight_offset, self.base_weight)
 
     def replace(self, **changes: Any) -> EstimatorConfig:
@@ -175,6 +130,11 @@ class EstimatorConfig:
     def from_options(cls, **options: Any) -> EstimatorConfig:
         """Build from keyword options, rejecting unknown names with a ValueError."""
         return cls().replace(**options)
+
+
+CHOICES = field_choices(EstimatorConfig)
+"""The string fields of EstimatorConfig and their choices (a read-only view of the fields'
+settings)."""
 
 
 def reference_config(

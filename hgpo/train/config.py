@@ -22,17 +22,20 @@ from agentenvs.adapters.toy_bench import is_toy  # noqa: F401 (re-exported: was 
 from agentenvs.ray_cluster import require_ray
 from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo.config import EstimatorConfig, reference_config
-from hgpo.config import field_docs as dataclass_field_docs
 from hgpo.estimators import ESTIMATORS
 from hgpo.options import (
     ArgumentParser,
+    add_flags,
     bad,
-    check_bool,
-    check_choice,
-    check_int,
-    check_number,
+    check_fields,
+    field_bounds,
+    field_types,
+    in_section,
+    parse_bool,
     parse_name_values,
+    sections,
 )
+from hgpo.options import field_docs as dataclass_field_docs
 from hgpo.schemes import Scheme, parse_scheme
 from hgpo.train.checkpoint import atomic_write_text
 from hgpo.train.tiny import ARCHS as TINY_ARCHS
@@ -58,6 +61,23 @@ NOT_SAVED = ("fresh",)
 """Fields that act on one invocation and are not written to config.json."""
 
 
+MAX_ITERATIONS = 1_000_000
+"""Cap of iterations and of every "every n iterations" field."""
+
+# TrainConfig's sections, in the class body's order (``--help`` shows one group each); each
+# field's bounds and choices are in its setting (hgpo.options.setting)
+_task = in_section("task and model")
+_estimator = in_section("estimator")
+_rollout = in_section("rollout")  # groups_per_iter x group_size per rank: capped in preflight
+_ppo = in_section("PPO")
+_lora = in_section("LoRA")
+_engines = in_section("engines")
+_logging = in_section("validation, checkpoints, logging")
+_envs = in_section("environments")  # the real WebShop has 1.18M products
+_tiny = in_section("tiny model (model = 'tiny')")  # memory also checked in preflight
+_truth = in_section("exact truth (toy envs, action_mode 'score')")
+
+
 class TrainConfigError(ValueError):
     """A setting that cannot work with this run (found once the ranks or the run folder are
     known); the CLI prints it as ``error: ...`` and exits with 2, like a bad flag."""
@@ -68,193 +88,191 @@ class TrainConfig:
     """Settings of one training run. Defaults follow the paper (ALFWorld, Qwen2.5-1.5B, K = 2)."""
 
     # --- task and model ---------------------------------------------------------------------
-    env: str = "alfworld"
+    env: str = _task("alfworld")
     """Benchmark: "alfworld", "webshop", or a toy POMDP "toy:FAMILY:param=value,..." (e.g.
     "toy:keydoor:size=4,horizon=20"; agentenvs.toytext)."""
-    model: str = "Qwen/Qwen2.5-1.5B-Instruct"
+    model: str = _task("Qwen/Qwen2.5-1.5B-Instruct")
     """Hugging Face id or local folder of the policy; "tiny" builds a tiny random model
     (tiny_arch) and a byte-level BPE tokenizer trained on the spot (CPU tests)."""
-    enable_thinking: bool = False
+    enable_thinking: bool = _task(False)
     """The chat template's thinking switch (Qwen3): false renders the assistant turn with an
     empty think block, so the model answers in the paper's own <think>...</think><action>
     format within max_response_tokens; true lets the model open its own think block. Must stay
     false for a template without the switch (Qwen2.5)."""
-    out_dir: str = "runs/hgpo"
+    out_dir: str = _task("runs/hgpo")
     """Run folder: config.json, metrics.jsonl, checkpoints/, tensorboard/. Not given, it is
     runs/<preset>-<env> (runs/hgpo-<env> without a preset; runs/<preset> when the preset's name
     starts with its env), e.g. runs/tiny-webshop, runs/tiny-toy-keydoor-size4."""
-    seed: int = 0
+    seed: int = _task(0, lo=0, hi=2**32 - 1)  # numpy refuses negative seeds; torch's is 64-bit
     """Seed of task sampling, generation and model initialisation (tiny model)."""
     # --- estimator ----------------------------------------------------------------------------
-    estimator: str = "hgpo"
+    estimator: str = _estimator("hgpo")
     """Advantage estimator by name (hgpo.ESTIMATORS); "gae" trains a critic."""
-    estimator_options: str = ""
+    estimator_options: str = _estimator("")
     """Extra EstimatorConfig options, "name=value,name=value" (e.g. "norm=mean,alpha=0")."""
-    reference_options: bool = False
+    reference_options: bool = _estimator(False)
     """Start from hgpo.reference_config (the authors' public code) instead of the paper's."""
-    history_length: int = 2
+    history_length: int = _estimator(2, lo=0, hi=64)
     """K: memory length of the prompt and depth of the HGPO hierarchy."""
-    gamma: float = 0.95
+    gamma: float = _estimator(0.95, lo=0, hi=1)
     """Discount of the step return."""
-    train_tasks: int = 0
+    train_tasks: int = _estimator(0, lo=0, hi=1_000_000_000)
     """Training tasks are drawn from the first n of the split (0 = all of them)."""
     # --- rollout -------------------------------------------------------------------------------
-    groups_per_iter: int = 16
+    groups_per_iter: int = _rollout(16, lo=1, hi=1_048_576)
     """Tasks per iteration (rollout groups)."""
-    group_size: int = 8
+    group_size: int = _rollout(8, lo=1, hi=1_048_576)
     """Rollouts per task (N)."""
-    iterations: int = 160
+    iterations: int = _rollout(160, lo=1, hi=MAX_ITERATIONS)
     """Training iterations."""
-    max_steps: int = 50
+    max_steps: int = _rollout(50, lo=1, hi=10_000)
     """Environment steps per episode (50 ALFWorld, 15 WebShop)."""
-    max_prompt_tokens: int = 2048
+    max_prompt_tokens: int = _rollout(2048, lo=1, hi=1_048_576)  # and <= model positions
     """Prompt length limit; longer prompts are cut from the left."""
-    max_response_tokens: int = 512
+    max_response_tokens: int = _rollout(512, lo=1, hi=1_048_576)
     """Response length limit of one step."""
-    temperature: float = 1.0
+    temperature: float = _rollout(1.0, lo=0, lo_open=True)
     """Sampling temperature of training rollouts."""
-    top_p: float = 1.0
+    top_p: float = _rollout(1.0, lo=0, lo_open=True, hi=1)
     """Nucleus sampling of rollouts (1 = off)."""
-    action_mode: str = "generate"
+    action_mode: str = _rollout("generate", choices=("generate", "score"))
     """"generate": sample free text and parse the action (the paper); "score": score every
     admissible action's response ``<think>...</think><action>a</action>`` with the policy and
     sample one from the softmax of their log-probabilities at the rollout temperature (hf
     engine only; WebShop's ``search[<your query>]`` becomes ``search[<task text>]``)."""
-    rollout_engine: str = "hf"
+    rollout_engine: str = _rollout("hf", choices=("hf", "vllm"))
     """"hf" (transformers generate; CPU and GPU fallback) or "vllm" (GPU)."""
-    rollout_batch_size: int = 64
+    rollout_batch_size: int = _rollout(64, lo=1, hi=4096)
     """Prompts per generate call of the hf engine."""
-    vllm_gpu_memory_utilization: float = 0.35
+    vllm_gpu_memory_utilization: float = _rollout(0.35, lo=0, hi=1, lo_open=True, hi_open=True)
     """Share of GPU memory vLLM may take (the rest is the trainer's)."""
-    env_workers: int = 2
+    env_workers: int = _rollout(2, lo=1, hi=1024)  # process backend: also <= 4 x CPUs
     """Workers (processes or Ray actors) of each BatchedEnv."""
-    env_timeout_s: float = 300.0
+    env_timeout_s: float = _rollout(300.0, lo=0, lo_open=True, hi=86_400)  # bounded: a day
     """Seconds an env worker may take for one step before it is restarted."""
-    max_crash_share: float = 0.25
+    max_crash_share: float = _rollout(0.25, lo=0, hi=1)
     """Largest share of an iteration's episodes whose env may crash (they are left out of the
     batch); more stops the run before the update and any checkpoint (0: any crash stops it)."""
-    env_backend: str = "process"
+    env_backend: str = _rollout("process", choices=("process", "ray"))
     """Env workers as "process"es on this machine, or "ray" actors spread over the Ray cluster
     at $RAY_ADDRESS (else a Ray started here); needs the [ray] extra (docs/ray.md)."""
-    rollout_scheme: str = "independent"
+    rollout_scheme: str = _rollout("independent")
     """Training rollouts: "independent" (group_size episodes per task, the paper), or branches
     from visited steps at the same env-step budget: "branch:uniform", "branch:singleton" (steps
     whose level-K context group is still a singleton), "branch:hard" (steps of the level-K
     group whose return-to-go varies most), "tree:D1,D2,..." (at set depths). Needs an env with
     snapshots (hgpo/train/branching.py, docs/branching.md); validation stays independent."""
-    branch_budget: float = 0.5
+    branch_budget: float = _rollout(0.5, lo=0, hi=1, lo_open=True)
     """Share of each group's env-step budget spent on branches (rollout_scheme other than
     "independent"): ceil((1 - share) x group_size) root episodes, then branches until the
     group has used group_size x (mean root length) env steps."""
     # --- PPO ---------------------------------------------------------------------------------------
-    lr: float = 1e-6
+    lr: float = _ppo(1e-6, lo=0, lo_open=True)
     """Actor learning rate."""
-    critic_lr: float = 1e-5
+    critic_lr: float = _ppo(1e-5, lo=0, lo_open=True)
     """Critic learning rate (estimator "gae")."""
-    weight_decay: float = 0.01
+    weight_decay: float = _ppo(0.01, lo=0)
     """AdamW weight decay (actor and critic)."""
-    clip_ratio: float = 0.2
+    clip_ratio: float = _ppo(0.2, lo=0, hi=1, lo_open=True, hi_open=True)
     """PPO clip epsilon of the per-token ratio."""
-    dual_clip: float = 3.0
+    dual_clip: float = _ppo(3.0, lo=0)
     """Dual-clip constant c: a negative advantage's loss is capped at -c A (0 = off)."""
-    kl_coef: float = 0.01
+    kl_coef: float = _ppo(0.01, lo=0)
     """Coefficient of the k3 KL(pi || pi_ref) loss term (0 = no reference model)."""
-    entropy_coef: float = 0.001
+    entropy_coef: float = _ppo(0.001, lo=0)
     """Coefficient of the entropy bonus."""
-    grad_clip: float = 1.0
+    grad_clip: float = _ppo(1.0, lo=0)
     """Gradient-norm clip."""
-    ppo_epochs: int = 1
+    ppo_epochs: int = _ppo(1, lo=1, hi=100)
     """Passes over the step samples per iteration."""
-    mini_batch_size: int = 256
+    mini_batch_size: int = _ppo(256, lo=1, hi=1_048_576)
     """Step samples per optimizer step, over all ranks (256 ALFWorld, 64 WebShop)."""
-    micro_batch_size: int = 4
+    micro_batch_size: int = _ppo(4, lo=1, hi=4096)
     """Step samples per forward/backward on one rank."""
-    value_clip: float = 0.2
+    value_clip: float = _ppo(0.2, lo=0)
     """Critic value clip around the rollout-time value (gae)."""
     # --- LoRA --------------------------------------------------------------------------------------
-    lora_rank: int = 0
+    lora_rank: int = _lora(0, lo=0, hi=1_048_576)  # and <= the adapted layers' sizes
     """Rank of the LoRA adapters trained instead of the actor's weights (0 = off: full
     fine-tuning). The KL reference is then the base model with the adapters switched off."""
-    lora_alpha: float = 32.0
+    lora_alpha: float = _lora(32.0, lo=0, lo_open=True)
     """LoRA scaling numerator: the adapter's update is (lora_alpha / lora_rank) B A."""
-    lora_dropout: float = 0.0
+    lora_dropout: float = _lora(0.0, lo=0, hi=1, hi_open=True)
     """Dropout on the adapters' input during the update."""
-    lora_targets: str = "all-linear"
+    lora_targets: str = _lora("all-linear")
     """Modules that get adapters: "all-linear" (every linear layer but the output head) or
     module names separated by commas, e.g. "q_proj,k_proj,v_proj,o_proj"."""
     # --- engines -----------------------------------------------------------------------------------
-    zero_stage: int = 0
+    zero_stage: int = _engines(0, lo=0, hi=3)
     """DeepSpeed ZeRO stage, 0-3."""
-    precision: str = "auto"
+    precision: str = _engines("auto", choices=("auto", "bf16", "fp32"))
     """"bf16", "fp32", or "auto" (bf16 on GPU, fp32 on CPU)."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = _engines(False)
     """Recompute activations in the backward pass (long prompts on GPU)."""
-    device: str = "auto"
+    device: str = _engines("auto", choices=("auto", "cpu", "cuda"))
     """"auto" (cuda when available), "cpu" or "cuda"."""
     # --- validation, checkpoints, logging ----------------------------------------------------------
-    val_every: int = 10
+    val_every: int = _logging(10, lo=0, hi=MAX_ITERATIONS)
     """Validate every n iterations (0 = never); also after the last iteration."""
-    val_tasks: int = 128
+    val_tasks: int = _logging(128, lo=1, hi=1_000_000)
     """Held-out tasks per validation split (128 ALFWorld, 256 WebShop)."""
-    val_temperature: float = 0.4
+    val_temperature: float = _logging(0.4, lo=0, lo_open=True)
     """Sampling temperature of validation."""
-    save_every: int = 10
+    save_every: int = _logging(10, lo=0, hi=MAX_ITERATIONS)
     """Checkpoint every n iterations (0 = only at the end)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = _logging(2, lo=1, hi=1000)
     """Checkpoints kept on disk (older ones are deleted)."""
-    resume: bool = False
+    resume: bool = _logging(False)
     """Continue from the last checkpoint in out_dir (with the checkpoint's settings: a flag
     that changes the model, its optimizer state or what the run is, is refused)."""
-    fresh: bool = False
+    fresh: bool = _logging(False)
     """Start anew in out_dir: first remove what an earlier run left there (config.json,
     metrics.jsonl, resumes.jsonl, checkpoints/, tensorboard/, tiny_model/); without it a folder
     holding another run's results is refused. Never saved in config.json."""
-    tensorboard: bool = True
+    tensorboard: bool = _logging(True)
     """Write TensorBoard events when tensorboard is installed."""
-    wandb: bool = False
+    wandb: bool = _logging(False)
     """Log to Weights & Biases (opt-in; needs wandb and a login)."""
-    wandb_project: str = "hgpo"
+    wandb_project: str = _logging("hgpo")
     """Weights & Biases project."""
-    progress: bool = True
+    progress: bool = _logging(True)
     """Show a tqdm progress bar."""
     # --- environments ------------------------------------------------------------------------------
-    alfworld_games_dir: str = ""
+    alfworld_games_dir: str = _envs("")
     """Folder with train/, valid_seen/, valid_unseen/ game folders; empty = the official games
     under $ALFWORLD_DATA or generated ones."""
-    alfworld_train_games: int = 512
+    alfworld_train_games: int = _envs(512, lo=1, hi=100_000)
     """Generated ALFWorld training games (when no games folder is given)."""
-    webshop_products: int = 5000
+    webshop_products: int = _envs(5000, lo=1, hi=2_000_000)
     """Products of the generated WebShop catalog."""
-    webshop_goals: int = 2000
+    webshop_goals: int = _envs(2000, lo=1, hi=1_000_000)
     """Goals of the generated WebShop catalog (the first webshop_eval_goals are held out)."""
-    webshop_eval_goals: int = 500
+    webshop_eval_goals: int = _envs(500, lo=1, hi=1_000_000)
     """Held-out WebShop goals."""
     # --- tiny model (model = "tiny") ---------------------------------------------------------------
-    tiny_hidden: int = 64
+    tiny_hidden: int = _tiny(64, lo=1, hi=4096)
     """Hidden size of the tiny model."""
-    tiny_layers: int = 2
+    tiny_layers: int = _tiny(2, lo=1, hi=64)
     """Layers of the tiny model."""
-    tiny_vocab: int = 1024
+    tiny_vocab: int = _tiny(1024, lo=1, hi=262_144)
     """Vocabulary of the tiny tokenizer."""
-    tiny_arch: str = "qwen2"
+    tiny_arch: str = _tiny("qwen2", choices=TINY_ARCHS)
     """Architecture of the tiny model: "qwen2" or "qwen3" (with Qwen3's think tokens and chat
     template with its thinking switch)."""
     # --- exact truth on toy environments (hgpo.train.truth) ----------------------------------------
-    truth_every: int = 0
+    truth_every: int = _truth(0, lo=0, hi=MAX_ITERATIONS)
     """Every n iterations compute the exact V, Q, A* of the current LLM policy (toy env, action
     mode "score") and log every estimator's bias^2, variance, MSE, sign agreement and gradient
     cosine against it as truth/<estimator>/<metric> (0 = never)."""
-    truth_max_nodes: int = 200_000
+    truth_max_nodes: int = _truth(200_000, lo=1, hi=50_000_000)
     """Largest reachable (t, hidden state, K-step context) chain the exact truth may enumerate."""
-    truth_max_prompts: int = 10_000
+    truth_max_prompts: int = _truth(10_000, lo=1, hi=10_000_000)
     """Most distinct (t, context) prompts one truth pass may score (each with every action):
     the pass's cost, checked before the first iteration (389 prompts x 4 actions took 8-19 s
     with the tiny model on 2 shared CPU cores)."""
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # ints become floats where a float is asked for
-            value = _check_field(f.name, getattr(self, f.name))
-            object.__setattr__(self, f.name, value)
+        check_fields(self, "TrainConfig")  # ints become floats where a float is asked for
         benchmark(self.env, "TrainConfig.env")  # a spec's parameters: _check_toy
         if self.estimator not in ESTIMATORS:
             raise ValueError(
@@ -370,177 +388,13 @@ class TrainConfig:
         return with_overrides(cls(), data, source=str(path))
 
 
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "task and model": ("env", "model", "enable_thinking", "out_dir", "seed"),
-    "estimator": (
-        "estimator",
-        "estimator_options",
-        "reference_options",
-        "history_length",
-        "gamma",
-        "train_tasks",
-    ),
-    "rollout": (
-        "groups_per_iter",
-        "group_size",
-        "iterations",
-        "max_steps",
-        "max_prompt_tokens",
-        "max_response_tokens",
-        "temperature",
-        "top_p",
-        "action_mode",
-        "rollout_engine",
-        "rollout_batch_size",
-        "vllm_gpu_memory_utilization",
-        "env_workers",
-        "env_timeout_s",
-        "max_crash_share",
-        "env_backend",
-        "rollout_scheme",
-        "branch_budget",
-    ),
-    "PPO": (
-        "lr",
-        "critic_lr",
-        "weight_decay",
-        "clip_ratio",
-        "dual_clip",
-        "kl_coef",
-        "entropy_coef",
-        "grad_clip",
-        "ppo_epochs",
-        "mini_batch_size",
-        "micro_batch_size",
-        "value_clip",
-    ),
-    "LoRA": ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"),
-    "engines": ("zero_stage", "precision", "gradient_checkpointing", "device"),
-    "validation, checkpoints, logging": (
-        "val_every",
-        "val_tasks",
-        "val_temperature",
-        "save_every",
-        "keep_checkpoints",
-        "resume",
-        "fresh",
-        "tensorboard",
-        "wandb",
-        "wandb_project",
-        "progress",
-    ),
-    "environments": (
-        "alfworld_games_dir",
-        "alfworld_train_games",
-        "webshop_products",
-        "webshop_goals",
-        "webshop_eval_goals",
-    ),
-    "tiny model (model = 'tiny')": ("tiny_hidden", "tiny_layers", "tiny_vocab", "tiny_arch"),
-    "exact truth (toy envs, action_mode 'score')": (
-        "truth_every",
-        "truth_max_nodes",
-        "truth_max_prompts",
-    ),
-}
-"""TrainConfig's fields by section (the class body's order; ``--help`` shows these groups)."""
+SECTIONS = sections(TrainConfig)
+"""TrainConfig's fields by section (the class body's order; ``--help`` shows these groups): a
+read-only view of the fields' settings."""
 
-_AT_LEAST_0 = {"lo": 0}
-_POSITIVE = {"lo": 0, "lo_open": True}
-MAX_ITERATIONS = 1_000_000
-"""Cap of iterations and of every "every n iterations" field."""
-
-
-def _ints(lo: int, hi: int) -> dict[str, int]:
-    return {"lo": lo, "hi": hi}
-
-
-_RULES: dict[str, dict[str, Any]] = {
-    # task and model
-    "seed": _ints(0, 2**32 - 1),  # numpy refuses negative seeds; torch's mixed seed is 64-bit
-    # estimator
-    "history_length": _ints(0, 64),
-    "gamma": {"lo": 0, "hi": 1},
-    "train_tasks": _ints(0, 10**9),
-    # rollout (groups_per_iter x group_size per rank is capped again in preflight)
-    "groups_per_iter": _ints(1, 1_048_576),
-    "group_size": _ints(1, 1_048_576),
-    "iterations": _ints(1, MAX_ITERATIONS),
-    "max_steps": _ints(1, 10_000),
-    "max_prompt_tokens": _ints(1, 1_048_576),  # and <= the model's positions (preflight)
-    "max_response_tokens": _ints(1, 1_048_576),
-    "rollout_batch_size": _ints(1, 4096),
-    "env_workers": _ints(1, 1024),  # process backend: also <= 4 x this machine's CPUs
-    "temperature": _POSITIVE,
-    "top_p": {"lo": 0, "lo_open": True, "hi": 1},
-    "vllm_gpu_memory_utilization": {"lo": 0, "hi": 1, "lo_open": True, "hi_open": True},
-    "env_timeout_s": {"lo": 0, "lo_open": True, "hi": 86_400},  # every wait is bounded: a day
-    "max_crash_share": {"lo": 0, "hi": 1},
-    "branch_budget": {"lo": 0, "hi": 1, "lo_open": True},
-    # PPO
-    "lr": _POSITIVE,
-    "critic_lr": _POSITIVE,
-    "clip_ratio": {"lo": 0, "hi": 1, "lo_open": True, "hi_open": True},
-    **dict.fromkeys(
-        ("weight_decay", "dual_clip", "kl_coef", "entropy_coef", "grad_clip", "value_clip"),
-        _AT_LEAST_0,
-    ),
-    "ppo_epochs": _ints(1, 100),
-    "mini_batch_size": _ints(1, 1_048_576),
-    "micro_batch_size": _ints(1, 4096),
-    # LoRA (lora_rank is also <= the smallest in/out size of the adapted layers: preflight)
-    "lora_rank": _ints(0, 1_048_576),
-    "lora_alpha": _POSITIVE,
-    "lora_dropout": {"lo": 0, "hi": 1, "hi_open": True},
-    # engines
-    "zero_stage": {"lo": 0, "hi": 3},
-    # validation, checkpoints, logging
-    "val_every": _ints(0, MAX_ITERATIONS),
-    "save_every": _ints(0, MAX_ITERATIONS),
-    "val_tasks": _ints(1, 1_000_000),
-    "keep_checkpoints": _ints(1, 1000),
-    "val_temperature": _POSITIVE,
-    # exact truth
-    "truth_every": _ints(0, MAX_ITERATIONS),
-    "truth_max_nodes": _ints(1, 50_000_000),
-    "truth_max_prompts": _ints(1, 10_000_000),
-    # environments (the real WebShop has 1.18M products) and the tiny model (whose memory is
-    # also checked against this machine's in preflight)
-    "alfworld_train_games": _ints(1, 100_000),
-    "webshop_products": _ints(1, 2_000_000),
-    "webshop_goals": _ints(1, 1_000_000),
-    "webshop_eval_goals": _ints(1, 1_000_000),
-    "tiny_hidden": _ints(1, 4096),
-    "tiny_layers": _ints(1, 64),
-    "tiny_vocab": _ints(1, 262_144),
-}
-"""Bounds of the numeric fields (hgpo.options.check_int / check_number keywords); every
-numeric field must be finite whether or not it is listed here."""
-
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "rollout_engine": ("hf", "vllm"),
-    "action_mode": ("generate", "score"),
-    "precision": ("auto", "bf16", "fp32"),
-    "device": ("auto", "cpu", "cuda"),
-    "tiny_arch": TINY_ARCHS,
-    "env_backend": ("process", "ray"),
-}
-
-
-def _check_field(name: str, value: Any) -> Any:
-    """TrainConfig's one field check: the field's type, its bounds or choices; finite numbers."""
-    where, kind = f"TrainConfig.{name}", _field_types()[name]
-    if kind is bool:
-        return check_bool(where, value)
-    if kind is int:
-        return check_int(where, value, **_RULES.get(name, {}))
-    if kind is float:
-        return check_number(where, value, **_RULES.get(name, {}))
-    if name in _CHOICES:
-        return check_choice(where, value, _CHOICES[name])
-    if not isinstance(value, str):
-        raise bad(where, "a string", value)
-    return value
+_RULES = field_bounds(TrainConfig)
+"""Bounds of the numeric fields (hgpo.options.check_int / check_number keywords), a read-only
+view of the fields' settings; every numeric field must be finite whether or not it is listed."""
 
 
 def parse_options(text: str, where: str = "--estimator-options") -> dict[str, Any]:
@@ -548,10 +402,9 @@ def parse_options(text: str, where: str = "--estimator-options") -> dict[str, An
     return parse_name_values(text, where=where)
 
 
-@functools.cache
-def _field_types() -> dict[str, type]:
-    hints = typing.get_type_hints(TrainConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig)}
+def _field_types() -> dict[str, Any]:
+    """TrainConfig's ``{field: type}`` (hgpo.options.field_types)."""
+    return field_types(TrainConfig)
 
 
 @functools.cache
@@ -704,13 +557,7 @@ def check_given(cfg: TrainConfig, given: typing.Iterable[str]) -> None:
 
 
 # --- command line ---------------------------------------------------------------------------------
-def _bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+_bool = parse_bool  # (was defined here)
 
 
 def _read_config(path: str) -> TrainConfig:
@@ -739,22 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     # the deepspeed launcher appends --local_rank=N to the command (it sets LOCAL_RANK too)
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    docs = field_docs()
-    sections = {title: p.add_argument_group(title) for title in SECTIONS}  # one header each
-    groups = {name: sections[title] for title, names in SECTIONS.items() for name in names}
-    for f in dataclasses.fields(TrainConfig):
-        kind = _field_types()[f.name]
-        flag = "--" + f.name.replace("_", "-")
-        kw: dict[str, Any] = {
-            "dest": f.name,
-            "default": argparse.SUPPRESS,
-            "help": f"{docs.get(f.name, '')} (default {f.default!r}; env/preset may change it)",
-        }
-        group = groups.get(f.name, p)
-        if kind is bool:
-            group.add_argument(flag, type=_bool, nargs="?", const=True, metavar="BOOL", **kw)
-        else:
-            group.add_argument(flag, type=kind, metavar=kind.__name__.upper(), **kw)
+    add_flags(p, TrainConfig, help_format="{doc} (default {default!r}; env/preset may change it)")
     return p
 
 
