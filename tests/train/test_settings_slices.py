@@ -12,7 +12,7 @@ import typing
 
 import pytest
 
-from hgpo.train import branching, engines, loss, preflight, run_checkpoint, truth
+from hgpo.train import branching, engines, loss, preflight, rollout, run_checkpoint, truth
 from hgpo.train.config import TrainConfig
 
 SLICES = {
@@ -25,6 +25,8 @@ SLICES = {
     (preflight, "check_model_shapes"): preflight.ModelShapeSettings,
     (preflight, "check_sizes"): preflight.SizeSettings,
     (branching, "BranchPlan.from_config"): branching.BranchPlanSettings,
+    (rollout, "Play.training"): rollout.TrainingPlaySettings,
+    (rollout, "Play.validation"): rollout.ValidationPlaySettings,
 }
 BY_NAME = {name.rsplit(".", 1)[-1]: proto for (_, name), proto in SLICES.items()}
 
