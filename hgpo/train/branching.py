@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -62,11 +62,22 @@ from hgpo.train.rollout import (
 
 if TYPE_CHECKING:
     from hgpo.schemes import Scheme
-    from hgpo.train.config import TrainConfig
 
 __all__ = ["BranchPlan", "branch_figures", "choose", "play_branched"]
 
 _TIE = 1e-12  # return-to-go variances this close count as equal (toyenvs' tolerance)
+
+
+class BranchPlanSettings(Protocol):
+    """The settings :meth:`BranchPlan.from_config` reads (``TrainConfig`` has them)."""
+
+    branch_budget: float
+    group_size: int
+    max_steps: int
+
+    def estimator_config(self) -> EstimatorConfig: ...
+
+    def scheme(self) -> Scheme | None: ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,7 @@ class BranchPlan:
     """K, gamma, penalty and early rule of the level-K keys and the return-to-go."""
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig) -> BranchPlan | None:
+    def from_config(cls, cfg: BranchPlanSettings) -> BranchPlan | None:
         """The plan of ``cfg``; None for ``rollout_scheme = "independent"``."""
         scheme = cfg.scheme()
         if scheme is None:

@@ -9,7 +9,7 @@ generator (LoRA adapters, critic head), so the same seed gives the same initial 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -37,7 +37,15 @@ class Engines:
     """The critic's DeepSpeed engine (``gae``), else None."""
 
 
-def ds_config(cfg: TrainConfig, grad_accum: int, dtype: torch.dtype) -> dict[str, Any]:
+class DeepSpeedSettings(Protocol):
+    """The settings :func:`ds_config` reads (``TrainConfig`` has them)."""
+
+    grad_clip: float
+    micro_batch_size: int
+    zero_stage: int
+
+
+def ds_config(cfg: DeepSpeedSettings, grad_accum: int, dtype: torch.dtype) -> dict[str, Any]:
     """The DeepSpeed config of every engine of the run."""
     return {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,

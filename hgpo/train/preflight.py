@@ -10,6 +10,7 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
+from typing import Protocol
 
 from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo.options import OptionError, bad, check_writable_dir
@@ -52,7 +53,21 @@ def validate_config(cfg: TrainConfig) -> None:
         check_truth_size(cfg)
 
 
-def check_model_shapes(cfg: TrainConfig) -> None:
+class ModelShapeSettings(Protocol):
+    """The settings :func:`check_model_shapes` reads (``TrainConfig`` has them)."""
+
+    lora_rank: int
+    lora_targets: str
+    max_prompt_tokens: int
+    max_response_tokens: int
+    model: str
+    tiny_arch: str
+    tiny_hidden: int
+    tiny_layers: int
+    tiny_vocab: int
+
+
+def check_model_shapes(cfg: ModelShapeSettings) -> None:
     """Read on the model's skeleton (its config, built on the meta device: no weights are
     loaded): every name in ``lora_targets`` matches a layer LoRA can wrap, ``lora_rank`` is at
     most the smallest in/out size of the adapted layers (a larger rank adds parameters and
@@ -142,7 +157,19 @@ def world_size() -> int:
         return 1
 
 
-def check_sizes(cfg: TrainConfig) -> None:
+class SizeSettings(Protocol):
+    """The settings :func:`check_sizes` reads (``TrainConfig`` has them)."""
+
+    env_backend: str
+    env_workers: int
+    group_size: int
+    groups_per_iter: int
+    max_prompt_tokens: int
+    max_response_tokens: int
+    max_steps: int
+
+
+def check_sizes(cfg: SizeSettings) -> None:
     """What one iteration holds fits: the live episodes per rank (a documented cap), the
     rollout's stored tokens (worst case: every episode runs max_steps steps with full prompts
     and responses) in this machine's memory, and env worker processes per CPU."""

@@ -10,16 +10,13 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo import StepBatch, state_ids
 from hgpo.train.envs import EnvSet
-
-if TYPE_CHECKING:
-    from hgpo.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +44,30 @@ class Engine(Protocol):
         ...
 
 
+class PlaySettings(Protocol):
+    """The settings both :meth:`Play.training` and :meth:`Play.validation` read."""
+
+    action_mode: str
+    enable_thinking: bool
+    max_prompt_tokens: int
+    max_response_tokens: int
+    max_steps: int
+
+
+class TrainingPlaySettings(PlaySettings, Protocol):
+    """The settings :meth:`Play.training` reads (``TrainConfig`` has them)."""
+
+    group_size: int
+    temperature: float
+    top_p: float
+
+
+class ValidationPlaySettings(PlaySettings, Protocol):
+    """The settings :meth:`Play.validation` reads (``TrainConfig`` has them)."""
+
+    val_temperature: float
+
+
 @dataclass(frozen=True)
 class Play:
     """How :func:`run_episodes` plays: rollouts per task, sampling, lengths."""
@@ -66,7 +87,7 @@ class Play:
     """The chat template's thinking switch (:func:`hgpo.train.model.encode_prompt`)."""
 
     @classmethod
-    def training(cls, cfg: TrainConfig) -> Play:
+    def training(cls, cfg: TrainingPlaySettings) -> Play:
         """The training rollouts of ``cfg``."""
         return cls(
             cfg.group_size,
@@ -80,7 +101,7 @@ class Play:
         )
 
     @classmethod
-    def validation(cls, cfg: TrainConfig) -> Play:
+    def validation(cls, cfg: ValidationPlaySettings) -> Play:
         """One rollout per held-out task at the validation temperature, no samples kept."""
         return cls(
             1,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
@@ -76,9 +76,18 @@ def save_run(
     dist.barrier()
 
 
+class LoadRunSettings(Protocol):
+    """The settings :func:`load_run` reads (``TrainConfig`` has them)."""
+
+    critic_lr: float
+    lr: float
+    weight_decay: float
+    zero_stage: int
+
+
 def load_run(
     out: Path,
-    cfg: TrainConfig,
+    cfg: LoadRunSettings,
     world: int,
     actor: Any,
     critic: Any,

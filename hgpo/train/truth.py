@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -79,7 +79,17 @@ PROMPTS_PER_CALL = 128
 """Prompts scored per engine call (each with all its actions' responses)."""
 
 
-def truth_chain(cfg: TrainConfig) -> Chain:
+class TruthChainSettings(Protocol):
+    """The settings :func:`truth_chain` reads (``TrainConfig`` has them)."""
+
+    env: str
+    history_length: int
+    max_steps: int
+    train_tasks: int
+    truth_max_nodes: int
+
+
+def truth_chain(cfg: TruthChainSettings) -> Chain:
     """The reachable chain of ``cfg``'s toy env from its training tasks, with K = history_length.
 
     Raises:
@@ -111,7 +121,14 @@ def truth_prompts(chain: Chain) -> int:
     return int(sum(np.unique(c).size for c in chain.codes))
 
 
-def check_truth_size(cfg: TrainConfig) -> Chain:
+class TruthSizeSettings(TruthChainSettings, Protocol):
+    """The settings :func:`check_truth_size` reads, with :func:`truth_chain`'s."""
+
+    truth_every: int
+    truth_max_prompts: int
+
+
+def check_truth_size(cfg: TruthSizeSettings) -> Chain:
     """The chain of ``cfg`` (:func:`truth_chain`), refused when one truth pass would score more
     than ``truth_max_prompts`` prompts; checked before the first iteration.
 
