@@ -472,29 +472,46 @@ def add_flags(
     *,
     help_format: str = "{doc} (default {default!r})",
     default: Any = argparse.SUPPRESS,
-) -> None:
+    skip: Iterable[str] = (),
+    type_metavar: bool = True,
+) -> dict[str, Any]:
     """Add one ``--field-name`` flag per field of dataclass ``config_cls`` (``dest`` the field's
     name), one argument group per section in declaration order (a field without a section goes
     to ``parser`` itself). A bool field's flag takes an optional BOOL (:func:`parse_bool`; alone
     it means true); any other field's flag converts with the field's type, named as its
     metavar (INT, FLOAT, STR). The help is ``help_format`` filled with ``doc`` (the setting's
     help, else the field's docstring) and ``default`` (the field's default). A flag not given
-    leaves its ``dest`` unset (``default=argparse.SUPPRESS``) unless ``default`` says otherwise.
+    leaves its ``dest`` unset (``default=argparse.SUPPRESS``) unless ``default`` says otherwise;
+    ``default=FIELD_DEFAULT`` gives each flag its field's default. Fields named in ``skip`` get
+    no flag (their flags are written by hand, e.g. an ``nargs="+"`` list, into the group
+    returned); ``type_metavar=False`` leaves argparse's metavar (the dest in capitals).
+    Returns ``{section: argument group}``.
     """
+    skipped = set(skip)
     docs = field_docs(config_cls)
     groups = {title: parser.add_argument_group(title) for title in sections(config_cls)}
     kinds = field_types(config_cls)
     for f in dataclasses.fields(config_cls):
+        if f.name in skipped:
+            continue
         meta, kind = _setting_of(f), kinds[f.name]
         doc = meta.help if meta.help is not None else docs.get(f.name, "")
         kw: dict[str, Any] = {
             "dest": f.name,
-            "default": default,
+            "default": f.default if default is FIELD_DEFAULT else default,
             "help": help_format.format(doc=doc, default=f.default),
         }
         target: Any = groups[meta.section] if meta.section is not None else parser
         flag = "--" + f.name.replace("_", "-")
         if kind is bool:
-            target.add_argument(flag, type=parse_bool, nargs="?", const=True, metavar="BOOL", **kw)
+            kw.update(type=parse_bool, nargs="?", const=True, metavar="BOOL")
         else:
-            target.add_argument(flag, type=kind, metavar=kind.__name__.upper(), **kw)
+            kw.update(type=kind, metavar=kind.__name__.upper())
+        if not type_metavar:
+            del kw["metavar"]
+        target.add_argument(flag, **kw)
+    return groups
+
+
+FIELD_DEFAULT: Any = object()
+"""``add_flags(..., default=FIELD_DEFAULT)``: each flag defaults to its field's default."""

@@ -36,12 +36,20 @@ import numpy as np
 import toyenvs
 from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
 from hgpo.options import (
+    FIELD_DEFAULT,
     ArgumentParser,
+    add_flags,
     bad,
     check_choice,
     check_int,
     check_number,
+    field_bounds,
+    field_choices,
+    field_types,
+    in_section,
     parse_name_values,
+    sections,
+    setting,
 )
 from studies import metrics as M
 from studies.backend import (
@@ -79,77 +87,81 @@ STUDY_ESTIMATORS = (
 ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0)
 
 
+# The --help sections of StudyConfig's flags (hgpo.options.setting); max_nodes and extra have
+# no flag.
+_cells = in_section("cells (envs x K x stages) and what each measures")
+_policy = in_section("policy (a table or a network, and its imitation)")
+_run = in_section("seed, estimator options, where the cells run, the output")
+_FLAGS = {"Ks": "--K", "n_batches": "--batches", "max_nodes": "StudyConfig.max_nodes"}
+_LISTS = ("envs", "Ks", "stages", "estimators", "norms")
+"""StudyConfig's nargs="+" fields."""
+
+
 @dataclass(frozen=True)
 class StudyConfig:
     """Settings of one study run (every field has a command-line flag)."""
 
-    envs: tuple[str, ...] = DEFAULT_ENVS
+    envs: tuple[str, ...] = _cells(DEFAULT_ENVS)
     """Environments as "family:param=value,..." (toyenvs.make)."""
-    Ks: tuple[int, ...] = (2, 4)
+    Ks: tuple[int, ...] = _cells((2, 4), lo=0, hi=8)
     """Memory length = hierarchy depth K of the policy and the estimators."""
-    stages: tuple[str, ...] = ("untrained", "0.3", "0.7")
+    stages: tuple[str, ...] = _cells(("untrained", "0.3", "0.7"))
     """Policy stages: "untrained" (uniform), a success target in (0, 1) reached by expert
     imitation (studies.tabular.expert_stages), or a snapshot file (TabularPolicy.snapshot)."""
-    estimators: tuple[str, ...] = STUDY_ESTIMATORS
+    estimators: tuple[str, ...] = _cells(STUDY_ESTIMATORS, choices=ESTIMATORS)
     """Estimators to measure (gae gets the exact V as its critic, lambda = 1)."""
-    norms: tuple[str, ...] = ("mean", "mean_std")
+    norms: tuple[str, ...] = _cells(("mean", "mean_std"), choices=("mean", "mean_std"))
     """Normalisation modes; bias/variance/MSE are reported for "mean" (reward units)."""
-    alpha: float = 1.0
+    alpha: float = _cells(1.0, lo=0.0, help="HGPO alpha (default: %(default)s)")
     """HGPO's alpha (the alpha sweep uses 0, 0.5, 1, 2, 4 besides)."""
-    gamma: float = 0.95
-    n_batches: int = 40
+    gamma: float = _cells(0.95, lo=0.0, hi=1.0, help="")
+    n_batches: int = _cells(40, lo=10)
     """Independent batches per cell."""
-    groups: int = 16
+    groups: int = _cells(16, lo=1, help="groups per batch (default: %(default)s)")
     """Rollout groups (tasks) per batch."""
-    rollouts: int = 8
+    rollouts: int = _cells(8, lo=2, help="rollouts per group (default: %(default)s)")
     """Rollouts per group (N)."""
-    seed: int = 0
-    workers: int = 2
-    backend: str = "local"
+    seed: int = _run(0, lo=0, help="(>= 0, default: %(default)s)")
+    workers: int = _run(2, lo=1)
+    backend: str = _run("local", choices=BACKENDS, help=BACKEND_HELP + " (default: %(default)s)")
     """Where the cells execute: "local" processes or "ray" tasks (studies/backend.py)."""
-    ray_address: str = ""
+    ray_address: str = _run("", help=ADDRESS_HELP)
     """Ray cluster to join with --backend ray; empty: $RAY_ADDRESS, else Ray started here."""
-    out: str = "results/bias_variance"
-    max_nodes: int = 3_000_000
+    out: str = _run("results/bias_variance")
+    max_nodes: int = setting(3_000_000, lo=1)
     """Largest exact chain; beyond it the cell is skipped with a message."""
-    estimator_options: str = ""
+    estimator_options: str = _run(
+        "", help="EstimatorConfig options of every estimator, e.g. leave_one_out=true"
+    )
     """Options of every estimator's EstimatorConfig, "name=value,..." (e.g. leave_one_out=true);
     K, alpha, gamma, norm and gae_lambda are the study's own."""
-    policy: str = "tabular"
+    policy: str = _policy(
+        "tabular", choices=("tabular", "mlp", "transformer"),
+        help="tabular, mlp or transformer (default: %(default)s)",
+    )  # fmt: skip
     """"tabular", or a toyenvs.NeuralPolicy "mlp" / "transformer" (stages by the same
     imitation, studies.tabular.neural_expert_stages; gradients then w.r.t. its parameters)."""
-    width: int = 64
-    layers: int = 2
-    fit_steps: int = 150
+    width: int = _policy(64, lo=1, help="network width (default: %(default)s)")
+    layers: int = _policy(2, lo=1, help="network layers (default: %(default)s)")
+    fit_steps: int = _policy(
+        150,
+        lo=1,
+        help="Adam steps per imitation fit of a network policy (default: %(default)s; --quick 50)",
+    )
     """Adam steps of each imitation fit of a network policy (neural_expert_stages); --quick: 50."""
-    net_dtype: str = "float32"
+    net_dtype: str = _policy(
+        "float32", choices=NET_DTYPES,
+        help="a network's precision, float32 or float64 (default: %(default)s)",
+    )  # fmt: skip
     """A network policy's precision (toyenvs.NeuralPolicy dtype). The table its rollouts and
     its exact truth read holds float64 logits either way; float32 makes the forward and
     backward passes over every reachable context 4-6x faster (docs/bias_variance.md)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in self.estimators:
-            check_choice("--estimators", name, ESTIMATORS)
-        for norm in self.norms:
-            check_choice("--norms", norm, ("mean", "mean_std"))
-        for K in self.Ks:
-            check_int("--K", K, lo=0, hi=8)
-        for s in self.stages:
-            _check_stage(s)
-        for flag, name, lo in (("--batches", "n_batches", 10), ("--groups", "groups", 1),
-                               ("--rollouts", "rollouts", 2), ("--workers", "workers", 1),
-                               ("--seed", "seed", 0), ("StudyConfig.max_nodes", "max_nodes", 1),
-                               ("--width", "width", 1), ("--layers", "layers", 1),
-                               ("--fit-steps", "fit_steps", 1)):  # fmt: skip
-            check_int(flag, getattr(self, name), lo=lo)
-        check_number("--gamma", self.gamma, lo=0.0, hi=1.0)
-        check_number("--alpha", self.alpha, lo=0.0)
+        _check_settings(self)
         if not (self.envs and self.Ks and self.stages and self.estimators and self.norms):
             raise ValueError("--envs, --K, --stages, --estimators and --norms each need a value")
-        check_choice("--backend", self.backend, BACKENDS)
-        check_choice("--policy", self.policy, ("tabular", "mlp", "transformer"))
-        check_choice("--net-dtype", self.net_dtype, NET_DTYPES)
         for spec in self.envs:
             parse_env(spec)
         for alpha in (self.alpha, *ALPHAS):  # every config a cell makes, at its deepest K
@@ -188,6 +200,24 @@ def _check_stage(stage: str) -> None:
             "nor an existing snapshot file"
         ) from None
     check_number("--stages: success target", v, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+
+
+def _check_settings(cfg: StudyConfig) -> None:
+    """Check each field by the bounds and choices it declares (hgpo.options.setting), each
+    item of a list field alike, in declaration order, errors named by its flag; each stage."""
+    bounds, choices = field_bounds(StudyConfig), field_choices(StudyConfig)
+    for name, kind in field_types(StudyConfig).items():
+        where = _FLAGS.get(name, "--" + name.replace("_", "-"))
+        values = getattr(cfg, name) if name in _LISTS else (getattr(cfg, name),)
+        for value in values:
+            if name == "stages":
+                _check_stage(value)
+            elif name == "Ks" or kind is int:
+                check_int(where, value, **bounds[name])
+            elif kind is float:
+                check_number(where, value, **bounds[name])
+            elif name in choices:
+                check_choice(where, value, choices[name])
 
 
 # ---------------------------------------------------------------------------- one cell
@@ -622,22 +652,31 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m studies.bias_variance", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
     )  # fmt: skip
-    _add_grid_options(p, d)
-    _add_policy_options(p, d)
-    _add_run_options(p, d)
+    # One flag per field (its help and checks in the field's setting), but these, written here:
+    # the nargs lists, --batches (named unlike n_batches), --workers (capped by the CPUs),
+    # --out (its default depends on other flags); max_nodes and extra have none.
+    hand = (*_LISTS, "n_batches", "workers", "out", "max_nodes", "extra")
+    groups = add_flags(p, StudyConfig, help_format="{doc}", default=FIELD_DEFAULT, skip=hand,
+                       type_metavar=False)  # fmt: skip
+    _add_grid_options(groups[_section_of("Ks")], d)
+    _add_run_options(groups[_section_of("out")], p, d)
     _add_scheme_options(p)
     return p
 
 
-def _add_grid_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
-    """The cells (envs x K x stages) and what each measures."""
-    p.add_argument(
+def _section_of(name: str) -> str:
+    return next(t for t, names in sections(StudyConfig).items() if name in names)
+
+
+def _add_grid_options(g: Any, d: StudyConfig) -> None:
+    """The cells' hand-written flags (checked by the fields' settings)."""
+    g.add_argument(
         "--envs",
         nargs="+",
         default=list(d.envs),
         help="family:param=value,... (default: %(default)s)",
     )
-    p.add_argument(
+    g.add_argument(
         "--K",
         dest="Ks",
         type=int,
@@ -645,67 +684,27 @@ def _add_grid_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
         default=list(d.Ks),
         help="memory length / hierarchy depth (default: %(default)s)",
     )
-    p.add_argument(
+    g.add_argument(
         "--stages",
         nargs="+",
         default=list(d.stages),
         help="'untrained', success targets, or snapshot files (default: %(default)s)",
     )
-    p.add_argument("--estimators", nargs="+", default=list(d.estimators), help="(default: all)")
-    p.add_argument("--norms", nargs="+", default=list(d.norms), help="(default: %(default)s)")
-    p.add_argument("--alpha", type=float, default=d.alpha, help="HGPO alpha (default: %(default)s)")
-    p.add_argument("--gamma", type=float, default=d.gamma)
-    p.add_argument(
+    g.add_argument("--estimators", nargs="+", default=list(d.estimators), help="(default: all)")
+    g.add_argument("--norms", nargs="+", default=list(d.norms), help="(default: %(default)s)")
+    g.add_argument(
         "--batches",
         dest="n_batches",
         type=int,
         default=d.n_batches,
         help="independent batches per cell (default: %(default)s)",
     )
-    p.add_argument(
-        "--groups", type=int, default=d.groups, help="groups per batch (default: %(default)s)"
-    )
-    p.add_argument(
-        "--rollouts", type=int, default=d.rollouts, help="rollouts per group (default: %(default)s)"
-    )
 
 
-def _add_policy_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
-    """The policy: a table or a network (and its imitation)."""
-    p.add_argument(
-        "--policy", default=d.policy, help="tabular, mlp or transformer (default: %(default)s)"
-    )
-    p.add_argument(
-        "--width", type=int, default=d.width, help="network width (default: %(default)s)"
-    )
-    p.add_argument(
-        "--layers", type=int, default=d.layers, help="network layers (default: %(default)s)"
-    )
-    p.add_argument(
-        "--fit-steps",
-        type=int,
-        default=d.fit_steps,
-        help="Adam steps per imitation fit of a network policy (default: %(default)s; --quick 50)",
-    )
-    p.add_argument(
-        "--net-dtype",
-        default=d.net_dtype,
-        help="a network's precision, float32 or float64 (default: %(default)s)",
-    )
-
-
-def _add_run_options(p: argparse.ArgumentParser, d: StudyConfig) -> None:
-    """Seed, estimator options, where the cells run, the output, --quick."""
-    p.add_argument("--seed", type=int, default=d.seed, help="(>= 0, default: %(default)s)")
-    p.add_argument(
-        "--estimator-options",
-        default=d.estimator_options,
-        help="EstimatorConfig options of every estimator, e.g. leave_one_out=true",
-    )
-    p.add_argument("--workers", type=int, default=min(d.workers, os.cpu_count() or 1))
-    p.add_argument("--backend", default=d.backend, help=BACKEND_HELP + " (default: %(default)s)")
-    p.add_argument("--ray-address", default=d.ray_address, help=ADDRESS_HELP)
-    p.add_argument("--out", default=None,
+def _add_run_options(g: Any, p: argparse.ArgumentParser, d: StudyConfig) -> None:
+    """--workers and --out (in ``g``), --quick, --no-progress, --fresh (in ``p``)."""
+    g.add_argument("--workers", type=int, default=min(d.workers, os.cpu_count() or 1))
+    g.add_argument("--out", default=None,
                    help=f"results folder (default: {d.out}; with --quick, --policy or --scheme "
                    f"a folder in it named after them, e.g. {d.out}/quick-mlp)")  # fmt: skip
     p.add_argument(

@@ -42,11 +42,17 @@ import toyenvs
 from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
 from hgpo.config import field_docs
 from hgpo.options import (
+    FIELD_DEFAULT,
     ArgumentParser,
+    add_flags,
     bad,
     check_choice,
     check_int,
     check_number,
+    field_bounds,
+    field_choices,
+    field_types,
+    in_section,
     parse_name_values,
 )
 from studies.backend import BACKENDS, SweepError, Task, check_backend, run_tasks
@@ -86,109 +92,97 @@ POLICIES = ("tabular", "mlp", "transformer")
 NETWORK_EVALS = ("table", "visited")  # toyenvs.neural.EVALUATE, without importing torch
 
 
+TABULAR_MAX_K = 6
+"""Deepest memory of a tabular run (the context table grows as |O|^(K + 1) |A|^K)."""
+
+# The --help sections of TrainToyConfig's flags (hgpo.options.setting).
+_grid = in_section("what to run")
+_rollout = in_section("rollouts")
+_train = in_section("training")
+_eval = in_section("evaluation")
+_policy = in_section("policy")
+_runs_ = in_section("where and how it runs")
+
+
 @dataclass(frozen=True)
 class TrainToyConfig:
     """Settings of one train_toy study (every field has a command-line flag)."""
 
-    envs: tuple[str, ...] = DEFAULT_ENVS
+    envs: tuple[str, ...] = _grid(DEFAULT_ENVS)
     """Environments as "family:param=value,..." (toyenvs.make); an extra "start=..." overrides
     --start for that environment."""
-    settings: tuple[str, ...] = DEFAULT_SETTINGS
+    settings: tuple[str, ...] = _grid(DEFAULT_SETTINGS)
     """Estimators with options, "name" or "name:option=value,..." (hgpo.EstimatorConfig fields;
     K sets the policy's memory and the hierarchy depth together)."""
-    Ks: tuple[int, ...] = (2,)
+    Ks: tuple[int, ...] = _grid((2,), lo=0, hi=TABULAR_MAX_K)
     """Memory length K of every setting that does not set its own."""
-    seeds: int = 8
+    seeds: int = _runs_(8, lo=1)
     """Independent training runs per (env, setting, K)."""
-    iterations: int = 100
-    groups: int = 16
+    iterations: int = _train(100, lo=1)
+    groups: int = _rollout(16, lo=1)
     """Tasks (rollout groups) per iteration."""
-    rollouts: int = 8
+    rollouts: int = _rollout(8, lo=2)
     """Rollouts per group (N)."""
-    gamma: float = 0.95
-    norm: str = "mean_std"
+    gamma: float = _train(0.95, lo=0.0, hi=1.0)
+    norm: str = _train("mean_std", choices=("mean", "mean_std"))
     """Group normalisation of every group estimator ("mean_std" or "mean")."""
-    lr: float = 0.01
+    lr: float = _train(0.01, lo=0.0, lo_open=True)
     """Adam learning rate on the logits."""
-    epochs: int = 1
-    minibatches: int = 4
-    clip: float = 0.2
-    kl_coef: float = 0.01
-    entropy_coef: float = 0.001
-    grad_clip: float = 1.0
-    critic_lr: float = 0.1
+    epochs: int = _train(1, lo=1)
+    minibatches: int = _train(4, lo=1)
+    clip: float = _train(0.2, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    kl_coef: float = _train(0.01, lo=0.0)
+    entropy_coef: float = _train(0.001, lo=0.0)
+    grad_clip: float = _train(1.0, lo=0.0)
+    critic_lr: float = _train(0.1, lo=0.0, lo_open=True)
     """Adam learning rate of gae's value table."""
-    gae_lambda: float = 0.95
-    eval_every: int = 10
-    eval_rollouts: int = 32
+    gae_lambda: float = _train(0.95, lo=0.0, hi=1.0)
+    eval_every: int = _eval(10, lo=1)
+    eval_rollouts: int = _eval(32, lo=1)
     """Evaluation rollouts per task."""
-    eval_temperature: float = 0.4
-    start: str = "uniform"
+    eval_temperature: float = _eval(0.4, lo=0.0, lo_open=True)
+    start: str = _policy("uniform")
     """Starting (and reference) policy: "uniform", or a success rate in (0, 1) reached by expert
     imitation (studies.tabular.expert_stages), a warm start like the paper's instruct model."""
-    seed: int = 0
-    workers: int = 2
+    seed: int = _runs_(0, lo=0)
+    workers: int = _runs_(2, lo=1)
     """Local worker processes (backend "local"), or the CPUs of the Ray started here."""
-    backend: str = "local"
+    backend: str = _runs_("local", choices=BACKENDS)
     """Where the runs execute: "local" processes or "ray" tasks (studies/backend.py)."""
-    ray_address: str = ""
+    ray_address: str = _runs_("")
     """Ray cluster to join with --backend ray (host:port, ray://host:port, auto); empty:
     $RAY_ADDRESS, else Ray started on this machine."""
-    out: str = "results/train_toy"
-    policy: str = "tabular"
+    out: str = _runs_("results/train_toy")
+    policy: str = _policy("tabular", choices=POLICIES)
     """The policy trained: "tabular" (one logits row per context), or a network over the
     context tokens that shares parameters across contexts, "mlp" or "transformer"
     (toyenvs.NeuralPolicy; one core per run)."""
-    width: int = 64
+    width: int = _policy(64, lo=1)
     """Width of the mlp / transformer."""
-    layers: int = 2
+    layers: int = _policy(2, lo=1)
     """Hidden layers of the mlp / blocks of the transformer."""
-    network_eval: str = "table"
+    network_eval: str = _policy("table", choices=NETWORK_EVALS)
     """Where a network policy is evaluated after each update: "table", on every context the
     environment can reach (one batched forward); "visited", on the contexts its rollouts
     visit (toyenvs.NeuralPolicy.evaluate): the same probabilities up to float64 rounding, far
     less work where the reachable contexts outnumber the visited ones (shop at K = 4)."""
-    net_dtype: str = "float64"
+    net_dtype: str = _policy("float64", choices=NET_DTYPES)
     """A network policy's precision, "float64" or "float32" (toyenvs.NeuralPolicy dtype;
     4-6x faster forward and backward passes); the sampling table is float64 either way."""
-    truth_every: int = 0
+    truth_every: int = _eval(0, lo=0)
     """Every N iterations, log against the exact truth of the current policy: the advantage
     MSE of the estimator being trained and the cosine of its parameter gradient to dJ/dtheta
     (0: never)."""
-    schemes: tuple[str, ...] = ()
+    schemes: tuple[str, ...] = _grid(())
     """Rollout schemes to compare (toyenvs/branching.py: independent, branch:uniform,
     branch:singleton, branch:hard, tree:D1,...): every (env, setting) runs under each, at a
     per-group env-step budget equal to what --rollouts independent rollouts of the current
     policy use (empty: today's independent rollouts, no scheme in the run key)."""
-    branch_budget: float = 0.5
+    branch_budget: float = _rollout(0.5, lo=0.0, hi=1.0, lo_open=True)
     """Share of each group's env steps spent on branches with --scheme, in (0, 1]."""
 
     def __post_init__(self) -> None:
-        ints = {
-            "seeds": 1, "iterations": 1, "groups": 1, "rollouts": 2, "epochs": 1,
-            "minibatches": 1, "eval_every": 1, "eval_rollouts": 1, "workers": 1, "seed": 0,
-        }  # fmt: skip
-        for name, lo in ints.items():
-            check_int(_flag(name), getattr(self, name), lo=lo)
-        for name in ("lr", "critic_lr", "eval_temperature"):
-            check_number(_flag(name), getattr(self, name), lo=0.0, lo_open=True)
-        for name in ("kl_coef", "entropy_coef", "grad_clip"):
-            check_number(_flag(name), getattr(self, name), lo=0.0)
-        check_number("--clip", self.clip, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-        for name in ("gamma", "gae_lambda"):
-            check_number(_flag(name), getattr(self, name), lo=0.0, hi=1.0)
-        check_choice("--norm", self.norm, ("mean", "mean_std"))
-        for K in self.Ks:
-            check_int("--K", K, lo=0, hi=TABULAR_MAX_K)
-        _check_start("--start", self.start)
-        check_choice("--backend", self.backend, BACKENDS)
-        check_choice("--policy", self.policy, POLICIES)
-        check_int("--width", self.width, lo=1)
-        check_int("--layers", self.layers, lo=1)
-        check_choice("--network-eval", self.network_eval, NETWORK_EVALS)
-        check_choice("--net-dtype", self.net_dtype, NET_DTYPES)
-        check_int("--truth-every", self.truth_every, lo=0)
-        check_number("--branch-budget", self.branch_budget, lo=0.0, hi=1.0, lo_open=True)
+        _check_settings(self)
         if not self.envs or not self.settings or not self.Ks:
             raise ValueError("--envs, --settings and --K each need at least one value")
         for spec in self.envs:
@@ -222,12 +216,27 @@ class TrainToyConfig:
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
-TABULAR_MAX_K = 6
-"""Deepest memory of a tabular run (the context table grows as |O|^(K + 1) |A|^K)."""
-
-
 def _flag(name: str) -> str:
     return "--" + _FLAGS.get(name, name).replace("_", "-")
+
+
+def _check_settings(cfg: TrainToyConfig) -> None:
+    """Check each field by the bounds and choices it declares (hgpo.options.setting), in
+    declaration order, errors named by its flag; each K of ``Ks`` in Ks' bounds; ``start``."""
+    bounds, choices = field_bounds(TrainToyConfig), field_choices(TrainToyConfig)
+    for name, kind in field_types(TrainToyConfig).items():
+        where, value = _flag(name), getattr(cfg, name)
+        if name == "Ks":
+            for K in value:
+                check_int(where, K, **bounds[name])
+        elif kind is int:
+            check_int(where, value, **bounds[name])
+        elif kind is float:
+            check_number(where, value, **bounds[name])
+        elif name in choices:
+            check_choice(where, value, choices[name])
+        elif name == "start":
+            _check_start(where, value)
 
 
 def _check_start(where: str, value: Any) -> str:
@@ -653,18 +662,17 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
     )  # fmt: skip
 
+    help_format = "{doc} (default: %(default)s)"
+    lists = ("envs", "settings", "Ks", "schemes")  # nargs="+" flags, two named unlike their field
+    groups = add_flags(p, TrainToyConfig, help_format=help_format, default=FIELD_DEFAULT,
+                       skip=lists, type_metavar=False)  # fmt: skip
     doc = field_docs(TrainToyConfig)
     for f in dataclasses.fields(TrainToyConfig):
-        flag = _flag(f.name)
-        default = f.default
-        help_ = (doc.get(f.name, "") + " (default: %(default)s)").strip()
-        if isinstance(default, tuple):
-            typ = int if f.name == "Ks" else str
-            p.add_argument(
-                flag, dest=f.name, nargs="+", type=typ, default=list(default), help=help_
-            )
-        else:
-            p.add_argument(flag, dest=f.name, type=type(default), default=default, help=help_)
+        if f.name in lists:
+            groups["what to run"].add_argument(
+                _flag(f.name), dest=f.name, nargs="+", type=int if f.name == "Ks" else str,
+                default=list(f.default), help=help_format.format(doc=doc.get(f.name, "")),
+            )  # fmt: skip
     preset = p.add_mutually_exclusive_group()
     preset.add_argument(
         "--full", action="store_true",

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hgpo.options import (
+    FIELD_DEFAULT,
     ArgumentParser,
     OptionError,
     add_flags,
@@ -195,3 +196,16 @@ def test_add_flags_bad_bool_is_argparse_error(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--verbose", "maybe"])
     assert "expected true or false, got 'maybe'" in capsys.readouterr().err
+
+
+def test_add_flags_skip_field_defaults_and_argparse_metavar():
+    parser = _parser()
+    groups = add_flags(parser, _Toy, default=FIELD_DEFAULT, skip=("name",), type_metavar=False)
+    assert list(groups) == ["run", "optimizer"]
+    groups["run"].add_argument("--names", dest="name", nargs="+")  # a hand-written flag
+    ns = vars(parser.parse_args([]))
+    assert ns == {"steps": 100, "lr": 1e-3, "device": "cpu", "share": 0.5, "verbose": False,
+                  "name": None}  # fmt: skip
+    help_text = parser.format_help()
+    assert "--steps STEPS" in help_text and "--steps INT" not in help_text
+    assert "--name " not in help_text and "--names NAME" in help_text

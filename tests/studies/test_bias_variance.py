@@ -68,3 +68,21 @@ def test_a_killed_study_reruns_only_its_missing_cells_with_the_same_numbers(tmp_
     assert e.value.code == 2 and ran == []
     assert main([*args, "--alpha", "2", "--out", str(tmp_path / "alpha2")]) == 0 and len(ran) == 2
     assert len(list((out / "cells").glob("*.json"))) == 2
+
+
+def test_study_config_declares_its_checks_per_field():
+    """Every StudyConfig field with a flag has a --help section, every number and the --K list
+    declare their bounds, the choice fields their choices (hgpo.options.setting); each section
+    is shown once in --help."""
+    from hgpo.options import field_bounds, field_choices, field_types, sections
+    from studies import bias_variance as bv
+
+    cls = bv.StudyConfig
+    in_a_section = {name for names in sections(cls).values() for name in names}
+    assert in_a_section == set(field_types(cls)) - {"max_nodes", "extra"}  # (no flags)
+    numbers = {n for n, kind in field_types(cls).items() if kind in (int, float)}
+    assert numbers | {"Ks"} == set(field_bounds(cls))
+    assert set(field_choices(cls)) == {"estimators", "norms", "backend", "policy", "net_dtype"}
+    help_text = bv._parser().format_help()
+    for title in sections(cls):
+        assert help_text.count(f"\n{title}:\n") == 1

@@ -332,3 +332,20 @@ def test_compare_without_spread_on_either_side() -> None:
     assert by["gae"]["p"] == 0.0 and by["gae"]["significant"] and by["gae"]["diff"] == 1.0
     assert by["grpo"]["p"] == 1.0 and not by["grpo"]["significant"]
     assert all(np.isfinite(t["p_holm"]) for t in by.values())
+
+
+def test_train_toy_config_declares_its_checks_per_field():
+    """Every TrainToyConfig field has a --help section; every number declares its bounds and
+    the --K list its K bounds, in the field's metadata (hgpo.options.setting)."""
+    from hgpo.options import field_bounds, field_choices, field_types, sections
+
+    cls = tt.TrainToyConfig
+    in_a_section = [name for names in sections(cls).values() for name in names]
+    assert sorted(in_a_section) == sorted(field_types(cls))
+    numbers = [n for n, kind in field_types(cls).items() if kind in (int, float)]
+    assert set(numbers) | {"Ks"} == set(field_bounds(cls))
+    assert dict(field_bounds(cls)["Ks"]) == {"lo": 0, "hi": tt.TABULAR_MAX_K}
+    assert field_choices(cls)["norm"] == ("mean", "mean_std")
+    help_text = tt._parser().format_help()
+    for title in sections(cls):
+        assert help_text.count(f"\n{title}:\n") == 1
