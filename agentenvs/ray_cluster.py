@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
-from hgpo.options import OptionError, bad
+from hgpo.options import OptionError, bad, installed
 
 __all__ = [
     "RAY_INSTALL", "check_address", "ensure_ray", "import_ray", "ray_session", "require_ray",
@@ -50,13 +50,7 @@ def import_ray(where: str) -> ModuleType:
 def require_ray(where: str) -> None:
     """Fail (naming ``where`` and the install command) unless Ray is installed; cheap: it does
     not import Ray, so configs can check it before any heavy work."""
-    import importlib.util
-
-    try:
-        found = importlib.util.find_spec("ray") is not None
-    except ValueError:  # sys.modules["ray"] is None (import blocked)
-        found = False
-    if not found:
+    if not installed("ray"):
         raise OptionError(
             f"{where}: needs Ray, which is not installed; install it with: {RAY_INSTALL}"
         )

@@ -56,7 +56,7 @@ class Benchmark:
     """Registry key (``BENCHMARKS[name]``); the ``--env`` value itself unless ``spec``."""
     defaults: Mapping[str, Any]
     """The paper's settings of this benchmark (max_steps, max_prompt_tokens, ...), applied
-    before a preset (``hgpo.train.config.ENV_DEFAULTS``)."""
+    before a preset (by ``hgpo.train.config.resolve``)."""
     val_splits: tuple[str, ...]
     """Held-out splits the trainer validates on."""
     split_size: Callable[[Any, str], int]

@@ -414,9 +414,6 @@ def field_docs() -> dict[str, str]:
 
 
 # --- presets ------------------------------------------------------------------------------------
-ENV_DEFAULTS: dict[str, dict[str, Any]] = {n: dict(b.defaults) for n, b in BENCHMARKS.items()}
-"""The paper's per-benchmark settings, applied before a preset (each adapter's
-``Benchmark.defaults``, agentenvs.registry)."""
 
 MODELS = {"1.5b": "Qwen/Qwen2.5-1.5B-Instruct", "7b": "Qwen/Qwen2.5-7B-Instruct"}
 """The paper's models, by preset size."""

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-from agentenvs.registry import BENCHMARKS, benchmark
+from agentenvs.registry import benchmark
 from hgpo.options import OptionError, bad, check_writable_dir
 from hgpo.train import checkpoint as ckpt
 from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
@@ -22,12 +22,6 @@ from hgpo.train.tiny import tiny_config
 from hgpo.train.truth import check_truth_size
 
 log = logging.getLogger(__name__)
-
-EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
-    n: (b.modules, b.install) for n, b in BENCHMARKS.items() if b.extras
-}
-"""Per benchmark with an extra: the modules it checks for, and the command that installs them
-(``Benchmark.modules``, ``Benchmark.install``)."""
 
 
 def validate_config(cfg: TrainConfig) -> None:
