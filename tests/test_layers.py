@@ -7,12 +7,13 @@ The layer order, lowest first (a module may import its own layer and the layers 
     toyenvs    toyenvs.*
     agentenvs  agentenvs.* (with the Ray plumbing, agentenvs.ray_cluster)
     train      hgpo.train.*
+    integrations hgpo.integrations.* (verl, verl-agent: may use the trainer's parts)
     studies    studies.*
     benchmarks benchmarks.*
 
 It fails on (a) a circle between modules, (b) an import of a private module (a name part that
 starts with ``_``) from outside the package that holds it, (c) a library module (hgpo, toyenvs,
-agentenvs, hgpo.train) importing ``studies``, (d) an import against the layer order, (e) a core
+agentenvs, hgpo.train, hgpo.integrations) importing ``studies``, (d) an import against the layer order, (e) a core
 module importing an optional extra (torch, Ray, vLLM, ...: the core is numpy only).
 
 Every import statement counts wherever it sits: at the top, inside a function (it runs later,
@@ -36,8 +37,8 @@ from hgpo.options import EXTRAS as OPTION_EXTRAS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("hgpo", "toyenvs", "agentenvs", "studies", "benchmarks")
-LAYERS = ("core", "toyenvs", "agentenvs", "train", "studies", "benchmarks")
-LIBRARY = ("core", "toyenvs", "agentenvs", "train")
+LAYERS = ("core", "toyenvs", "agentenvs", "train", "integrations", "studies", "benchmarks")
+LIBRARY = ("core", "toyenvs", "agentenvs", "train", "integrations")
 EXTRAS = {m for mods in OPTION_EXTRAS.values() for m in mods} | {"peft", "verl", "tokenizers"}
 """Top-level modules of the optional extras (pyproject.toml's [llm], [gpu], [ray], ...)."""
 
@@ -60,7 +61,10 @@ def layer(module: str) -> str:
     """The layer of a project module (see the module docstring)."""
     top = module.split(".")[0]
     if top == "hgpo":
-        return "train" if module.split(".")[:2] == ["hgpo", "train"] else "core"
+        sub = module.split(".")[:2]
+        if sub == ["hgpo", "train"]:
+            return "train"
+        return "integrations" if sub == ["hgpo", "integrations"] else "core"
     return top
 
 
