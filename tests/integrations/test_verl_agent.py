@@ -1,0 +1,309 @@
+"""hgpo.integrations.verl_agent: verl-agent's advantage signatures on the registry.
+
+Parity: the golden cases of ``tests/hgpo/data/verl_agent_golden.json`` (the authors' public code
+run on random batches, as published in float32 and with float32 replaced by float64) are fed
+through the same trainer glue the authors' functions get (``verl_agent_glue.py``) into OUR
+functions with the authors' signatures:
+- float64 glue: every row equals the authors' float64 run to 1e-7 x max(1, |A|), except hgpo
+  rows whose "A_k == 0" test is decided by rounding (as in tests/hgpo/test_verl_agent_golden.py);
+- float32 glue (as published): every row that our exact path (compute_advantages on the case's
+  StepBatch) puts within 1e-6 of both authors' runs is within 2e-6 x max(1, |A|) of the float32
+  run: both are within 1e-6 of exact arithmetic, ours on the float32 inputs, theirs in float32.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from benchmarks.make_verl_agent_golden import case_batch, classify, ours, rounding_decided  # noqa: E402
+from hgpo import compute_advantages, reference_config  # noqa: E402
+from hgpo.integrations import verl_agent as va  # noqa: E402
+from tests.integrations.verl_agent_glue import MODES, authors_inputs, call_ours  # noqa: E402
+
+GOLDEN = json.loads(
+    (Path(__file__).parents[1] / "hgpo" / "data" / "verl_agent_golden.json").read_text()
+)
+CASES = GOLDEN["cases"]
+F32_TOL, F64_TOL, SIG32_TOL = 1e-6, 1e-7, 2e-6
+
+
+def _first_token(adv: torch.Tensor) -> np.ndarray:
+    return adv[:, 0].double().numpy()  # every golden row has >= 1 response token
+
+
+@pytest.mark.parametrize("estimator", ["hgpo", "gigpo", "grpo", "rloo"])
+def test_float64_glue_equals_the_authors_float64_run(estimator):
+    cases = [c for c in CASES if c["estimator"] == estimator]
+    assert cases
+    for n, case in enumerate(cases):
+        x = authors_inputs(case, float64=True)
+        adv, ret = call_ours(va, case, x)
+        assert adv is ret and adv.dtype == torch.float64 and adv.shape == x.response_mask.shape
+        a, f64 = _first_token(adv), np.asarray(case["reference_f64"])
+        ok = np.abs(a - f64) <= F64_TOL * np.maximum(1.0, np.abs(a))
+        bad = ~ok & ~rounding_decided(case)
+        assert not bad.any(), (
+            f"{estimator} case {n}: rows {np.flatnonzero(bad)}: {a[bad]} {f64[bad]}"
+        )
+
+
+@pytest.mark.parametrize("estimator", ["hgpo", "gigpo", "grpo", "rloo"])
+def test_float32_glue_equals_the_authors_float32_run(estimator):
+    cases = [c for c in CASES if c["estimator"] == estimator]
+    for n, case in enumerate(cases):
+        x = authors_inputs(case, float64=False)
+        adv, _ = call_ours(va, case, x)
+        assert adv.dtype == torch.float32
+        a, f32 = _first_token(adv), np.asarray(case["reference_f32"])
+        f64 = np.asarray(case["reference_f64"])
+        exact_agrees = (classify(ours(case), f32, f64) == 0) & ~rounding_decided(case)
+        ok = np.abs(a - f32) <= SIG32_TOL * np.maximum(1.0, np.abs(a))
+        bad = exact_agrees & ~ok
+        assert not bad.any(), (
+            f"{estimator} case {n}: rows {np.flatnonzero(bad)}: {a[bad]} {f32[bad]}"
+        )
+
+
+def test_padding_is_zero_and_rows_follow_the_mask():
+    case = next(c for c in CASES if c["estimator"] == "hgpo" and c["base_group"])
+    x = authors_inputs(case)
+    adv, _ = call_ours(va, case, x)
+    assert torch.all(adv[x.response_mask == 0] == 0)
+    row = adv[:, :1].expand_as(adv) * x.response_mask
+    assert torch.equal(adv, row)
+
+
+def _interleaved(case: dict) -> np.ndarray:
+    """A row order that interleaves the trajectories, each keeping its own step order."""
+    traj = np.asarray(case["traj"])
+    pos = np.zeros(len(traj), dtype=np.int64)
+    for t in np.unique(traj):
+        rows = np.flatnonzero(traj == t)
+        pos[rows] = np.arange(rows.size)
+    return np.lexsort((traj, pos))
+
+
+@pytest.mark.parametrize("estimator", ["hgpo", "gigpo"])
+def test_trajectories_need_not_be_contiguous(estimator):
+    case = next(c for c in CASES if c["estimator"] == estimator and len(set(c["traj"])) > 2)
+    x = authors_inputs(case, float64=True)
+    adv, _ = call_ours(va, case, x)
+    p = _interleaved(case)
+    assert not np.array_equal(p, np.arange(p.size))
+
+    shuffled = type(x)(x.token_level_rewards[p], x.step_rewards[p], x.response_mask[p],
+                       x.anchor_obs[p], x.index[p], x.traj_index[p])  # fmt: skip
+    adv_p, _ = call_ours(va, case, shuffled)
+    torch.testing.assert_close(adv_p, adv[p], rtol=0, atol=1e-12)
+
+
+def _coincident(case: dict, gamma: float = 1.0):
+    """Inputs on which the registry's own one-batch encoding applies: gamma = 1 and no invalid
+    actions, so step_rewards = R_t and every row's score = R_0 of its trajectory."""
+    batch = case_batch(case)
+    batch = type(batch)(group=batch.group, traj=batch.traj, step=batch.step,
+                        reward=batch.reward, state=batch.state)  # fmt: skip
+    from hgpo import discounted_returns, episode_returns
+
+    R = discounted_returns(batch, gamma)
+    E = episode_returns(batch)[batch.traj_index]
+    n = batch.n_steps
+    mask = torch.ones((n, 3), dtype=torch.float64)
+    tlr = torch.zeros((n, 3), dtype=torch.float64)
+    tlr[:, 2] = torch.as_tensor(E)
+    obj = lambda v: np.array([str(s) for s in v], dtype=object)  # noqa: E731
+    args = dict(token_level_rewards=tlr, step_rewards=torch.as_tensor(R), response_mask=mask,
+                anchor_obs=obj(batch.state), index=obj(batch.group), traj_index=obj(batch.traj))  # fmt: skip
+    return batch, args
+
+
+@pytest.mark.parametrize("base_group", [False, True])
+def test_hgpo_equals_the_registry_on_one_batch(base_group):
+    """with_base_level (Eq. 7 with the base level over two batches) = hgpo(base_group=True)."""
+    for case in [c for c in CASES if c["estimator"] == "hgpo"][:6]:
+        batch, args = _coincident(case)
+        mode = MODES[case["env"]]
+        adv, _ = va.compute_hgpo_outcome_advantage(**args, history_length=case["K"], mode=mode,
+                                                   length_weight_alpha=case["alpha"],
+                                                   base_group=base_group)  # fmt: skip
+        cfg = reference_config("hgpo", env=case["env"], K=case["K"], gamma=1.0,
+                               alpha=case["alpha"], base_group=base_group)  # fmt: skip
+        want = compute_advantages("hgpo", batch, config=cfg).advantages
+        np.testing.assert_allclose(_first_token(adv), want, rtol=0, atol=1e-12)
+
+
+def test_gigpo_equals_the_registry_on_one_batch():
+    for case in [c for c in CASES if c["estimator"] == "gigpo"][:6]:
+        batch, args = _coincident(case)
+        adv, _ = va.compute_gigpo_outcome_advantage(**args, mode=MODES[case["env"]],
+                                                    step_advantage_w=0.5)  # fmt: skip
+        cfg = reference_config("gigpo", env=case["env"], gamma=1.0, omega=0.5)
+        want = compute_advantages("gigpo", batch, config=cfg).advantages
+        np.testing.assert_allclose(_first_token(adv), want, rtol=0, atol=1e-12)
+
+
+def test_output_dtype_follows_the_authors_promotion():
+    _, args = _coincident(CASES[0])
+    args32 = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    args32["response_mask"] = args["response_mask"].long()  # verl's mask is the attention mask
+    adv, _ = va.compute_hgpo_outcome_advantage(**args32, history_length=2)
+    assert adv.dtype == torch.float32
+    adv, _ = va.compute_gigpo_outcome_advantage(**args32)
+    assert adv.dtype == torch.float32
+    args32["step_rewards"] = args["step_rewards"]  # float64: GiGPO's sum promotes
+    adv, _ = va.compute_gigpo_outcome_advantage(**args32)
+    assert adv.dtype == torch.float64
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture
+def args():
+    return _coincident(CASES[0])[1]
+
+
+@pytest.mark.parametrize(
+    ("fn", "opts", "names"),
+    [
+        ("gigpo", dict(enable_similarity=True), "enable_similarity"),
+        ("gigpo", dict(mode="mean"), "mode"),
+        ("gigpo", dict(step_advantage_w=float("nan")), "step_advantage_w"),
+        ("hgpo", dict(history_length=-1), "history_length"),
+        ("hgpo", dict(history_length=1.5), "history_length"),
+        ("hgpo", dict(mode="std"), "mode"),
+        ("hgpo", dict(length_weight_alpha=-1.0), "length_weight_alpha"),
+        ("hgpo", dict(base_group="yes"), "base_group"),
+        ("hgpo", dict(epsilon=-1.0), "epsilon"),
+    ],
+)
+def test_unsupported_options_are_named(args, fn, opts, names):
+    f = getattr(va, f"compute_{fn}_outcome_advantage")
+    if fn == "hgpo":
+        opts = {"history_length": 2, **opts}
+    with pytest.raises(ValueError, match=names):
+        f(**args, **opts)
+
+
+def test_cross_trajectory_statistics_are_refused(args):
+    with pytest.raises(ValueError, match="compute_mean_std_cross_steps"):
+        va.compute_grpo_outcome_advantage(
+            args["token_level_rewards"], args["response_mask"], args["index"],
+            args["traj_index"], compute_mean_std_cross_steps=False,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        (lambda a: a.update(step_rewards=a["step_rewards"][:-1]), "step_rewards"),
+        (lambda a: a.update(response_mask=a["response_mask"][:, :1]), "response_mask"),
+        (
+            lambda a: a.update(token_level_rewards=a["token_level_rewards"].numpy()),
+            "token_level_rewards",
+        ),
+        (lambda a: a.update(anchor_obs=a["anchor_obs"][:-1]), "anchor_obs"),
+        (lambda a: a.update(traj_index=a["traj_index"][:-1]), "traj_index"),
+        (lambda a: a["step_rewards"].__setitem__(1, float("nan")), r"step_rewards\[1\]"),
+        (lambda a: a["anchor_obs"].__setitem__(0, object()), r"anchor_obs\[0\]"),
+    ],
+)
+def test_bad_inputs_are_named(args, change, names):
+    change(args)
+    with pytest.raises(ValueError, match=names):
+        va.compute_hgpo_outcome_advantage(**args, history_length=2)
+
+
+# --------------------------------------------------------------------------- install()
+
+
+def _verl_agent_stand_in() -> types.ModuleType:
+    """A stand-in for verl-agent's trainer module: ``compute_advantage`` with the signature of
+    recipe/hgpo/hgpo_ray_trainer.py at 796ed31 (it records the calls it still gets)."""
+    mod = types.ModuleType("stand_in_ray_trainer")
+    mod.calls = []
+
+    def compute_advantage(data, adv_estimator, gamma=1.0, lam=1.0, num_repeat=1,
+                          multi_turn=False, norm_adv_by_std_in_grpo=True, step_advantage_w=1.0,
+                          gigpo_mode="mean_std_norm", **kwargs):  # fmt: skip
+        mod.calls.append(adv_estimator)
+        data.batch["advantages"] = "verl-agent's own"
+        return data
+
+    def compute_response_mask(data):
+        return data.batch["attention_mask"][:, -data.batch["responses"].size(1) :]
+
+    mod.compute_advantage = compute_advantage
+    mod.compute_response_mask = compute_response_mask
+    return mod
+
+
+def _data(args) -> types.SimpleNamespace:
+    n, L = args["response_mask"].shape
+    return types.SimpleNamespace(
+        batch={"token_level_rewards": args["token_level_rewards"],
+               "step_rewards": args["step_rewards"], "responses": torch.zeros((n, L)),
+               "attention_mask": torch.cat([torch.ones((n, 2)), args["response_mask"]], 1)},
+        non_tensor_batch={"uid": args["index"], "traj_uid": args["traj_index"],
+                          "anchor_obs": args["anchor_obs"]},
+    )  # fmt: skip
+
+
+def _direct(name: str, args, opts) -> torch.Tensor:
+    if name in ("grpo", "rloo"):
+        f = getattr(va, f"compute_{name}_outcome_advantage")
+        return f(args["token_level_rewards"], args["response_mask"], args["index"],
+                 args["traj_index"])[0]  # fmt: skip
+    if name == "gigpo":
+        return va.compute_gigpo_outcome_advantage(**args, mode="mean_std_norm")[0]
+    hgpo_opts = dict(history_length=opts["history_length"], mode=opts["hgpo_mode"],
+                     length_weight_alpha=1.0, base_group=opts["hgpo_base_group"])  # fmt: skip
+    if name == "hgpo":
+        return va.compute_hgpo_outcome_advantage(**args, **hgpo_opts)[0]
+    return va.compute_step_advantage(name, **args, **hgpo_opts)[0]
+
+
+def test_install_routes_every_name_to_the_registry(args):
+    mod = _verl_agent_stand_in()
+    assert va.install(mod) == [mod]
+    va.install(mod)  # twice: no double wrapping
+    assert mod.compute_advantage.__wrapped__.__name__ == "compute_advantage"
+    routed = va.routed_names()
+    assert {"hgpo", "gigpo", "grpo", "rloo", "stepwise", "oracle", "hgpo_nohog2",
+            "hgpo_uniform", "hgpo.hgpo-nohog2", "hgpo.grpo"} <= set(routed)  # fmt: skip
+    assert "gae" not in routed and "hgpo.gae" not in routed
+    for shown, name in routed.items():
+        base = name in ("hgpo", "hgpo-uniform")
+        opts = dict(history_length=3, hgpo_mode="mean_norm", hgpo_base_group=base)
+        data = mod.compute_advantage(_data(args), shown, gamma=0.95,
+                                     norm_adv_by_std_in_grpo=True, step_advantage_w=1.0,
+                                     gigpo_mode="mean_std_norm", epsilon=1e-6, **opts)  # fmt: skip
+        want = _direct(name, args, opts)
+        assert torch.equal(data.batch["advantages"], want), shown
+        assert data.batch["returns"] is data.batch["advantages"]
+    assert mod.calls == []
+    mod.compute_advantage(_data(args), "remax")
+    assert mod.calls == ["remax"]  # verl-agent's own token-level estimators stay its own
+
+
+def test_install_errors_are_named(args):
+    mod = _verl_agent_stand_in()
+    va.install(mod)
+    with pytest.raises(ValueError, match=r"unknown estimator 'hgpo_v2'.*hgpo_nohog2"):
+        mod.compute_advantage(_data(args), "hgpo_v2")
+    data = _data(args)
+    del data.batch["step_rewards"]
+    with pytest.raises(ValueError, match=r"stepwise.*batch\['step_rewards'\]"):
+        mod.compute_advantage(data, "stepwise")
+    del data.non_tensor_batch["traj_uid"]
+    with pytest.raises(ValueError, match=r"traj_uid"):
+        mod.compute_advantage(data, "grpo")
+    with pytest.raises(ValueError, match="no verl-agent compute_advantage"):
+        va.install(types.ModuleType("upstream_verl_trainer"))
