@@ -24,9 +24,9 @@ scores from one reward column, while these functions receive the two as separate
 (the trainer computed them already). So two :class:`hgpo.StepBatch` es are built:
 
 - the *step batch*: groups from ``index``, trajectories from (``index``, ``traj_index``),
-  steps in batch order, states from ``anchor_obs`` (``hgpo.state_ids`` of the authors'
-  ``to_hashable`` keys), reward = ``step_rewards`` with gamma = 0, so that R_t is exactly the
-  given step return;
+  steps in batch order, states from ``anchor_obs`` (dense ids of the authors' ``to_hashable``
+  keys, first seen = 0, as ``hgpo.state_ids`` makes them), reward = ``step_rewards`` with
+  gamma = 0, so that R_t is exactly the given step return;
 - the *episode batch*: every row its own one-step trajectory with reward
   S_i = ``token_level_rewards[i].sum()`` (verl-agent pools every step row of a rollout group).
 
@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from hgpo import ESTIMATORS, StepBatch, compute_advantages, reference_config, state_ids
+from hgpo import ESTIMATORS, StepBatch, compute_advantages, reference_config
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import level_weights
 from hgpo.options import MissingExtraError, OptionError, bad, check_bool, check_int, installed
@@ -96,8 +96,9 @@ class _Rows:
     S: np.ndarray  # float64[n] token_level_rewards summed per row
 
 
-def _obs_key(x: Any, where: str) -> Any:
-    """The key verl-agent's ``to_hashable`` makes of one observation (same equalities)."""
+def _obs_key(x: Any, i: int) -> Any:
+    """The key verl-agent's ``to_hashable`` makes of observation ``anchor_obs[i]`` (the same
+    equalities: numbers by value, arrays by their flattened values, lists as tuples)."""
     if isinstance(x, int | float | str | bool):
         return x
     if isinstance(x, np.integer | np.floating):
@@ -105,10 +106,10 @@ def _obs_key(x: Any, where: str) -> Any:
     if isinstance(x, np.ndarray):
         return tuple(x.flatten())
     if isinstance(x, list | tuple):
-        return tuple(_obs_key(e, where) for e in x)
+        return tuple(_obs_key(e, i) for e in x)
     if isinstance(x, dict):
-        return tuple(sorted((k, _obs_key(v, where)) for k, v in x.items()))
-    raise bad(where, "a str, number, numpy array, list, tuple or dict", x)
+        return tuple(sorted((k, _obs_key(v, i)) for k, v in x.items()))
+    raise bad(f"anchor_obs[{i}]", "a str, number, numpy array, list, tuple or dict", x)
 
 
 def _object_column(where: str, value: Any, n: int) -> np.ndarray:
@@ -167,19 +168,41 @@ def _rows(
     S = _finite(
         "token_level_rewards.sum(-1)", tlr.detach().sum(dim=-1).to("cpu", torch.float64).numpy()
     )
-    idx = _object_column("index", index, n)
-    traj = _object_column("traj_index", traj_index, n)
+    idx = _object_column("index", index, n).tolist()
+    traj = _object_column("traj_index", traj_index, n).tolist()
     state = np.zeros(n, dtype=np.int64)
     if anchor_obs is not None:
         obs = _object_column("anchor_obs", anchor_obs, n)
-        state = state_ids([_obs_key(o, f"anchor_obs[{i}]") for i, o in enumerate(obs)])
+        keys = obs.tolist()
+        if not all(type(o) is str for o in keys):  # text observations (the usual) are keys
+            keys = [_obs_key(o, i) for i, o in enumerate(keys)]
+        state = _dense("anchor_obs", keys)
     return _Rows(
-        group=state_ids(idx.tolist()),
-        traj=state_ids(list(zip(idx.tolist(), traj.tolist(), strict=True))),
+        group=_dense("index", idx),
+        traj=_dense("traj_index", list(zip(idx, traj, strict=True))),
         state=state,
         R=R,
         S=S,
     )
+
+
+def _dense(where: str, keys: list[Any]) -> np.ndarray:
+    """int64 dense ids of hashable keys, first seen = 0 (equal keys, equal ids)."""
+    ids: dict[Any, int] = {}
+    try:
+        out = [ids.setdefault(k, len(ids)) for k in keys]
+    except TypeError:
+        i = next(i for i, k in enumerate(keys) if not _hashable(k))
+        raise bad(f"{where}[{i}]", "a hashable value (a str or a number)", keys[i]) from None
+    return np.asarray(out, dtype=np.int64)
+
+
+def _hashable(x: Any) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
 
 
 def _step_batch(rows: _Rows) -> tuple[StepBatch, np.ndarray]:
