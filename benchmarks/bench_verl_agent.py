@@ -19,7 +19,9 @@ float32, ours in float64). torch runs on one thread (``torch.set_num_threads(1)`
 The authors' code is not shipped here. ``--ref-dir`` holds copies: ``core_hgpo.py`` and
 ``core_gigpo.py`` (whole files) and ``verl/__init__.py`` (a stub defining ``DataProto``, the
 only verl name they import). ``--from-git MIRROR`` writes them into ``--ref-dir`` from a
-local git clone of johnhaofu/verl-agent at ``--commit``.
+local git clone of johnhaofu/verl-agent at ``--commit``, with ``hgpo_ray_trainer.py`` and
+``core_algos.py`` (read by the live test of ``install()``: ``HGPO_VERL_AGENT_REF=DIR pytest
+tests/integrations/test_verl_agent.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ import numpy as np
 from hgpo.options import ArgumentParser
 
 FILES = {"core_hgpo.py": "recipe/hgpo/core_hgpo.py", "core_gigpo.py": "gigpo/core_gigpo.py"}
+EXTRA_FILES = {
+    "hgpo_ray_trainer.py": "recipe/hgpo/hgpo_ray_trainer.py",
+    "core_algos.py": "verl/trainer/ppo/core_algos.py",
+}
+"""Also copied by --from-git, for tests/integrations/test_verl_agent.py's live check of
+install() against the authors' own compute_advantage (HGPO_VERL_AGENT_REF=DIR)."""
 VERL_STUB = '''"""Stub of verl for the copied reference functions: they only name DataProto."""
 
 
@@ -69,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 def write_ref_dir(mirror: Path, commit: str, ref_dir: Path) -> None:
     """Copy the authors' two modules out of a git clone (``git show COMMIT:PATH``)."""
     ref_dir.mkdir(parents=True, exist_ok=True)
-    for name, path in FILES.items():
+    for name, path in {**FILES, **EXTRA_FILES}.items():
         src = subprocess.run(["git", "-C", str(mirror), "show", f"{commit}:{path}"],
                              capture_output=True, text=True, timeout=60)  # fmt: skip
         if src.returncode != 0:

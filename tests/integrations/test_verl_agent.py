@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 from benchmarks.make_verl_agent_golden import case_batch, classify, ours, rounding_decided  # noqa: E402
 from hgpo import compute_advantages, reference_config  # noqa: E402
 from hgpo.integrations import verl_agent as va  # noqa: E402
+from tests.integrations import verl_agent_live as live  # noqa: E402
 from tests.integrations.verl_agent_glue import MODES, authors_inputs, call_ours  # noqa: E402
 
 GOLDEN = json.loads(
@@ -136,6 +137,18 @@ def test_hgpo_equals_the_registry_on_one_batch(base_group):
         cfg = reference_config("hgpo", env=case["env"], K=case["K"], gamma=1.0,
                                alpha=case["alpha"], base_group=base_group)  # fmt: skip
         want = compute_advantages("hgpo", batch, config=cfg).advantages
+        np.testing.assert_allclose(_first_token(adv), want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform"])
+def test_step_estimators_equal_the_registry_on_one_batch(name):
+    for case in [c for c in CASES if c["estimator"] == "hgpo"][:4]:
+        batch, args = _coincident(case)
+        base = case["base_group"] and name == "hgpo-uniform"
+        adv, _ = va.compute_step_advantage(name, **args, history_length=case["K"],
+                                           mode=MODES[case["env"]], base_group=base)  # fmt: skip
+        cfg = reference_config(name, env=case["env"], K=case["K"], gamma=1.0, base_group=base)
+        want = compute_advantages(name, batch, config=cfg).advantages
         np.testing.assert_allclose(_first_token(adv), want, rtol=0, atol=1e-12)
 
 
@@ -307,3 +320,50 @@ def test_install_errors_are_named(args):
         mod.compute_advantage(data, "grpo")
     with pytest.raises(ValueError, match="no verl-agent compute_advantage"):
         va.install(types.ModuleType("upstream_verl_trainer"))
+
+
+# --------------------------------------------------------------------------- live check
+
+
+def _golden_data(case: dict, x) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        batch={"token_level_rewards": x.token_level_rewards.clone(),
+               "step_rewards": x.step_rewards.clone(), "response_mask": x.response_mask},
+        non_tensor_batch={"uid": x.index, "traj_uid": x.traj_index, "anchor_obs": x.anchor_obs},
+    )  # fmt: skip
+
+
+def _recipe_kwargs(case: dict) -> dict:
+    """What the HGPO recipe's fit() passes to compute_advantage (hgpo_ray_trainer.py)."""
+    mode = MODES[case["env"]]
+    return dict(gamma=case["gamma"], norm_adv_by_std_in_grpo=(mode == "mean_std_norm"),
+                step_advantage_w=1.0, gigpo_mode=mode, hgpo_mode=mode,
+                hgpo_length_weight_alpha=case["alpha"], hgpo_base_group=case["base_group"],
+                history_length=case["K"], epsilon=1e-6)  # fmt: skip
+
+
+@pytest.mark.skipif(live.ref_dir() is None, reason=f"set {live.ENV}=DIR (see verl_agent_live.py)")
+def test_install_against_the_authors_compute_advantage():
+    """The recipe's own compute_advantage (authors' code) and the same function after
+    install(), on the golden cases' float32 inputs: the float32 criterion of
+    test_float32_glue_equals_the_authors_float32_run, row by row."""
+    theirs_mod = live.trainer_module(live.ref_dir())
+    ours_mod = live.trainer_module(live.ref_dir())
+    va.install(ours_mod)
+    checked = 0
+    for case in CASES:
+        x = authors_inputs(case)
+        name = case["estimator"]
+        theirs = live.quiet(theirs_mod.compute_advantage, _golden_data(case, x), name,
+                            **_recipe_kwargs(case)).batch["advantages"]  # fmt: skip
+        mine = ours_mod.compute_advantage(_golden_data(case, x), name, **_recipe_kwargs(case))
+        mine = mine.batch["advantages"]
+        assert mine.dtype == theirs.dtype and mine.shape == theirs.shape
+        a, f = _first_token(mine), _first_token(theirs)
+        np.testing.assert_array_equal(f, np.float32(case["reference_f32"]))  # the same glue
+        f64 = np.asarray(case["reference_f64"])
+        exact_agrees = (classify(ours(case), f, f64) == 0) & ~rounding_decided(case)
+        bad = exact_agrees & ~(np.abs(a - f) <= SIG32_TOL * np.maximum(1.0, np.abs(a)))
+        assert not bad.any(), f"{name}: rows {np.flatnonzero(bad)}"
+        checked += 1
+    assert checked == len(CASES)
