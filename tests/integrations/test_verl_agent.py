@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import types
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
@@ -255,7 +256,41 @@ def _verl_agent_stand_in() -> types.ModuleType:
 
     mod.compute_advantage = compute_advantage
     mod.compute_response_mask = compute_response_mask
+    mod.AdvantageEstimator = AdvantageEstimator
     return mod
+
+
+class AdvantageEstimator(str, Enum):
+    """recipe/hgpo/hgpo_ray_trainer.py's enum at 796ed31."""
+
+    GAE = "gae"
+    GRPO = "grpo"
+    REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
+    REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
+    REMAX = "remax"
+    RLOO = "rloo"
+    GRPO_PASSK = "grpo_passk"
+    GiGPO = "gigpo"
+    HGPO = "hgpo"
+
+
+def _admitted(AE) -> list:
+    """RayPPOTrainer.__init__'s list of the estimators that run without a critic."""
+    return [AE.GRPO, AE.GRPO_PASSK, AE.REINFORCE_PLUS_PLUS, AE.REMAX, AE.RLOO,
+            AE.REINFORCE_PLUS_PLUS_BASELINE, AE.GiGPO, getattr(AE, "HGPO", AE.GiGPO)]  # fmt: skip
+
+
+def _check_admits(AE, step_member: str) -> None:
+    """After install(): the trainer's comparisons admit our names on the right path."""
+    for shown, name in va.routed_names().items():
+        assert shown in _admitted(AE), shown
+        assert shown != AE.GAE and not (shown == AE.GAE)  # noqa: SIM201 (both operators)
+        path = name if name in ("grpo", "rloo", "gigpo") else step_member
+        assert shown == getattr(AE, {"grpo": "GRPO", "rloo": "RLOO", "gigpo": "GiGPO",
+                                     "hgpo": "HGPO"}[path]), shown  # fmt: skip
+    assert "hgpo_v2" not in _admitted(AE) and "gae" not in _admitted(AE)
+    assert AE.HGPO == "hgpo" if hasattr(AE, "HGPO") else AE.GiGPO == "gigpo"
+    assert "stepwise" != AE.GRPO and AE.GAE == "gae" and AE.REMAX != "stepwise"  # noqa: SIM300
 
 
 def _data(args) -> types.SimpleNamespace:
@@ -306,6 +341,25 @@ def test_install_routes_every_name_to_the_registry(args):
     assert mod.calls == ["remax"]  # verl-agent's own token-level estimators stay its own
 
 
+def test_install_lets_the_trainer_admit_our_names():
+    mod = _verl_agent_stand_in()
+    assert "stepwise" not in _admitted(mod.AdvantageEstimator)
+    va.install(mod)
+    _check_admits(mod.AdvantageEstimator, "hgpo")
+    va.install(mod)  # twice: the same class
+    assert mod.AdvantageEstimator.hgpo_admits
+
+
+def test_install_on_the_main_trainer_uses_the_gigpo_path():
+    """verl-agent's verl/trainer/ppo/ray_trainer.py has no HGPO member: step estimators take
+    GiGPO's path (which fills step_rewards the same way)."""
+    mod = _verl_agent_stand_in()
+    mod.AdvantageEstimator = Enum("AdvantageEstimator", {m.name: m.value for m in
+                                  AdvantageEstimator if m.name != "HGPO"}, type=str)  # fmt: skip
+    va.install(mod)
+    _check_admits(mod.AdvantageEstimator, "gigpo")
+
+
 def test_install_errors_are_named(args):
     mod = _verl_agent_stand_in()
     va.install(mod)
@@ -350,6 +404,7 @@ def test_install_against_the_authors_compute_advantage():
     theirs_mod = live.trainer_module(live.ref_dir())
     ours_mod = live.trainer_module(live.ref_dir())
     va.install(ours_mod)
+    _check_admits(ours_mod.AdvantageEstimator, "hgpo")
     checked = 0
     for case in CASES:
         x = authors_inputs(case)
