@@ -208,7 +208,8 @@ def _step_batch(rows: _Rows) -> tuple[StepBatch, np.ndarray]:
     counts = np.bincount(traj)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     step = np.arange(traj.shape[0], dtype=np.int64) - starts[traj]
-    assert rows.R is not None
+    if rows.R is None:  # (the callers of the step batch always pass step_rewards)
+        raise OptionError("step_rewards: needed for the step batch")
     batch = StepBatch(
         group=rows.group[order], traj=traj, step=step, reward=rows.R[order], state=rows.state[order]
     )

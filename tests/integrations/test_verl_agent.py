@@ -13,6 +13,7 @@ functions with the authors' signatures:
 
 from __future__ import annotations
 
+import inspect
 import json
 import types
 from enum import Enum
@@ -71,6 +72,39 @@ def test_float32_glue_equals_the_authors_float32_run(estimator):
         assert not bad.any(), (
             f"{estimator} case {n}: rows {np.flatnonzero(bad)}: {a[bad]} {f32[bad]}"
         )
+
+
+SIGNATURES = {
+    "compute_gigpo_outcome_advantage": [
+        ("token_level_rewards", None), ("step_rewards", None), ("response_mask", None),
+        ("anchor_obs", None), ("index", None), ("traj_index", None), ("epsilon", 1e-6),
+        ("step_advantage_w", 1.0), ("mode", "mean_norm"), ("enable_similarity", False),
+        ("similarity_thresh", 0.95)],
+    "compute_hgpo_outcome_advantage": [
+        ("token_level_rewards", None), ("step_rewards", None), ("response_mask", None),
+        ("anchor_obs", None), ("index", None), ("traj_index", None), ("history_length", None),
+        ("epsilon", 1e-6), ("mode", "mean_std_norm"), ("length_weight_alpha", 1.0),
+        ("base_group", False)],
+    "compute_grpo_outcome_advantage": [
+        ("token_level_rewards", None), ("response_mask", None), ("index", None),
+        ("traj_index", None), ("epsilon", 1e-6), ("norm_adv_by_std_in_grpo", True),
+        ("compute_mean_std_cross_steps", True)],
+    "compute_rloo_outcome_advantage": [
+        ("token_level_rewards", None), ("response_mask", None), ("index", None),
+        ("traj_index", None), ("epsilon", 1e-6), ("compute_mean_std_cross_steps", True)],
+}  # fmt: skip
+"""verl-agent's signatures at 796ed31: (parameter, default or None for a required one)."""
+
+
+def _signature(fn) -> list[tuple]:
+    empty = inspect.Parameter.empty
+    return [(p.name, None if p.default is empty else p.default)
+            for p in inspect.signature(fn).parameters.values()]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_signatures_are_verl_agents(name):
+    assert _signature(getattr(va, name)) == SIGNATURES[name]
 
 
 def test_padding_is_zero_and_rows_follow_the_mask():
@@ -405,6 +439,12 @@ def test_install_against_the_authors_compute_advantage():
     ours_mod = live.trainer_module(live.ref_dir())
     va.install(ours_mod)
     _check_admits(ours_mod.AdvantageEstimator, "hgpo")
+    authors = {"compute_hgpo_outcome_advantage": theirs_mod.core_hgpo,
+               "compute_gigpo_outcome_advantage": theirs_mod.core_gigpo,
+               "compute_grpo_outcome_advantage": theirs_mod.core_algos,
+               "compute_rloo_outcome_advantage": theirs_mod.core_algos}  # fmt: skip
+    for name, mod in authors.items():
+        assert _signature(getattr(mod, name)) == SIGNATURES[name], name
     checked = 0
     for case in CASES:
         x = authors_inputs(case)
