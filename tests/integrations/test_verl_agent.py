@@ -2,7 +2,7 @@
 
 Parity: the golden cases of ``tests/hgpo/data/verl_agent_golden.json`` (the authors' public code
 run on random batches, as published in float32 and with float32 replaced by float64) are fed
-through the same trainer glue the authors' functions get (``verl_agent_glue.py``) into OUR
+through the same trainer glue the authors' functions get (``benchmarks/verl_agent_glue.py``) into OUR
 functions with the authors' signatures:
 - float64 glue: every row equals the authors' float64 run to 1e-7 x max(1, |A|), except hgpo
   rows whose "A_k == 0" test is decided by rounding (as in tests/hgpo/test_verl_agent_golden.py);
@@ -25,10 +25,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from benchmarks.make_verl_agent_golden import case_batch, classify, ours, rounding_decided  # noqa: E402
+from benchmarks.verl_agent_glue import MODES, authors_inputs, call_ours  # noqa: E402
 from hgpo import compute_advantages, reference_config  # noqa: E402
 from hgpo.integrations import verl_agent as va  # noqa: E402
 from tests.integrations import verl_agent_live as live  # noqa: E402
-from tests.integrations.verl_agent_glue import MODES, authors_inputs, call_ours  # noqa: E402
 
 GOLDEN = json.loads(
     (Path(__file__).parents[1] / "hgpo" / "data" / "verl_agent_golden.json").read_text()
