@@ -108,7 +108,7 @@ def paper_case(n_steps: int, K: int, L: int, seed: int) -> dict[str, Any]:
     """An ALFWorld-like batch of ``n_steps`` steps in 16 groups of 8 trajectories, in the
     case format of make_verl_agent_golden.py."""
     rng = np.random.default_rng(seed)
-    n_traj = 16 * 8
+    n_traj = min(16 * 8, n_steps)
     lens = np.full(n_traj, n_steps // n_traj)
     lens[: n_steps - lens.sum()] += 1
     t = np.concatenate([np.arange(m) for m in lens])
@@ -116,7 +116,7 @@ def paper_case(n_steps: int, K: int, L: int, seed: int) -> dict[str, Any]:
     reward = np.zeros(n_steps)
     last = np.cumsum(lens) - 1
     reward[last] = 10.0 * (rng.random(n_traj) < 0.4)
-    resp_len = rng.integers(32, L + 1, n_steps)
+    resp_len = rng.integers(min(32, L), L + 1, n_steps)
     resp_len[0] = L
     return dict(estimator="hgpo", env="alfworld", K=K, gamma=0.95, alpha=1.0,
                 base_group=False, group=(traj // 8).tolist(), traj=traj.tolist(),
@@ -140,7 +140,13 @@ def _median_time(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for flag, value, lo in (("--steps", args.steps, 1), ("--K", args.K, 0),
+                            ("--response-length", args.response_length, 1),
+                            ("--repeat", args.repeat, 1)):  # fmt: skip
+        if value < lo:
+            parser.error(f"{flag}: must be >= {lo}, got {value}")
     if args.from_git is not None:
         write_ref_dir(args.from_git, args.commit, args.ref_dir)
     mods = load_reference(args.ref_dir)

@@ -1,9 +1,9 @@
 """hgpo.integrations.verl_agent: verl-agent's advantage signatures on the registry.
 
-Parity: the golden cases of ``tests/hgpo/data/verl_agent_golden.json`` (the authors' public code
-run on random batches, as published in float32 and with float32 replaced by float64) are fed
-through the same trainer glue the authors' functions get (``benchmarks/verl_agent_glue.py``) into OUR
-functions with the authors' signatures:
+Parity: the golden cases of ``tests/hgpo/data/verl_agent_golden.json`` (the authors' public
+code run on random batches, as published in float32 and with float32 replaced by float64) are
+fed through the same trainer glue the authors' functions get (``benchmarks/verl_agent_glue.py``)
+into OUR functions with the authors' signatures:
 - float64 glue: every row equals the authors' float64 run to 1e-7 x max(1, |A|), except hgpo
   rows whose "A_k == 0" test is decided by rounding (as in tests/hgpo/test_verl_agent_golden.py);
 - float32 glue (as published): every row that our exact path (compute_advantages on the case's
