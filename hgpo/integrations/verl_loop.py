@@ -430,24 +430,42 @@ def task_rows(
     ]
 
 
+def config_options(path: str) -> dict[str, Any]:
+    """The ``options`` of the :data:`AGENT_NAME` entry of verl agent-loop config ``path`` (the
+    file of ``rollout.agent.agent_loop_config_path``), so that the data and the loop agree."""
+    from omegaconf import OmegaConf
+
+    entries = [e for e in OmegaConf.load(path) if e.get("name") == AGENT_NAME]
+    if len(entries) != 1:
+        raise bad("--agent-loop-config", f"a file with one entry named {AGENT_NAME!r}", path)
+    return dict(OmegaConf.to_container(entries[0].get("options", {})) or {})
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m hgpo.integrations.verl_loop --env E --out-dir D --train N --val M``: writes
-    D/train.parquet (the first N training tasks) and D/test.parquet (the first M of the first
-    held-out split) for verl's ``data.train_files`` / ``data.val_files``."""
+    """``python -m hgpo.integrations.verl_loop --env E --out-dir D``: writes D/train.parquet (the
+    first ``--train`` training tasks, default all) and D/test.parquet (the first ``--val`` of
+    the first held-out split, default the benchmark's val_tasks) for verl's
+    ``data.train_files`` / ``data.val_files``."""
+    import os
+
     import pandas as pd
 
     p = argparse.ArgumentParser(prog="python -m hgpo.integrations.verl_loop")
     p.add_argument("--env", required=True, help='"alfworld", "webshop" or "toy:FAMILY:..."')
     p.add_argument("--out-dir", required=True)
-    p.add_argument("--train", type=int, required=True, help="training tasks (rows)")
-    p.add_argument("--val", type=int, required=True, help="held-out tasks (rows)")
+    p.add_argument("--train", type=int, default=0, help="training tasks (rows; 0: all)")
+    p.add_argument("--val", type=int, default=0, help="held-out tasks (rows; 0: val_tasks)")
+    p.add_argument("--agent-loop-config", default="", help="read the env options from it")
     a = p.parse_args(argv)
-    import os
-
+    options = config_options(a.agent_loop_config) if a.agent_loop_config else {}
+    cfg = loop_settings(a.env, options)
+    bench = benchmark(a.env)
+    val_split = bench.val_splits[0]
+    n_train = a.train or bench.split_size(cfg, TRAIN_SPLIT)
+    n_val = a.val or min(cfg.val_tasks, bench.split_size(cfg, val_split))
     os.makedirs(a.out_dir, exist_ok=True)
-    val_split = benchmark(a.env).val_splits[0]
-    for name, split, n in (("train", TRAIN_SPLIT, a.train), ("test", val_split, a.val)):
-        rows = task_rows(a.env, split, n)
+    for name, split, n in (("train", TRAIN_SPLIT, n_train), ("test", val_split, n_val)):
+        rows = task_rows(a.env, split, n, options)
         pd.DataFrame(rows).to_parquet(os.path.join(a.out_dir, f"{name}.parquet"))
         print(f"{name}: {len(rows)} tasks of {a.env} {split} -> {a.out_dir}/{name}.parquet")
 

@@ -324,7 +324,10 @@ def test_bad_settings_are_named_errors(tok):
 
 
 def test_task_rows_feed_the_loop(tmp_path):
-    vl.main(["--env", TOY, "--out-dir", str(tmp_path), "--train", "3", "--val", "2"])
+    yaml = Path(__file__).resolve().parents[2] / "examples" / "verl" / "hgpo_agent_loop.yaml"
+    assert vl.config_options(str(yaml))["history_length"] == 2
+    argv = ["--env", TOY, "--out-dir", str(tmp_path), "--train", "3", "--val", "2"]
+    vl.main([*argv, "--agent-loop-config", str(yaml)])
     import pandas as pd
 
     train, test = (pd.read_parquet(tmp_path / f"{n}.parquet") for n in ("train", "test"))
@@ -332,3 +335,91 @@ def test_task_rows_feed_the_loop(tmp_path):
     assert set(train["agent_name"]) == {vl.AGENT_NAME}
     specs = [vl.task_spec(e) for e in test["extra_info"]]
     assert specs == [vl.TaskSpec(TOY, "heldout", i) for i in range(2)]
+
+
+def test_verl_v1_worker_conversion_keeps_the_contract(tok):
+    """What verl 0.9.1's v1 worker does with a list of outputs before it stores them
+    (verl/trainer/ppo/v1/agent_loop_tq.py:183-203, 222-224: ``as_dict``, the row's kwargs,
+    ``list_of_dict_to_tensordict``; the store itself needs transfer_queue): the rows keep
+    their tokens, the episode return at the last response token, and the contract."""
+    import torch
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    kwargs = {"uid": "uid-0", "session_id": 1, "global_steps": 3}
+    outs = run_session(make_loop(tok, ScriptedServer(tok, plan_text)), TOY, "train", 0, "uid-0", 1)
+    fields = []
+    for out in outs:
+        field = out.as_dict()
+        field.update(kwargs)
+        field.pop("multi_modal_data", None)
+        field["loss_mask"] = field["response_mask"]
+        field["input_ids"] = torch.cat([field["prompts"], field["responses"]])
+        fields.append(field)
+    td = list_of_dict_to_tensordict(fields)
+    assert td.batch_size[0] == len(PLAN)
+    for i, out in enumerate(outs):
+        assert td["responses"][i].tolist() == out.response_ids
+        assert td["rm_scores"][i].tolist()[-1] == 10.0
+    cols = vl.metadata_columns(list(td["extra_fields"]))
+    assert list(cols["traj_uid"]) == ["uid-0_1"] * len(PLAN)
+    assert list(cols["step_index"]) == list(range(len(PLAN)))
+    assert list(cols["uid"]) == ["uid-0"] * len(PLAN)
+
+
+def test_verl_instantiates_the_loop_from_the_example_config(tok):
+    """As verl's worker does (agent_loop.py:534-539 loads agent_loop_config_path, 682-693
+    instantiates the entry with hydra): the example config's options reach the loop."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import ToolListWrap
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "verl" / "hgpo_agent_loop.yaml"
+    (entry,) = OmegaConf.load(path)
+    assert entry.name == vl.AGENT_NAME
+    base = make_loop(tok, ScriptedServer(tok))
+    loop = hydra.utils.instantiate(
+        config=entry,
+        trainer_config=DictConfigWrap(base.config),
+        server_manager=ScriptedServer(tok, plan_text),
+        tokenizer=tok,
+        processor=None,
+        hf_model_type=None,
+        dataset_cls=None,
+        data_config=DictConfigWrap(base.config.data),
+        tools=ToolListWrap([]),
+    )
+    assert isinstance(loop, vl.StepwiseAgentLoop)
+    assert loop.options["history_length"] == 2 and loop.generate_timeout_s == 1800
+    outs = run_session(loop, TOY, "train", 0, "u", 0)
+    assert [o.extra_fields["step_index"] for o in outs] == list(range(len(PLAN)))
+
+
+def test_example_script_composes_against_verls_config(tmp_path):
+    """The launch script, run with a stand-in python3 that records its arguments: its verl
+    overrides compose against verl's own ppo_trainer config (no unknown key), and give the
+    lengths, group size and agent-loop config the loop reads."""
+    import os
+    import subprocess
+
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    root = Path(__file__).resolve().parents[2]
+    script = root / "examples" / "verl" / "run_qwen2.5_1.5b_alfworld_hgpo.sh"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_DIR/$2"\n')
+    (fake / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "ARGS_DIR": str(tmp_path)}
+    env["HOME"] = str(tmp_path)
+    subprocess.run(["bash", str(script)], env=env, check=True, capture_output=True, timeout=60)
+    data_args = (tmp_path / "hgpo.integrations.verl_loop").read_text().splitlines()
+    assert data_args[data_args.index("--env") + 1] == "alfworld"
+    overrides = (tmp_path / "verl.trainer.main_ppo").read_text().splitlines()[2:]
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    rollout = cfg.actor_rollout_ref.rollout
+    assert cfg.trainer.use_v1 is True and cfg.algorithm.adv_estimator == "hgpo"
+    assert (rollout.prompt_length, rollout.response_length, rollout.n) == (4096, 512, 8)
+    assert Path(rollout.agent.agent_loop_config_path).is_file()
+    assert rollout.agent.default_agent_loop == vl.AGENT_NAME
