@@ -13,6 +13,7 @@ from agentenvs import BatchedEnv, BatchMemory, EpisodeMemory, ParsedAction
 from agentenvs.adapters import Benchmark
 from agentenvs.batched import require_snapshot
 from agentenvs.registry import benchmark
+from hgpo.options import check_int
 from hgpo.train.config import TrainConfig, TrainConfigError
 
 TRAIN_SPLIT = "train"
@@ -71,6 +72,28 @@ def _build_crashing(factory: Any, slots: set[int], at: int, how: str) -> Crashin
     return CrashingEnv(factory(), slots, at, how)
 
 
+class SlotBaseEnv:
+    """An env whose ``seed_slot(slot)`` passes ``base + slot`` on (else the wrapped env): the
+    envs of an :class:`EnvSet` built with ``slot_base`` draw their own random streams, as
+    slots ``base``, ``base + 1``, ... of one big batch would."""
+
+    def __init__(self, env: Any, base: int) -> None:
+        self._env, self._base = env, base
+
+    def seed_slot(self, slot: int) -> None:
+        if hasattr(self._env, "seed_slot"):
+            self._env.seed_slot(self._base + slot)
+
+    def __getattr__(self, name: str) -> Any:  # reset, step, snapshot, supports_snapshot, ...
+        if name.startswith("_"):  # (not set yet: unpickling)
+            raise AttributeError(name)
+        return getattr(self._env, name)
+
+
+def _build_slot_base(factory: Any, base: int) -> SlotBaseEnv:
+    return SlotBaseEnv(factory(), base)
+
+
 def val_splits(env: str) -> tuple[str, ...]:
     """Held-out splits of ``env``'s benchmark (``Benchmark.val_splits``): ALFWorld in
     (valid_seen) and out of distribution (valid_unseen); WebShop eval; a toy family its
@@ -122,13 +145,20 @@ def check_ray_capacity(cfg: TrainConfig, world: int = 1) -> None:
 
 class EnvSet:
     """One split of a benchmark as a :class:`BatchedEnv` of ``num_envs`` slots, with prompts
-    (the benchmark's adapter, :func:`agentenvs.registry.benchmark`, builds and reads them)."""
+    (the benchmark's adapter, :func:`agentenvs.registry.benchmark`, builds and reads them).
 
-    def __init__(self, cfg: TrainConfig, split: str, num_envs: int) -> None:
+    ``slot_base``: the slot number its first env is seeded with (``seed_slot``; an env with
+    randomness of its own, a toy POMDP with slip, draws its stream from it); 0 in the trainer,
+    where one EnvSet holds the whole batch. A set that plays one episode of a larger batch
+    (hgpo.integrations.verl_loop) gives each episode its own base."""
+
+    def __init__(self, cfg: TrainConfig, split: str, num_envs: int, slot_base: int = 0) -> None:
         self.cfg, self.split = cfg, split
         self.bench: Benchmark = benchmark(cfg.env)
         self.num_tasks = self.bench.split_size(cfg, split)
         factory = self.bench.factory(cfg, split)
+        if check_int("EnvSet: slot_base", slot_base, lo=0):
+            factory = functools.partial(_build_slot_base, factory, slot_base)
         if split == TRAIN_SPLIT and os.environ.get(CRASH_ENV):
             factory = _crashing(factory, os.environ[CRASH_ENV])
         self._env = BatchedEnv(
