@@ -62,7 +62,6 @@ from studies.backend import (
     run_tasks,
 )
 from studies.bias_variance_report import write_results
-from studies.branching_study import DEFAULT_BUDGETS, QUICK_BUDGETS, SchemeStudy, run_scheme_study
 from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
 from studies.compile_note import note_numba_compile
 from studies.io import (
@@ -72,6 +71,7 @@ from studies.io import (
     finished_dir,
     result_key,
 )
+from studies.scheme_study import DEFAULT_BUDGETS, QUICK_BUDGETS, SchemeStudy, run_scheme_study
 from studies.stages import parse_env, stage_policies
 from studies.tabular import evaluate_success
 
@@ -720,7 +720,7 @@ def _add_run_options(g: Any, p: argparse.ArgumentParser, d: StudyConfig) -> None
 
 
 def _add_scheme_options(p: argparse.ArgumentParser) -> None:
-    """Rollout schemes compared at equal env-step cost (studies/branching_study.py)."""
+    """Rollout schemes compared at equal env-step cost (studies/scheme_study.py)."""
     p.add_argument("--scheme", nargs="+", default=None,
                    help="compare rollout schemes at equal env-step cost instead (independent, "
                         "branch:uniform, branch:singleton, branch:hard, tree:D1,D2,...)")  # fmt: skip
@@ -769,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise bad(flag, "given with --scheme (it does nothing without one)",
                           getattr(a, name))  # fmt: skip
         cfg = StudyConfig(**kw)
-        if a.scheme:  # [branching] the rollout-scheme comparison, studies/branching_study.py
+        if a.scheme:  # [branching] the rollout-scheme comparison, studies/scheme_study.py
             return _scheme_main(p, a, cfg)
         check_out_dir(cfg.out)
         check_results_dir(Path(cfg.out), "bias_variance", study_settings(cfg), a.fresh, RESULTS)

@@ -71,7 +71,7 @@ from studies.tabular import expert_stages, neural_expert_stages
 from studies.tabular_ppo import PPOSettings, TabularPPO, ValueTable
 from studies.train_toy_report import write_results
 from studies.train_toy_settings import DEFAULT_SETTINGS, FULL_SETTINGS
-from toyenvs.branching import parse_scheme
+from toyenvs.branched_rollout import parse_scheme
 
 __all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
 
@@ -174,7 +174,7 @@ class TrainToyConfig:
     MSE of the estimator being trained and the cosine of its parameter gradient to dJ/dtheta
     (0: never)."""
     schemes: tuple[str, ...] = _grid(())
-    """Rollout schemes to compare (toyenvs/branching.py: independent, branch:uniform,
+    """Rollout schemes to compare (toyenvs/branched_rollout.py: independent, branch:uniform,
     branch:singleton, branch:hard, tree:D1,...): every (env, setting) runs under each, at a
     per-group env-step budget equal to what --rollouts independent rollouts of the current
     policy use (empty: today's independent rollouts, no scheme in the run key)."""

@@ -269,7 +269,7 @@ def test_the_walk_sees_top_level_in_function_type_checking_and_relative_imports(
 
 
 def test_layer_of_each_package():
-    assert [layer(m) for m in ("hgpo", "hgpo.batch", "hgpo.train", "hgpo.train.truth")] == [
+    assert [layer(m) for m in ("hgpo", "hgpo.batch", "hgpo.train", "hgpo.train.truth_monitor")] == [
         "core", "core", "train", "train",
     ]  # fmt: skip
     assert [layer(m) for m in ("toyenvs.truth", "agentenvs.alfworld.env", "studies.io")] == [

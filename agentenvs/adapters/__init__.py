@@ -10,7 +10,7 @@ The files are named ``<name>_bench.py`` so that none shares a name with the env 
 (``agentenvs/alfworld/``, ``agentenvs/webshop/``), the installed ``alfworld`` package, the
 top-level ``benchmarks/`` scripts or ``agentenvs/webshop/adapter.py``.
 
-The ``settings`` argument of the callables is a run's config (``hgpo.train.config.TrainConfig``
+The ``settings`` argument of the callables is a run's config (``hgpo.train.train_config.TrainConfig``
 or anything with the attributes the adapter reads, each listed by its ``Settings`` Protocol).
 """
 
@@ -56,7 +56,7 @@ class Benchmark:
     """Registry key (``BENCHMARKS[name]``); the ``--env`` value itself unless ``spec``."""
     defaults: Mapping[str, Any]
     """The paper's settings of this benchmark (max_steps, max_prompt_tokens, ...), applied
-    before a preset (by ``hgpo.train.config.resolve``)."""
+    before a preset (by ``hgpo.train.train_config.resolve``)."""
     val_splits: tuple[str, ...]
     """Held-out splits the trainer validates on."""
     split_size: Callable[[Any, str], int]
@@ -94,7 +94,7 @@ class Benchmark:
     snapshots: bool = True
     """Its envs snapshot and restore (branching rollouts)."""
     exact_truth: bool = False
-    """Its hidden states are known and enumerable (``--truth-every``, hgpo.train.truth)."""
+    """Its hidden states are known and enumerable (``--truth-every``, hgpo.train.truth_monitor)."""
     paper: bool = False
     """The paper ran it: the ``{name}-{size}-k{K}`` presets exist."""
     expert_plans: Callable[[Any, list[int]], list[list[str]]] | None = None

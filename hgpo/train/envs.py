@@ -13,7 +13,7 @@ from agentenvs import BatchedEnv, BatchMemory, EpisodeMemory, ParsedAction
 from agentenvs.adapters import Benchmark
 from agentenvs.batched import require_snapshot
 from agentenvs.registry import benchmark
-from hgpo.train.config import TrainConfig, TrainConfigError
+from hgpo.train.train_config import TrainConfig, TrainConfigError
 
 TRAIN_SPLIT = "train"
 
@@ -177,7 +177,7 @@ class EnvSet:
         """Step every slot that is not done with its action: (obs, rewards, dones, infos)."""
         return self._env.step(actions)
 
-    # -- snapshots (branched rollouts, hgpo.train.branching) -----------------------------------
+    # -- snapshots (branched rollouts, hgpo.train.branched_play) -----------------------------------
     def require_snapshot(self, where: str) -> None:
         """OptionError naming ``where`` and the env unless its envs snapshot and restore."""
         require_snapshot(self.cfg.env, self._env, where=where)

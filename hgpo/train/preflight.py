@@ -1,6 +1,6 @@
 """Checks a run needs before any heavy work: the run folder, the model, the device, the packages.
 
-Each failure is a :class:`~hgpo.train.config.TrainConfigError` whose one line names the field,
+Each failure is a :class:`~hgpo.train.train_config.TrainConfigError` whose one line names the field,
 the value and the fix; the CLI prints it and exits with 2 before a model is built.
 """
 
@@ -15,11 +15,11 @@ from typing import Protocol
 from agentenvs.registry import benchmark
 from hgpo.options import OptionError, bad, check_writable_dir
 from hgpo.train import checkpoint as ckpt
-from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, check_ray_capacity
 from hgpo.train.rundir import RESUMES_FILE, check_run_dir, flag_of, resume_changes
 from hgpo.train.tiny import tiny_config
-from hgpo.train.truth import check_truth_size
+from hgpo.train.train_config import TINY_MODEL, TrainConfig, TrainConfigError
+from hgpo.train.truth_monitor import check_truth_size
 
 log = logging.getLogger(__name__)
 

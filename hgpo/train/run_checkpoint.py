@@ -17,10 +17,10 @@ from typing import Any, Protocol
 
 from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
-from hgpo.train.config import TrainConfig, TrainConfigError
 from hgpo.train.lora import ADAPTER_DIR
 from hgpo.train.model import HF_MODEL_DIR, save_hf_model
 from hgpo.train.rundir import record_resume
+from hgpo.train.train_config import TrainConfig, TrainConfigError
 
 __all__ = ["load_run", "save_run", "set_lr"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hgpo.train import checkpoint as ckpt
-from hgpo.train.config import TrainConfig, TrainConfigError
+from hgpo.train.train_config import TrainConfig, TrainConfigError
 
 RUN_FILES = (
     "config.json", "metrics.jsonl", "resumes.jsonl", "checkpoints/", "tensorboard/",

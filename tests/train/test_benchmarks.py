@@ -206,9 +206,9 @@ def test_register_adds_a_benchmark_once_and_the_lookup_names_the_choices(monkeyp
 
 
 def test_a_registered_benchmark_runs_through_the_trainers_env_path(corridor):
-    from hgpo.train.config import resolve
     from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
-    from hgpo.train.rollout import candidate_actions
+    from hgpo.train.episodes import candidate_actions
+    from hgpo.train.train_config import resolve
     from hgpo.train.trainer import tiny_corpus
 
     cfg = resolve("corridor", "tiny", {"out_dir": "unused"})

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hgpo.train.config import (
+from hgpo.train.train_config import (
     PRESETS,
     SECTIONS,
     TrainConfig,
@@ -191,9 +191,7 @@ def test_import_hgpo_does_not_import_torch():
     import subprocess
     import sys
 
-    code = (
-        "import sys, hgpo, hgpo.train.config; assert 'torch' not in sys.modules, 'torch imported'"
-    )
+    code = "import sys, hgpo, hgpo.train.train_config; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

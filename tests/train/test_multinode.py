@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from hgpo.train.config import TrainConfig
-from hgpo.train.metrics import read_metrics
+from hgpo.train.run_metrics import read_metrics
+from hgpo.train.train_config import TrainConfig
 from studies import train_toy as tt
 from tests.train.conftest import run_cli
 

@@ -12,21 +12,29 @@ import typing
 
 import pytest
 
-from hgpo.train import branching, engines, loss, preflight, rollout, run_checkpoint, truth
-from hgpo.train.config import TrainConfig
+from hgpo.train import (
+    branched_play,
+    engines,
+    episodes,
+    loss,
+    preflight,
+    run_checkpoint,
+    truth_monitor,
+)
+from hgpo.train.train_config import TrainConfig
 
 SLICES = {
     # (module, qualified function name): its Protocol
     (loss, "ppo_loss"): loss.LossSettings,
     (engines, "ds_config"): engines.DeepSpeedSettings,
     (run_checkpoint, "load_run"): run_checkpoint.LoadRunSettings,
-    (truth, "truth_chain"): truth.TruthChainSettings,
-    (truth, "check_truth_size"): truth.TruthSizeSettings,
+    (truth_monitor, "truth_chain"): truth_monitor.TruthChainSettings,
+    (truth_monitor, "check_truth_size"): truth_monitor.TruthSizeSettings,
     (preflight, "check_model_shapes"): preflight.ModelShapeSettings,
     (preflight, "check_sizes"): preflight.SizeSettings,
-    (branching, "BranchPlan.from_config"): branching.BranchPlanSettings,
-    (rollout, "Play.training"): rollout.TrainingPlaySettings,
-    (rollout, "Play.validation"): rollout.ValidationPlaySettings,
+    (branched_play, "BranchPlan.from_config"): branched_play.BranchPlanSettings,
+    (episodes, "Play.training"): episodes.TrainingPlaySettings,
+    (episodes, "Play.validation"): episodes.ValidationPlaySettings,
 }
 BY_NAME = {name.rsplit(".", 1)[-1]: proto for (_, name), proto in SLICES.items()}
 

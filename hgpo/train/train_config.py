@@ -161,7 +161,7 @@ class TrainConfig:
     from visited steps at the same env-step budget: "branch:uniform", "branch:singleton" (steps
     whose level-K context group is still a singleton), "branch:hard" (steps of the level-K
     group whose return-to-go varies most), "tree:D1,D2,..." (at set depths). Needs an env with
-    snapshots (hgpo/train/branching.py, docs/branching.md); validation stays independent."""
+    snapshots (hgpo/train/branched_play.py, docs/branching.md); validation stays independent."""
     branch_budget: float = _rollout(0.5, lo=0, hi=1, lo_open=True)
     """Share of each group's env-step budget spent on branches (rollout_scheme other than
     "independent"): ceil((1 - share) x group_size) root episodes, then branches until the
@@ -259,7 +259,7 @@ class TrainConfig:
     tiny_arch: str = _tiny("qwen2", choices=TINY_ARCHS)
     """Architecture of the tiny model: "qwen2" or "qwen3" (with Qwen3's think tokens and chat
     template with its thinking switch)."""
-    # --- exact truth on toy environments (hgpo.train.truth) ----------------------------------------
+    # --- exact truth on toy environments (hgpo.train.truth_monitor) ----------------------------------------
     truth_every: int = _truth(0, lo=0, hi=MAX_ITERATIONS)
     """Every n iterations compute the exact V, Q, A* of the current LLM policy (toy env, action
     mode "score") and log every estimator's bias^2, variance, MSE, sign agreement and gradient
