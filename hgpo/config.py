@@ -7,14 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from hgpo.options import (
-    OptionError,
-    check_fields,
-    check_int,
-    field_choices,
-    field_docs,  # (re-exported: was defined here)
-    setting,
-)
+from hgpo.fields import check_fields, field_choices, field_docs, setting
+from hgpo.options import OptionError, check_int
 
 __all__ = ["MAX_K", "EstimatorConfig", "check_K", "field_docs", "reference_config"]
 

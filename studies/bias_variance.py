@@ -35,21 +35,23 @@ import numpy as np
 
 import toyenvs
 from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
-from hgpo.options import (
+from hgpo.fields import (
     FIELD_DEFAULT,
-    ArgumentParser,
     add_flags,
-    bad,
-    check_choice,
-    check_int,
-    check_number,
     field_bounds,
     field_choices,
     field_types,
     in_section,
-    parse_name_values,
     sections,
     setting,
+)
+from hgpo.options import (
+    ArgumentParser,
+    bad,
+    check_choice,
+    check_int,
+    check_number,
+    parse_name_values,
 )
 from studies import metrics as M
 from studies.backend import (
@@ -87,7 +89,7 @@ STUDY_ESTIMATORS = (
 ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0)
 
 
-# The --help sections of StudyConfig's flags (hgpo.options.setting); max_nodes and extra have
+# The --help sections of StudyConfig's flags (hgpo.fields.setting); max_nodes and extra have
 # no flag.
 _cells = in_section("cells (envs x K x stages) and what each measures")
 _policy = in_section("policy (a table or a network, and its imitation)")
@@ -203,7 +205,7 @@ def _check_stage(stage: str) -> None:
 
 
 def _check_settings(cfg: StudyConfig) -> None:
-    """Check each field by the bounds and choices it declares (hgpo.options.setting), each
+    """Check each field by the bounds and choices it declares (hgpo.fields.setting), each
     item of a list field alike, in declaration order, errors named by its flag; each stage."""
     bounds, choices = field_bounds(StudyConfig), field_choices(StudyConfig)
     for name, kind in field_types(StudyConfig).items():

@@ -41,18 +41,20 @@ import numpy as np
 import toyenvs
 from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
 from hgpo.config import field_docs
-from hgpo.options import (
+from hgpo.fields import (
     FIELD_DEFAULT,
-    ArgumentParser,
     add_flags,
-    bad,
-    check_choice,
-    check_int,
-    check_number,
     field_bounds,
     field_choices,
     field_types,
     in_section,
+)
+from hgpo.options import (
+    ArgumentParser,
+    bad,
+    check_choice,
+    check_int,
+    check_number,
     parse_name_values,
 )
 from studies.backend import BACKENDS, SweepError, Task, check_backend, run_tasks
@@ -95,7 +97,7 @@ NETWORK_EVALS = ("table", "visited")  # toyenvs.neural.EVALUATE, without importi
 TABULAR_MAX_K = 6
 """Deepest memory of a tabular run (the context table grows as |O|^(K + 1) |A|^K)."""
 
-# The --help sections of TrainToyConfig's flags (hgpo.options.setting).
+# The --help sections of TrainToyConfig's flags (hgpo.fields.setting).
 _grid = in_section("what to run")
 _rollout = in_section("rollouts")
 _train = in_section("training")
@@ -221,7 +223,7 @@ def _flag(name: str) -> str:
 
 
 def _check_settings(cfg: TrainToyConfig) -> None:
-    """Check each field by the bounds and choices it declares (hgpo.options.setting), in
+    """Check each field by the bounds and choices it declares (hgpo.fields.setting), in
     declaration order, errors named by its flag; each K of ``Ks`` in Ks' bounds; ``start``."""
     bounds, choices = field_bounds(TrainToyConfig), field_choices(TrainToyConfig)
     for name, kind in field_types(TrainToyConfig).items():

@@ -88,7 +88,7 @@ class Benchmark:
     corpus: Callable[[str], list[str]] = _no_text
     """(env string) -> text the tiny tokenizer of this env alone adds (before the rest)."""
     extras: tuple[str, ...] = ()
-    """The ``pip install -e '.[X]'`` extras it needs (names in ``hgpo.options.EXTRAS``)."""
+    """The ``pip install -e '.[X]'`` extras it needs (names in ``hgpo.extras.EXTRAS``)."""
     modules: tuple[str, ...] = ()
     """The modules the preflight check asks for (those of the extras the env imports)."""
     snapshots: bool = True

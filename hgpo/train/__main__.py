@@ -7,7 +7,7 @@ import os
 import sys
 
 from agentenvs.registry import benchmark
-from hgpo.options import exit_on_missing_extras
+from hgpo.extras import exit_on_missing_extras
 from hgpo.train.logs import configure_logging
 from hgpo.train.preflight import note_resume, validate_config
 from hgpo.train.train_config import TrainConfigError, parse_args

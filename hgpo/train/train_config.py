@@ -23,19 +23,9 @@ from agentenvs.ray_cluster import require_ray
 from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo.config import EstimatorConfig, reference_config
 from hgpo.estimators import ESTIMATORS
-from hgpo.options import (
-    ArgumentParser,
-    add_flags,
-    bad,
-    check_fields,
-    field_bounds,
-    field_types,
-    in_section,
-    parse_bool,
-    parse_name_values,
-    sections,
-)
-from hgpo.options import field_docs as dataclass_field_docs
+from hgpo.fields import add_flags, check_fields, field_bounds, field_types, in_section, sections
+from hgpo.fields import field_docs as dataclass_field_docs
+from hgpo.options import ArgumentParser, bad, parse_bool, parse_name_values
 from hgpo.schemes import Scheme, parse_scheme
 from hgpo.train.checkpoint import atomic_write_text
 from hgpo.train.tiny import ARCHS as TINY_ARCHS
@@ -65,7 +55,7 @@ MAX_ITERATIONS = 1_000_000
 """Cap of iterations and of every "every n iterations" field."""
 
 # TrainConfig's sections, in the class body's order (``--help`` shows one group each); each
-# field's bounds and choices are in its setting (hgpo.options.setting)
+# field's bounds and choices are in its setting (hgpo.fields.setting)
 _task = in_section("task and model")
 _estimator = in_section("estimator")
 _rollout = in_section("rollout")  # groups_per_iter x group_size per rank: capped in preflight
@@ -403,7 +393,7 @@ def parse_options(text: str, where: str = "--estimator-options") -> dict[str, An
 
 
 def _field_types() -> dict[str, Any]:
-    """TrainConfig's ``{field: type}`` (hgpo.options.field_types)."""
+    """TrainConfig's ``{field: type}`` (hgpo.fields.field_types)."""
     return field_types(TrainConfig)
 
 
