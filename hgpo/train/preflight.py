@@ -15,8 +15,14 @@ from typing import Protocol
 from agentenvs.registry import benchmark
 from hgpo.options import OptionError, bad, check_writable_dir
 from hgpo.train import checkpoint as ckpt
-from hgpo.train.envs import TRAIN_SPLIT, EnvSet, check_ray_capacity
-from hgpo.train.rundir import RESUMES_FILE, check_run_dir, flag_of, resume_changes
+from hgpo.train.envs import TRAIN_SPLIT, EnvSet, EnvSetSettings, check_ray_capacity
+from hgpo.train.rundir import (
+    RESUMES_FILE,
+    RunDirSettings,
+    check_run_dir,
+    flag_of,
+    resume_changes,
+)
 from hgpo.train.tiny import tiny_config
 from hgpo.train.train_config import TINY_MODEL, TrainConfig, TrainConfigError
 from hgpo.train.truth_monitor import check_truth_size
@@ -193,7 +199,13 @@ def check_sizes(cfg: SizeSettings) -> None:
         )
 
 
-def check_snapshots(cfg: TrainConfig) -> None:
+class SnapshotSettings(EnvSetSettings, Protocol):
+    """The settings :func:`check_snapshots` reads (and hands to the :class:`EnvSet` it builds)."""
+
+    rollout_scheme: str
+
+
+def check_snapshots(cfg: SnapshotSettings) -> None:
     """A branching ``rollout_scheme`` needs training envs that snapshot and restore: asked of
     one env of the training split (built in a worker, before any model)."""
     where = f"TrainConfig.env (rollout_scheme={cfg.rollout_scheme!r})"
@@ -254,7 +266,7 @@ def check_device(device: str) -> None:
         )
 
 
-def note_resume(cfg: TrainConfig) -> str | None:
+def note_resume(cfg: RunDirSettings) -> str | None:
     """The line to print when ``--resume`` finds no checkpoint (the run then starts afresh),
     or changes settings that may change (each one, and where it is recorded)."""
     root = Path(cfg.out_dir) / "checkpoints"
