@@ -97,6 +97,9 @@ class Benchmark:
     """Its hidden states are known and enumerable (``--truth-every``, hgpo.train.truth_monitor)."""
     paper: bool = False
     """The paper ran it: the ``{name}-{size}-k{K}`` presets exist."""
+    reference_profile: str | None = None
+    """The verl-agent recipe its ``--reference-options`` reproduce: a key of
+    ``hgpo.config.REFERENCE_PROFILES`` (None: the reference has no recipe for it)."""
     expert_plans: Callable[[Any, list[int]], list[list[str]]] | None = None
     """(settings, training task ids) -> the scripted expert's actions of each (warm start)."""
     preflight: Callable[[Any], str | None] = field(default=_no_problem)

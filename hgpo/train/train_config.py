@@ -21,7 +21,7 @@ from typing import Any
 from agentenvs.adapters.toy_bench import is_toy  # noqa: F401 (re-exported: was defined here)
 from agentenvs.ray_cluster import require_ray
 from agentenvs.registry import BENCHMARKS, benchmark
-from hgpo.config import EstimatorConfig, reference_config
+from hgpo.config import REFERENCE_ESTIMATORS, EstimatorConfig, reference_config
 from hgpo.estimators import ESTIMATORS
 from hgpo.fields import add_flags, check_fields, field_bounds, field_types, in_section, sections
 from hgpo.fields import field_docs as dataclass_field_docs
@@ -341,14 +341,20 @@ class TrainConfig:
         """The EstimatorConfig of this run: paper (or reference) options, K, gamma, overrides."""
         base = EstimatorConfig()
         if self.reference_options:
-            try:  # each estimator's own preset (rloo: norm=mean, std=sample; ...)
-                base = reference_config(self.estimator, env=self.env)
-            except ValueError:
+            if self.estimator not in REFERENCE_ESTIMATORS:  # (rloo: norm=mean, std=sample; ...)
                 raise ValueError(
                     f"TrainConfig.reference_options: estimator {self.estimator!r} has no "
                     "reference preset (hgpo.reference_config); drop --reference-options or "
                     "give its options with --estimator-options"
-                ) from None
+                )
+            profile = benchmark(self.env).reference_profile
+            if profile is None:
+                raise ValueError(
+                    f"TrainConfig.reference_options: --env {self.env!r} has no verl-agent "
+                    "reference profile (hgpo.config.REFERENCE_PROFILES); drop "
+                    "--reference-options or give the options with --estimator-options"
+                )
+            base = reference_config(self.estimator, env=profile)
         try:
             opts = parse_options(self.estimator_options)
             return base.replace(K=self.history_length, gamma=self.gamma, **opts)
