@@ -1,7 +1,8 @@
 """Joining a Ray cluster, for the studies' sweeps and the environment actors (optional extra).
 
-Ray is optional: this module imports it only inside its functions, and a missing install names
-the command that adds it (``pip install 'hgpo[ray]'``). Where the cluster is:
+Ray is optional: this module imports it only inside its functions, and a missing install gets
+the project's one missing-extra message (:func:`hgpo.extras.require_extras`: ``<where> needs
+ray (the [ray] extra); install it with pip install -e ".[ray]"``). Where the cluster is:
 
 - an address ``host:port`` (a ``ray start --head`` node's GCS port, 6379 by default) or
   ``ray://host:port`` (Ray Client): join that cluster;
@@ -24,36 +25,31 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
-from hgpo.options import OptionError, bad, installed
+from hgpo.extras import MissingExtraError, missing_extras_message, require_extras
+from hgpo.options import OptionError, bad
 
-__all__ = [
-    "RAY_INSTALL", "check_address", "ensure_ray", "import_ray", "ray_session", "require_ray",
-]  # fmt: skip
+__all__ = ["check_address", "ensure_ray", "import_ray", "ray_session", "require_ray"]
 
-RAY_INSTALL = "pip install 'hgpo[ray]'"
-"""The command that installs the optional Ray dependency (the ``[ray]`` extra: ray>=2.9,<3)."""
 CLIENT_PORT = 10001
 """Ray Client's default port, for ``ray://host`` without one."""
 
 
 def import_ray(where: str) -> ModuleType:
-    """The ``ray`` module, or an :class:`OptionError` naming ``where`` and the install command."""
+    """The ``ray`` module, or a :class:`hgpo.extras.MissingExtraError` (an OptionError) naming
+    ``where`` and the install command; a Ray that is there but fails to import says why too."""
+    require_ray(where)
     try:
         import ray
     except ImportError as e:
-        raise OptionError(
-            f"{where}: needs Ray, which is not installed ({e}); install it with: {RAY_INSTALL}"
-        ) from None
+        message = missing_extras_message(where, {"ray": ("ray",)})
+        raise MissingExtraError(f"{message} (importing it failed: {e})") from None
     return ray
 
 
 def require_ray(where: str) -> None:
     """Fail (naming ``where`` and the install command) unless Ray is installed; cheap: it does
     not import Ray, so configs can check it before any heavy work."""
-    if not installed("ray"):
-        raise OptionError(
-            f"{where}: needs Ray, which is not installed; install it with: {RAY_INSTALL}"
-        )
+    require_extras(where, "ray")
 
 
 def resolve_address(address: str) -> str:

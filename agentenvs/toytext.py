@@ -18,7 +18,7 @@ WebShop (:class:`agentenvs.batched.BatchedEnv`, one :class:`ToyTextEnv` per slot
 The dynamics are toyenvs' exactly: a slot seeded with ``s`` draws its slip outcomes from
 ``numpy.random.default_rng(s)`` the way :class:`toyenvs.POMDPEnv` does after ``reset(seed=s)``.
 Because the prompt is a function of (t, the K-step context of observation and action ids), the
-trainer can compute the exact advantage of the LLM policy itself (:mod:`hgpo.train.truth`).
+trainer can compute the exact advantage of the LLM policy itself (:mod:`hgpo.train.truth_monitor`).
 
 Snapshots (branching rollouts): :meth:`ToyTextEnv.snapshot` holds the hidden state, the step
 count and the last observation and info, not the random stream. A restore opens a fresh

@@ -39,10 +39,10 @@ from numba import njit
 
 import toyenvs
 from hgpo.batch import StepBatch, _parented_starts, _trajectory_starts
-from hgpo.branching import branch_layout
+from hgpo.branched_batch import branch_layout
 from hgpo.options import ArgumentParser
 from studies.train_toy import TrainToyConfig, run_one
-from toyenvs.branching import SCHEMES, branch_arrays, parse_scheme
+from toyenvs.branched_rollout import SCHEMES, branch_arrays, parse_scheme
 from toyenvs.rollout import alloc_buffers, rollout_arrays
 
 
@@ -361,7 +361,7 @@ def bench_branching_fit(K: int, rounds: int, groups: int = 64, steps: int = 200)
 @njit(cache=True)
 def _compiled_checks(step, traj, group, parent, state):
     """(diagnosis for ``--checks``, not used by the product) The checks a branched StepBatch
-    makes in numpy (``hgpo.batch._parented_starts`` and ``hgpo.branching.branch_layout``, on
+    makes in numpy (``hgpo.batch._parented_starts`` and ``hgpo.branched_batch.branch_layout``, on
     a batch whose trajectory ids are 0..n-1 in order and whose branches start at or after
     their parent's first own step, as every rollout kernel writes them) in one compiled
     pass. Returns (trajectory starts, their number, fault): fault 0 when every check holds."""

@@ -39,8 +39,8 @@ from typing import Any
 from hgpo import ESTIMATORS
 from hgpo.options import ArgumentParser
 from hgpo.train import dist
-from hgpo.train.config import resolve
 from hgpo.train.tiny import tiny_model, train_tokenizer
+from hgpo.train.train_config import resolve
 
 
 def _peak_mem_gib(cuda: bool) -> float:

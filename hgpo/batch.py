@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.branching import BranchLayout, bad_parent_change, branch_layout
+from hgpo.branched_batch import BranchLayout, bad_parent_change, branch_layout
 
 __all__ = ["StateIndexer", "StepBatch", "state_ids"]
 
@@ -97,7 +97,7 @@ def _parented_starts(
     step: np.ndarray, traj: np.ndarray, group: np.ndarray, parent: np.ndarray
 ) -> np.ndarray:
     """[branching] int64 first row of each trajectory of a batch with a parent column: where
-    the trajectory id changes (a branch starts after step 0, see hgpo/branching.py). Every
+    the trajectory id changes (a branch starts after step 0, see hgpo/branched_batch.py). Every
     other row steps by one and keeps the group and the parent pointer of the row before it:
     one combined pass; the error path names the first fault as the separate checks would."""
     new = traj[1:] != traj[:-1]
@@ -159,10 +159,10 @@ class StepBatch:
             :func:`state_ids` turns strings or arrays into keys).
         action: int64[n] or None, key of the action a_t (used when context keys include actions).
         invalid: bool[n] or None, True where a_t was invalid (no tag, unparseable, inadmissible).
-        parent: int64[n] or None, branched batches only (see :mod:`hgpo.branching`): the traj
+        parent: int64[n] or None, branched batches only (see :mod:`hgpo.branched_batch`): the traj
             id of the trajectory this one branches from, -1 for a root. A branch's rows start at
             its branch step b (not 0) and its steps 0..b-1 are its parent's.
-        branches: derived, the :class:`hgpo.branching.BranchLayout` of a batch with at least
+        branches: derived, the :class:`hgpo.branched_batch.BranchLayout` of a batch with at least
             one branch, else None (then every computation takes the unbranched path).
 
     Raises:
@@ -177,7 +177,7 @@ class StepBatch:
     state: np.ndarray
     action: np.ndarray | None = None
     invalid: np.ndarray | None = None
-    parent: np.ndarray | None = None  # [branching] hgpo/branching.py
+    parent: np.ndarray | None = None  # [branching] hgpo/branched_batch.py
     # Derived segment layout, filled in __post_init__.
     traj_start: np.ndarray = field(init=False, repr=False)  # int64[n_traj] first row of each traj
     traj_len: np.ndarray = field(init=False, repr=False)  # int64[n_traj]
@@ -205,7 +205,7 @@ class StepBatch:
         set_(self, "reward", reward)
         if self.action is not None:
             set_(self, "action", _as_int_array("action", self.action))
-        # [branching] checked with the trajectories (hgpo/branching.py: branch_layout)
+        # [branching] checked with the trajectories (hgpo/branched_batch.py: branch_layout)
         if self.parent is not None:
             set_(self, "parent", _as_int_array("parent", self.parent))
         if self.invalid is not None:

@@ -4,7 +4,7 @@ cosine and relative error against the exact gradient. Pure numpy.
 
 Their inputs are arrays (estimates, true advantages, the policy's table pi(. | c), an exact
 gradient), wherever the truth comes from: ``toyenvs.exact_ground_truth`` for the toy POMDPs, the
-LLM policy's exact chain in ``hgpo.train.truth``. They need nothing but numpy, so they sit in the
+LLM policy's exact chain in ``hgpo.train.truth_monitor``. They need nothing but numpy, so they sit in the
 lowest layer, where the trainer and the studies (``studies.metrics`` re-exports them) both
 reach them without loading an environment.
 

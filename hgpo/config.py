@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
-from hgpo.options import (
-    OptionError,
-    check_fields,
-    check_int,
-    field_choices,
-    field_docs,  # (re-exported: was defined here)
-    setting,
-)
+from hgpo.fields import check_fields, field_choices, field_docs, setting
+from hgpo.options import OptionError, check_int
 
-__all__ = ["MAX_K", "EstimatorConfig", "check_K", "field_docs", "reference_config"]
+__all__ = [
+    "MAX_K", "REFERENCE_ESTIMATORS", "REFERENCE_PROFILES", "REFERENCE_TERMS", "EstimatorConfig",
+    "check_K", "field_docs", "reference_config",
+]  # fmt: skip
 
 MAX_K = 256
 """Deepest hierarchy allowed. Levels past the longest trajectory only repeat (or, with
@@ -137,10 +136,55 @@ CHOICES = field_choices(EstimatorConfig)
 settings)."""
 
 
+REFERENCE_PROFILES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "alfworld": MappingProxyType({"norm": "mean_std"}),
+        "webshop": MappingProxyType({"norm": "mean"}),
+    }
+)
+"""verl-agent's per-benchmark estimator settings, by *reference profile*: the benchmark whose
+verl-agent recipe a run reproduces (``recipe/hgpo/*.sh``: ALFWorld normalises by the group
+std, WebShop by the mean only). Data about the reference code, not a branch on our
+benchmarks: the core knows the profiles and no benchmark; a benchmark adapter names the
+profile it follows (``agentenvs.adapters.Benchmark.reference_profile``; a toy env follows
+none), and the trainer passes that name as ``reference_config(..., env=profile)``."""
+
+REFERENCE_TERMS: Mapping[str, Any] = MappingProxyType(
+    dict(
+        penalty_mode="after_discount",
+        episode_pooling="steps",
+        episode_std="sample",
+        episode_singleton="raw",
+    )
+)
+"""The options every estimator of the reference shares (after the profile's)."""
+
+_HGPO_REFERENCE = MappingProxyType(
+    dict(std="population", early="drop", weight_offset=2.0, weight_eps=1e-6, zero_rule="value")
+)
+REFERENCE_ESTIMATORS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        **dict.fromkeys(
+            ("hgpo", "hgpo-uniform", "hgpo-nohog2", "oracle", "stepwise"), _HGPO_REFERENCE
+        ),
+        "gigpo": MappingProxyType({"std": "sample"}),
+        "grpo": MappingProxyType({"std": "sample"}),
+        # verl's compute_rloo_outcome_advantage never divides by a std, whatever the env.
+        "rloo": MappingProxyType({"std": "sample", "norm": "mean"}),
+    }
+)
+"""Each estimator's own options in the reference (applied last: rloo's norm wins over the
+profile's)."""
+
+
 def reference_config(
     estimator: str = "hgpo", env: str = "alfworld", **overrides: Any
 ) -> EstimatorConfig:
     """Options that reproduce the authors' public implementation (verl-agent).
+
+    ``env`` is the reference profile (:data:`REFERENCE_PROFILES`: "alfworld" or "webshop"),
+    the options are the profile's, then :data:`REFERENCE_TERMS`, then the estimator's
+    (:data:`REFERENCE_ESTIMATORS`), then ``overrides``:
 
     hgpo (``recipe/hgpo/core_hgpo.py``): early steps dropped from deeper levels, levels counted
     from 1 (weights (k + 2)^alpha), population std, eps added to the weight sum, the invalid
@@ -150,7 +194,7 @@ def reference_config(
     episode group passes through, step groups by the raw observation.
     grpo / rloo (verl-agent's ``verl/trainer/ppo/core_algos.py``): step rows pooled, sample
     std, a one-row group passes through; rloo never divides by a std (mode "mean" always).
-    Mode: "mean_std" on ALFWorld, "mean" on WebShop.
+    Mode: "mean_std" on ALFWorld, "mean" on WebShop (the profiles).
 
     Checked by running that code (zzj1111/alfworldauto at 51c1a039, the HGPO authors' recipe)
     next to ours on 2,000 random batches per estimator: every row agrees with its float32
@@ -159,24 +203,12 @@ def reference_config(
     by rounding may follow either run. ``benchmarks/make_verl_agent_golden.py`` does the check;
     ``tests/hgpo/test_verl_agent_golden.py`` replays its frozen outputs.
     """
-    if env not in ("alfworld", "webshop"):
-        raise ValueError(f"reference_config: env must be 'alfworld' or 'webshop', got {env!r}")
-    common: dict[str, Any] = dict(
-        norm="mean_std" if env == "alfworld" else "mean",
-        penalty_mode="after_discount",
-        episode_pooling="steps",
-        episode_std="sample",
-        episode_singleton="raw",
-    )
-    if estimator in ("hgpo", "hgpo-uniform", "hgpo-nohog2", "oracle", "stepwise"):
-        common.update(
-            std="population", early="drop", weight_offset=2.0, weight_eps=1e-6, zero_rule="value"
-        )
-    elif estimator in ("gigpo", "grpo"):
-        common.update(std="sample")
-    elif estimator == "rloo":
-        # verl's compute_rloo_outcome_advantage never divides by a std, whatever the env.
-        common.update(std="sample", norm="mean")
-    else:
+    profile = REFERENCE_PROFILES.get(env)
+    if profile is None:
+        names = " or ".join(repr(name) for name in REFERENCE_PROFILES)
+        raise ValueError(f"reference_config: env must be {names}, got {env!r}")
+    own = REFERENCE_ESTIMATORS.get(estimator)
+    if own is None:
         raise ValueError(f"reference_config: no reference preset for estimator {estimator!r}")
-    return EstimatorConfig.from_options(**{**common, **overrides})
+    options = {**profile, **REFERENCE_TERMS, **own, **overrides}
+    return EstimatorConfig.from_options(**options)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hgpo.batch import StepBatch
-from hgpo.branching import lookback_rows
+from hgpo.branched_batch import lookback_rows
 from hgpo.config import CHOICES, check_K
 from hgpo.groups import dense_rank, segment_normalise
 from hgpo.options import check_bool, check_choice, check_int, check_number

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hgpo.batch import StepBatch
-from hgpo.branching import virtual_episode_returns
+from hgpo.branched_batch import virtual_episode_returns
 from hgpo.options import OptionError, check_number
 
 __all__ = [

@@ -2,7 +2,7 @@
 parsed and checked into a small :class:`Scheme`, before any rollout.
 
 How each scheme draws its branch points, per rollout group at a budget of env steps, is the
-rollout's business (``toyenvs.branching`` for the toy POMDPs, ``hgpo.train.branching`` for the
+rollout's business (``toyenvs.branched_rollout`` for the toy POMDPs, ``hgpo.train.branched_play`` for the
 trainer, see docs/branching.md); this module holds only the names and the checks, so that a
 config can name a scheme without loading either.
 """

@@ -35,21 +35,23 @@ import numpy as np
 
 import toyenvs
 from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
-from hgpo.options import (
+from hgpo.fields import (
     FIELD_DEFAULT,
-    ArgumentParser,
     add_flags,
-    bad,
-    check_choice,
-    check_int,
-    check_number,
     field_bounds,
     field_choices,
     field_types,
     in_section,
-    parse_name_values,
     sections,
     setting,
+)
+from hgpo.options import (
+    ArgumentParser,
+    bad,
+    check_choice,
+    check_int,
+    check_number,
+    parse_name_values,
 )
 from studies import metrics as M
 from studies.backend import (
@@ -62,7 +64,6 @@ from studies.backend import (
     run_tasks,
 )
 from studies.bias_variance_report import write_results
-from studies.branching_study import DEFAULT_BUDGETS, QUICK_BUDGETS, SchemeStudy, run_scheme_study
 from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
 from studies.compile_note import note_numba_compile
 from studies.io import (
@@ -72,6 +73,7 @@ from studies.io import (
     finished_dir,
     result_key,
 )
+from studies.scheme_study import DEFAULT_BUDGETS, QUICK_BUDGETS, SchemeStudy, run_scheme_study
 from studies.stages import parse_env, stage_policies
 from studies.tabular import evaluate_success
 
@@ -87,7 +89,7 @@ STUDY_ESTIMATORS = (
 ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0)
 
 
-# The --help sections of StudyConfig's flags (hgpo.options.setting); max_nodes and extra have
+# The --help sections of StudyConfig's flags (hgpo.fields.setting); max_nodes and extra have
 # no flag.
 _cells = in_section("cells (envs x K x stages) and what each measures")
 _policy = in_section("policy (a table or a network, and its imitation)")
@@ -203,7 +205,7 @@ def _check_stage(stage: str) -> None:
 
 
 def _check_settings(cfg: StudyConfig) -> None:
-    """Check each field by the bounds and choices it declares (hgpo.options.setting), each
+    """Check each field by the bounds and choices it declares (hgpo.fields.setting), each
     item of a list field alike, in declaration order, errors named by its flag; each stage."""
     bounds, choices = field_bounds(StudyConfig), field_choices(StudyConfig)
     for name, kind in field_types(StudyConfig).items():
@@ -720,7 +722,7 @@ def _add_run_options(g: Any, p: argparse.ArgumentParser, d: StudyConfig) -> None
 
 
 def _add_scheme_options(p: argparse.ArgumentParser) -> None:
-    """Rollout schemes compared at equal env-step cost (studies/branching_study.py)."""
+    """Rollout schemes compared at equal env-step cost (studies/scheme_study.py)."""
     p.add_argument("--scheme", nargs="+", default=None,
                    help="compare rollout schemes at equal env-step cost instead (independent, "
                         "branch:uniform, branch:singleton, branch:hard, tree:D1,D2,...)")  # fmt: skip
@@ -769,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise bad(flag, "given with --scheme (it does nothing without one)",
                           getattr(a, name))  # fmt: skip
         cfg = StudyConfig(**kw)
-        if a.scheme:  # [branching] the rollout-scheme comparison, studies/branching_study.py
+        if a.scheme:  # [branching] the rollout-scheme comparison, studies/scheme_study.py
             return _scheme_main(p, a, cfg)
         check_out_dir(cfg.out)
         check_results_dir(Path(cfg.out), "bias_variance", study_settings(cfg), a.fresh, RESULTS)

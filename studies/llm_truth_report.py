@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from hgpo.options import ArgumentParser, check_writable_dir
-from hgpo.train.metrics import read_metrics
+from hgpo.train.run_metrics import read_metrics
 from studies.metrics import mean_ci
 
 METRICS = ("bias2", "variance", "mse", "mse_all", "sign", "grad_cos")

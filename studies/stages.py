@@ -1,6 +1,6 @@
 """The environments and the policies of the studies' cells: ``--envs`` specs ("keydoor:size=5")
 and ``--stages`` ("untrained", a success target, a snapshot file), shared by
-:mod:`studies.bias_variance` (which re-exports :func:`parse_env`), :mod:`studies.branching_study`
+:mod:`studies.bias_variance` (which re-exports :func:`parse_env`), :mod:`studies.scheme_study`
 and :mod:`studies.train_toy`.
 """
 

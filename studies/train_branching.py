@@ -34,12 +34,12 @@ import numpy as np
 from scipy import stats
 
 from hgpo.options import ArgumentParser, bad, check_int, check_number
-from hgpo.train.config import build_parser
-from hgpo.train.metrics import read_metrics
+from hgpo.train.run_metrics import read_metrics
+from hgpo.train.train_config import build_parser
 from studies.backend import set_parent_death_signal
 from studies.cli import check_out_dir
 from studies.io import result_key
-from toyenvs.branching import parse_scheme
+from toyenvs.branched_rollout import parse_scheme
 
 
 @dataclass(frozen=True)

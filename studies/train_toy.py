@@ -41,18 +41,20 @@ import numpy as np
 import toyenvs
 from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
 from hgpo.config import field_docs
-from hgpo.options import (
+from hgpo.fields import (
     FIELD_DEFAULT,
-    ArgumentParser,
     add_flags,
-    bad,
-    check_choice,
-    check_int,
-    check_number,
     field_bounds,
     field_choices,
     field_types,
     in_section,
+)
+from hgpo.options import (
+    ArgumentParser,
+    bad,
+    check_choice,
+    check_int,
+    check_number,
     parse_name_values,
 )
 from studies.backend import BACKENDS, SweepError, Task, check_backend, run_tasks
@@ -71,7 +73,7 @@ from studies.tabular import expert_stages, neural_expert_stages
 from studies.tabular_ppo import PPOSettings, TabularPPO, ValueTable
 from studies.train_toy_report import write_results
 from studies.train_toy_settings import DEFAULT_SETTINGS, FULL_SETTINGS
-from toyenvs.branching import parse_scheme
+from toyenvs.branched_rollout import parse_scheme
 
 __all__ = ["TrainToyConfig", "main", "parse_setting", "run_one", "run_study", "split_env"]
 
@@ -95,7 +97,7 @@ NETWORK_EVALS = ("table", "visited")  # toyenvs.neural.EVALUATE, without importi
 TABULAR_MAX_K = 6
 """Deepest memory of a tabular run (the context table grows as |O|^(K + 1) |A|^K)."""
 
-# The --help sections of TrainToyConfig's flags (hgpo.options.setting).
+# The --help sections of TrainToyConfig's flags (hgpo.fields.setting).
 _grid = in_section("what to run")
 _rollout = in_section("rollouts")
 _train = in_section("training")
@@ -174,7 +176,7 @@ class TrainToyConfig:
     MSE of the estimator being trained and the cosine of its parameter gradient to dJ/dtheta
     (0: never)."""
     schemes: tuple[str, ...] = _grid(())
-    """Rollout schemes to compare (toyenvs/branching.py: independent, branch:uniform,
+    """Rollout schemes to compare (toyenvs/branched_rollout.py: independent, branch:uniform,
     branch:singleton, branch:hard, tree:D1,...): every (env, setting) runs under each, at a
     per-group env-step budget equal to what --rollouts independent rollouts of the current
     policy use (empty: today's independent rollouts, no scheme in the run key)."""
@@ -221,7 +223,7 @@ def _flag(name: str) -> str:
 
 
 def _check_settings(cfg: TrainToyConfig) -> None:
-    """Check each field by the bounds and choices it declares (hgpo.options.setting), in
+    """Check each field by the bounds and choices it declares (hgpo.fields.setting), in
     declaration order, errors named by its flag; each K of ``Ks`` in Ks' bounds; ``start``."""
     bounds, choices = field_bounds(TrainToyConfig), field_choices(TrainToyConfig)
     for name, kind in field_types(TrainToyConfig).items():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hgpo.options import EXTRAS, MissingExtraError, installed, require_extras
+from hgpo.extras import EXTRAS, MissingExtraError, installed, require_extras
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,7 +108,7 @@ def test_importing_the_alfworld_engine_without_the_extra_names_it():
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
     assert last == (
-        "hgpo.options.MissingExtraError: the ALFWorld engine (agentenvs.alfworld.engine) needs "
+        "hgpo.extras.MissingExtraError: the ALFWorld engine (agentenvs.alfworld.engine) needs "
         'fast_downward (the [alfworld] extra); install it with pip install -e ".[alfworld]"'
     )
 
@@ -119,4 +119,27 @@ def test_the_warm_start_names_the_missing_extras(tmp_path):
     assert _one_line(r) == (
         "error: python -m hgpo.train.warmstart --env webshop needs torch (the [llm] extra) and "
         'bm25s (the [webshop] extra); install them with pip install -e ".[llm,webshop]"'
+    )
+
+
+def test_ray_missing_has_the_one_missing_extra_message(monkeypatch):
+    from agentenvs.ray_cluster import import_ray, require_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # importing ray fails, find_spec says so
+    with pytest.raises(MissingExtraError) as want:
+        require_extras("--backend ray", "ray")
+    for check in (import_ray, require_ray):
+        with pytest.raises(MissingExtraError) as got:
+            check("--backend ray")
+        assert str(got.value) == str(want.value)
+    assert str(want.value) == (
+        '--backend ray needs ray (the [ray] extra); install it with pip install -e ".[ray]"'
+    )
+
+
+def test_the_study_names_the_missing_ray():
+    r = _without("ray", "studies.train_toy", "--backend", "ray", "--out", "unused")
+    assert _one_line(r) == (
+        "python -m studies.train_toy: error: --backend ray needs ray (the [ray] extra); install "
+        'it with pip install -e ".[ray]" (see --help)'
     )

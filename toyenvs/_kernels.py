@@ -16,7 +16,7 @@ The kernels live in one module per topic, and every name is importable from here
 - :mod:`toyenvs._chain`: the exact (hidden state, context) chain and the reachable contexts;
 - :mod:`toyenvs._rollout_kernel`: the unbranched rollout (``rollout_kernel_fast``).
 
-The branched rollout's kernels are in :mod:`toyenvs.branching`.
+The branched rollout's kernels are in :mod:`toyenvs.branched_rollout`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from hgpo.batch import StepBatch
 from hgpo.options import bad, check_int, check_number
 from toyenvs import _kernels as kn
 from toyenvs._kernels import SEED_MAX
-from toyenvs.branching import branched_rollout, check_budget, parse_scheme
+from toyenvs.branched_rollout import branched_rollout, check_budget, parse_scheme
 from toyenvs.core import INVALID_PENALTY, POMDP, check_tasks
 from toyenvs.policy import TabularPolicy
 
@@ -162,7 +162,7 @@ def rollout(
         seed: non-negative; trajectory g * N + j draws from the stream (seed, g * N + j), so the
             same seed gives the same batch bit for bit.
 
-        scheme, steps, branch_budget: a branching scheme (``toyenvs/branching.py``):
+        scheme, steps, branch_budget: a branching scheme (``toyenvs/branched_rollout.py``):
             "independent", "branch:uniform", "branch:singleton", "branch:hard" or "tree:D1,..."
             with ``steps`` env steps per group, the share ``branch_budget`` of them on branches.
             The batch is then branched (``StepBatch.parent``); ``n_rollouts`` is unused.
@@ -173,7 +173,7 @@ def rollout(
     tasks = check_tasks(env, tasks)
     _check_common(env, pol, n_rollouts, seed)
     check_number("branch_budget", branch_budget, lo=0.0, hi=1.0, lo_open=True)
-    if scheme != "independent" or steps is not None:  # [branching] toyenvs/branching.py
+    if scheme != "independent" or steps is not None:  # [branching] toyenvs/branched_rollout.py
         return _branched(env, pol, tasks, int(n_rollouts), int(seed), scheme, steps, branch_budget)
     r = rollout_arrays(env, pol, tasks, n_rollouts, seed)  # (its checks cost a few us)
     batch = StepBatch(

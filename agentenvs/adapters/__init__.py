@@ -10,7 +10,7 @@ The files are named ``<name>_bench.py`` so that none shares a name with the env 
 (``agentenvs/alfworld/``, ``agentenvs/webshop/``), the installed ``alfworld`` package, the
 top-level ``benchmarks/`` scripts or ``agentenvs/webshop/adapter.py``.
 
-The ``settings`` argument of the callables is a run's config (``hgpo.train.config.TrainConfig``
+The ``settings`` argument of the callables is a run's config (``hgpo.train.train_config.TrainConfig``
 or anything with the attributes the adapter reads, each listed by its ``Settings`` Protocol).
 """
 
@@ -56,7 +56,7 @@ class Benchmark:
     """Registry key (``BENCHMARKS[name]``); the ``--env`` value itself unless ``spec``."""
     defaults: Mapping[str, Any]
     """The paper's settings of this benchmark (max_steps, max_prompt_tokens, ...), applied
-    before a preset (by ``hgpo.train.config.resolve``)."""
+    before a preset (by ``hgpo.train.train_config.resolve``)."""
     val_splits: tuple[str, ...]
     """Held-out splits the trainer validates on."""
     split_size: Callable[[Any, str], int]
@@ -88,15 +88,18 @@ class Benchmark:
     corpus: Callable[[str], list[str]] = _no_text
     """(env string) -> text the tiny tokenizer of this env alone adds (before the rest)."""
     extras: tuple[str, ...] = ()
-    """The ``pip install -e '.[X]'`` extras it needs (names in ``hgpo.options.EXTRAS``)."""
+    """The ``pip install -e '.[X]'`` extras it needs (names in ``hgpo.extras.EXTRAS``)."""
     modules: tuple[str, ...] = ()
     """The modules the preflight check asks for (those of the extras the env imports)."""
     snapshots: bool = True
     """Its envs snapshot and restore (branching rollouts)."""
     exact_truth: bool = False
-    """Its hidden states are known and enumerable (``--truth-every``, hgpo.train.truth)."""
+    """Its hidden states are known and enumerable (``--truth-every``, hgpo.train.truth_monitor)."""
     paper: bool = False
     """The paper ran it: the ``{name}-{size}-k{K}`` presets exist."""
+    reference_profile: str | None = None
+    """The verl-agent recipe its ``--reference-options`` reproduce: a key of
+    ``hgpo.config.REFERENCE_PROFILES`` (None: the reference has no recipe for it)."""
     expert_plans: Callable[[Any, list[int]], list[list[str]]] | None = None
     """(settings, training task ids) -> the scripted expert's actions of each (warm start)."""
     preflight: Callable[[Any], str | None] = field(default=_no_problem)

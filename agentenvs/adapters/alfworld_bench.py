@@ -113,6 +113,7 @@ ALFWORLD = Benchmark(
     extras=("alfworld",),
     modules=("textworld", "fast_downward"),
     paper=True,
+    reference_profile="alfworld",
     expert_plans=expert_plans,
     preflight=_preflight,
 )

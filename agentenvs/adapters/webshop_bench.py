@@ -107,6 +107,7 @@ WEBSHOP = Benchmark(
     extras=("webshop",),
     modules=("bm25s", "rapidfuzz"),
     paper=True,
+    reference_profile="webshop",
     expert_plans=expert_plans,
 )
 """WebShop: 15 steps, the formatted page (strings after the goal) as key and prompt text."""

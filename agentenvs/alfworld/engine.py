@@ -71,7 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hgpo.options import require_extras
+from hgpo.extras import require_extras
 
 try:
     import fast_downward

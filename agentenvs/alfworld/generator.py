@@ -23,15 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hgpo.options import (
-    ArgumentParser,
-    bad,
-    check_choice,
-    check_int,
-    check_writable_dir,
-    exit_on_missing_extras,
-    require_extras,
-)
+from hgpo.extras import exit_on_missing_extras, require_extras
+from hgpo.options import ArgumentParser, bad, check_choice, check_int, check_writable_dir
 
 TASK_TYPES = (
     "pick_and_place_simple",
@@ -50,7 +43,7 @@ _SPLIT_SALT = {"train": 0, "valid_seen": 1_000_003, "valid_unseen": 2_000_003}
 
 
 def alfworld_data_dir() -> Path:
-    """Folder of the installed ``alfworld`` package (a :class:`~hgpo.options.MissingExtraError`,
+    """Folder of the installed ``alfworld`` package (a :class:`~hgpo.extras.MissingExtraError`,
     an ImportError naming ``pip install -e ".[alfworld]"``, if it is missing)."""
     return Path(_alfworld("").__file__).parent
 

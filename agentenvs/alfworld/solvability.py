@@ -22,7 +22,8 @@ from typing import Any
 
 from agentenvs.alfworld.env import AlfWorldEnv, official_games, planner_plan, play, run_expert
 from agentenvs.alfworld.generator import generate_split
-from hgpo.options import ArgumentParser, check_int, exit_on_missing_extras
+from hgpo.extras import exit_on_missing_extras
+from hgpo.options import ArgumentParser, check_int
 
 
 def _check(args: tuple[bool, list[str]]) -> list[tuple[str, bool, int]]:

@@ -54,7 +54,8 @@ import numpy as np
 from hgpo import StepBatch, compute_advantages, reference_config
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import level_weights
-from hgpo.options import MissingExtraError, OptionError, bad, check_bool, check_int, installed
+from hgpo.extras import MissingExtraError, installed
+from hgpo.options import OptionError, bad, check_bool, check_int
 
 if not installed("torch"):  # pragma: no cover - CI installs the extras
     raise MissingExtraError(

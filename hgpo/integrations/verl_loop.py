@@ -15,7 +15,7 @@ the episode, in step order, so row ``index`` is step ``index``. The v0 worker
 (``verl/experimental/agent_loop/agent_loop.py:694-695``) post-processes exactly one output per
 run; this loop refuses ``trainer.use_v1=False`` with a named error.
 
-Each episode is played by the trainer's own code: :func:`hgpo.train.rollout.run_episodes` on a
+Each episode is played by the trainer's own code: :func:`hgpo.train.episodes.run_episodes` on a
 one-slot :class:`hgpo.train.envs.EnvSet`, with :class:`ServerEngine` in the place of the
 trainer's engine (it asks verl's server manager, ``generate(request_id, prompt_ids=...,
 sampling_params=...)``). So the prompt (the paper's template over the memory module's last K
@@ -59,7 +59,7 @@ timeout: a hung env is restarted, its episode left out), every call to the serve
 whatever happened. An episode whose env crashed gives no outputs (verl logs "Empty output"
 and its group is normalised over the sessions that remain, as in the trainer).
 
-Settings: the env's run settings are the trainer's (``hgpo.train.config.resolve(env,
+Settings: the env's run settings are the trainer's (``hgpo.train.train_config.resolve(env,
 overrides=options)``: the paper's defaults of the benchmark, then ``options``, the loop's
 keyword argument from an agent-loop config file); sampling and lengths are verl's
 (``sampling_params``, ``rollout.prompt_length``, ``rollout.response_length``).
@@ -79,7 +79,8 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.options import MissingExtraError, bad, check_int, check_number
+from hgpo.extras import MissingExtraError
+from hgpo.options import bad, check_int, check_number
 
 try:
     from verl.experimental.agent_loop.agent_loop import (
@@ -94,9 +95,9 @@ except ImportError as e:  # pragma: no cover - exercised where verl is missing
     ) from e
 
 from agentenvs.registry import benchmark
-from hgpo.train.config import TrainConfig, resolve
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet
-from hgpo.train.rollout import Play, Rollout, run_episodes
+from hgpo.train.episodes import Play, Rollout, run_episodes
+from hgpo.train.train_config import TrainConfig, resolve
 
 __all__ = [
     "AGENT_NAME",
@@ -199,7 +200,7 @@ def session_slot(traj_uid: str) -> int:
 
 
 class ServerEngine:
-    """The trainer's rollout engine (``hgpo.train.rollout.Engine``) over verl's server manager.
+    """The trainer's rollout engine (``hgpo.train.episodes.Engine``) over verl's server manager.
 
     ``generate`` is called from a worker thread (the episode runs there); each prompt's
     ``server.generate`` coroutine runs on ``loop`` (the agent loop's event loop), and each wait

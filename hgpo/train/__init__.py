@@ -4,6 +4,6 @@ Importing this package is light; torch, transformers and DeepSpeed load with
 :mod:`hgpo.train.trainer`. ``import hgpo`` never imports this package.
 """
 
-from hgpo.train.config import PRESETS, TrainConfig, parse_args, resolve
+from hgpo.train.train_config import PRESETS, TrainConfig, parse_args, resolve
 
 __all__ = ["PRESETS", "TrainConfig", "parse_args", "resolve"]

@@ -7,10 +7,10 @@ import os
 import sys
 
 from agentenvs.registry import benchmark
-from hgpo.options import exit_on_missing_extras
-from hgpo.train.config import TrainConfigError, parse_args
+from hgpo.extras import exit_on_missing_extras
 from hgpo.train.logs import configure_logging
 from hgpo.train.preflight import note_resume, validate_config
+from hgpo.train.train_config import TrainConfigError, parse_args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,11 +14,11 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from hgpo.train.config import TrainConfig
+from hgpo.train.episodes import Engine
 from hgpo.train.hf_engine import HFEngine
 from hgpo.train.lora import add_adapters
 from hgpo.train.model import Critic, load_causal_lm
-from hgpo.train.rollout import Engine
+from hgpo.train.train_config import TrainConfig
 
 __all__ = ["Engines", "build_engines", "ds_config", "rollout_engine"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from agentenvs.adapters import Benchmark
 from agentenvs.batched import require_snapshot
 from agentenvs.registry import benchmark
 from hgpo.options import check_int
-from hgpo.train.config import TrainConfig, TrainConfigError
+from hgpo.train.train_config import TrainConfigError
 
 TRAIN_SPLIT = "train"
 
@@ -101,12 +101,41 @@ def val_splits(env: str) -> tuple[str, ...]:
     return benchmark(env).val_splits
 
 
-def split_size(cfg: TrainConfig, split: str) -> int:
+class BenchmarkSettings(Protocol):
+    """What the trainer reads of a run's config to reach its benchmark: ``env``. The config is
+    then handed on whole to the adapter's callables (``Benchmark.split_size``, ``factory``,
+    ...), which read the fields of their own Protocol (``WebShopSettings``,
+    ``AlfWorldSettings``, ``ToySettings`` in ``agentenvs.adapters.*_bench``): which fields a
+    benchmark needs is the adapter's business, so no Protocol here can list them."""
+
+    env: str
+
+
+class EnvActorSettings(BenchmarkSettings, Protocol):
+    """The settings :func:`env_actors` and :func:`check_ray_capacity` read."""
+
+    groups_per_iter: int
+    group_size: int
+    env_workers: int
+    val_every: int
+    val_tasks: int
+
+
+class EnvSetSettings(BenchmarkSettings, Protocol):
+    """The settings :class:`EnvSet` reads (and hands on to its benchmark's adapter)."""
+
+    env_workers: int
+    env_timeout_s: float
+    env_backend: str
+    history_length: int
+
+
+def split_size(cfg: BenchmarkSettings, split: str) -> int:
     """Number of tasks of ``split``."""
     return benchmark(cfg.env).split_size(cfg, split)
 
 
-def env_actors(cfg: TrainConfig, world: int = 1) -> dict[str, int]:
+def env_actors(cfg: EnvActorSettings, world: int = 1) -> dict[str, int]:
     """Env workers the run keeps at once, over its ``world`` ranks, per split: the training
     set, and (``val_every`` > 0) each validation split's set, built at the first validation
     and kept to the end. Each is ``BatchedEnv``'s min(env_workers, that rank's slots)."""
@@ -120,7 +149,7 @@ def env_actors(cfg: TrainConfig, world: int = 1) -> dict[str, int]:
     return out
 
 
-def check_ray_capacity(cfg: TrainConfig, world: int = 1) -> None:
+def check_ray_capacity(cfg: EnvActorSettings, world: int = 1) -> None:
     """With ``env_backend="ray"``: raise TrainConfigError unless the Ray cluster has a free CPU
     for every env actor the run will hold (:func:`env_actors`), before any work; otherwise
     the first set that does not fit would wait minutes for a CPU (at the first validation,
@@ -152,8 +181,9 @@ class EnvSet:
     where one EnvSet holds the whole batch. A set that plays one episode of a larger batch
     (hgpo.integrations.verl_loop) gives each episode its own base."""
 
-    def __init__(self, cfg: TrainConfig, split: str, num_envs: int, slot_base: int = 0) -> None:
-        self.cfg, self.split = cfg, split
+    def __init__(self, cfg: EnvSetSettings, split: str, num_envs: int, slot_base: int = 0) -> None:
+        self.cfg: EnvSetSettings = cfg
+        self.split = split
         self.bench: Benchmark = benchmark(cfg.env)
         self.num_tasks = self.bench.split_size(cfg, split)
         factory = self.bench.factory(cfg, split)
@@ -207,7 +237,7 @@ class EnvSet:
         """Step every slot that is not done with its action: (obs, rewards, dones, infos)."""
         return self._env.step(actions)
 
-    # -- snapshots (branched rollouts, hgpo.train.branching) -----------------------------------
+    # -- snapshots (branched rollouts, hgpo.train.branched_play) -----------------------------------
     def require_snapshot(self, where: str) -> None:
         """OptionError naming ``where`` and the env unless its envs snapshot and restore."""
         require_snapshot(self.cfg.env, self._env, where=where)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 
-from hgpo.options import installed
+from hgpo.extras import installed
 
 FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 

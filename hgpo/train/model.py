@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from hgpo.train.config import TrainConfigError
 from hgpo.train.lora import (
     base_persistent_buffers,
     has_adapters,
     merged_named_parameters,
     persistent_buffers,
 )
+from hgpo.train.train_config import TrainConfigError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hgpo.options import ArgumentParser, check_writable_dir
-from hgpo.train.metrics import METRICS_FILE, read_metrics
+from hgpo.train.run_metrics import METRICS_FILE, read_metrics
 
 PANELS = ("success_rate", "score_mean", "invalid_rate", "kl")
 PNG = "curve.png"

@@ -1,6 +1,6 @@
 """Checks a run needs before any heavy work: the run folder, the model, the device, the packages.
 
-Each failure is a :class:`~hgpo.train.config.TrainConfigError` whose one line names the field,
+Each failure is a :class:`~hgpo.train.train_config.TrainConfigError` whose one line names the field,
 the value and the fix; the CLI prints it and exits with 2 before a model is built.
 """
 
@@ -15,11 +15,17 @@ from typing import Protocol
 from agentenvs.registry import benchmark
 from hgpo.options import OptionError, bad, check_writable_dir
 from hgpo.train import checkpoint as ckpt
-from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
-from hgpo.train.envs import TRAIN_SPLIT, EnvSet, check_ray_capacity
-from hgpo.train.rundir import RESUMES_FILE, check_run_dir, flag_of, resume_changes
+from hgpo.train.envs import TRAIN_SPLIT, EnvSet, EnvSetSettings, check_ray_capacity
+from hgpo.train.rundir import (
+    RESUMES_FILE,
+    RunDirSettings,
+    check_run_dir,
+    flag_of,
+    resume_changes,
+)
 from hgpo.train.tiny import tiny_config
-from hgpo.train.truth import check_truth_size
+from hgpo.train.train_config import TINY_MODEL, TrainConfig, TrainConfigError
+from hgpo.train.truth_monitor import check_truth_size
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +199,13 @@ def check_sizes(cfg: SizeSettings) -> None:
         )
 
 
-def check_snapshots(cfg: TrainConfig) -> None:
+class SnapshotSettings(EnvSetSettings, Protocol):
+    """The settings :func:`check_snapshots` reads (and hands to the :class:`EnvSet` it builds)."""
+
+    rollout_scheme: str
+
+
+def check_snapshots(cfg: SnapshotSettings) -> None:
     """A branching ``rollout_scheme`` needs training envs that snapshot and restore: asked of
     one env of the training split (built in a worker, before any model)."""
     where = f"TrainConfig.env (rollout_scheme={cfg.rollout_scheme!r})"
@@ -254,7 +266,7 @@ def check_device(device: str) -> None:
         )
 
 
-def note_resume(cfg: TrainConfig) -> str | None:
+def note_resume(cfg: RunDirSettings) -> str | None:
     """The line to print when ``--resume`` finds no checkpoint (the run then starts afresh),
     or changes settings that may change (each one, and where it is recorded)."""
     root = Path(cfg.out_dir) / "checkpoints"

@@ -11,16 +11,17 @@ with ``--model``), ``trainer_state.json`` (iteration, model path, ranks) and the
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
-from hgpo.train.config import TrainConfig, TrainConfigError
 from hgpo.train.lora import ADAPTER_DIR
 from hgpo.train.model import HF_MODEL_DIR, save_hf_model
 from hgpo.train.rundir import record_resume
+from hgpo.train.train_config import TrainConfigError
 
 __all__ = ["load_run", "save_run", "set_lr"]
 
@@ -32,9 +33,19 @@ def set_lr(optimizer: Any, lr: float, weight_decay: float) -> None:
         group["lr"], group["weight_decay"] = lr, weight_decay
 
 
+class SaveRunSettings(Protocol):
+    """What :func:`save_run` reads of the config: how many checkpoints to keep, and the whole
+    config as JSON (``save``: the checkpoint's config.json, which ``--resume`` is checked
+    against field by field, so it cannot be a slice)."""
+
+    keep_checkpoints: int
+
+    def save(self, path: str | os.PathLike[str]) -> None: ...
+
+
 def save_run(
     out: Path,
-    cfg: TrainConfig,
+    cfg: SaveRunSettings,
     iteration: int,
     *,
     rank: int,

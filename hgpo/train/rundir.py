@@ -14,10 +14,10 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hgpo.train import checkpoint as ckpt
-from hgpo.train.config import TrainConfig, TrainConfigError
+from hgpo.train.train_config import TrainConfig, TrainConfigError
 
 RUN_FILES = (
     "config.json", "metrics.jsonl", "resumes.jsonl", "checkpoints/", "tensorboard/",
@@ -69,7 +69,24 @@ def has_results(out: Path) -> list[str]:
     return found
 
 
-def config_changes(old: TrainConfig, new: TrainConfig) -> dict[str, tuple[Any, Any]]:
+class ConfigRecord(Protocol):
+    """A config as a whole (diffed field by field): anything with ``to_dict()``."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class RunDirSettings(ConfigRecord, Protocol):
+    """The settings the run-folder checks read: where the run is, how it starts, and every
+    field as a whole (``to_dict``), since a resumed run is compared with its checkpoint's
+    settings field by field; a saved config.json is read back as a ``TrainConfig`` (its
+    format)."""
+
+    out_dir: str
+    resume: bool
+    fresh: bool
+
+
+def config_changes(old: ConfigRecord, new: ConfigRecord) -> dict[str, tuple[Any, Any]]:
     """{field: (old value, new value)} of the fields that differ (NOT_COMPARED left out)."""
     a, b = old.to_dict(), new.to_dict()
     return {k: (a[k], b[k]) for k in a if k not in NOT_COMPARED and a[k] != b[k]}
@@ -80,7 +97,7 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def check_run_dir(cfg: TrainConfig) -> None:
+def check_run_dir(cfg: RunDirSettings) -> None:
     """Nothing of another run is overwritten: without --resume or --fresh a folder that holds
     results (metrics.jsonl, checkpoints/) or a config.json of other settings is refused;
     with --resume, :func:`check_resume`. --fresh removes the earlier run's files later
@@ -111,7 +128,7 @@ def check_run_dir(cfg: TrainConfig) -> None:
         )
 
 
-def resume_reference(cfg: TrainConfig) -> tuple[TrainConfig, Path] | None:
+def resume_reference(cfg: RunDirSettings) -> tuple[TrainConfig, Path] | None:
     """The settings the run to resume was made with: the latest checkpoint's config.json
     (written with it), else the run folder's; None when there is neither."""
     out = Path(cfg.out_dir)
@@ -125,7 +142,7 @@ def resume_reference(cfg: TrainConfig) -> tuple[TrainConfig, Path] | None:
     return None
 
 
-def check_resume(cfg: TrainConfig) -> None:
+def check_resume(cfg: RunDirSettings) -> None:
     """--resume continues the run made with the checkpoint's settings: a flag that changes
     the model's shapes or what the run is (anything not in RESUME_ALLOWED) is refused, naming
     the flag, the checkpoint's value and the given one, before anything is written."""
@@ -152,7 +169,7 @@ def check_resume(cfg: TrainConfig) -> None:
         )
 
 
-def resume_changes(cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
+def resume_changes(cfg: RunDirSettings) -> dict[str, tuple[Any, Any]]:
     """The allowed changes --resume makes to the checkpoint's settings ({} without)."""
     ref = resume_reference(cfg) if cfg.resume else None
     return config_changes(ref[0], cfg) if ref is not None else {}

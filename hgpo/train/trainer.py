@@ -24,12 +24,11 @@ import torch
 from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo import Advantages, compute_advantages
 from hgpo.train import dist
-from hgpo.train.branching import BranchPlan, branch_figures, play_branched
-from hgpo.train.config import TINY_MODEL, TrainConfig, TrainConfigError
+from hgpo.train.branched_play import BranchPlan, branch_figures, play_branched
 from hgpo.train.engines import build_engines, rollout_engine
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
+from hgpo.train.episodes import Play, Rollout, logprob_gap, run_episodes
 from hgpo.train.loss import ppo_loss, value_loss
-from hgpo.train.metrics import LevelFigures, MetricsLogger, PhaseTimes, RankFigures, merge_metrics
 from hgpo.train.model import (
     Packed,
     check_thinking_switch,
@@ -39,12 +38,19 @@ from hgpo.train.model import (
     response_logprobs,
 )
 from hgpo.train.preflight import validate_config
-from hgpo.train.rollout import Play, Rollout, logprob_gap, run_episodes
 from hgpo.train.run_checkpoint import load_run, save_run
 from hgpo.train.run_checkpoint import set_lr as set_lr  # (it lived here)
+from hgpo.train.run_metrics import (
+    LevelFigures,
+    MetricsLogger,
+    PhaseTimes,
+    RankFigures,
+    merge_metrics,
+)
 from hgpo.train.rundir import clear_run, resume_changes
 from hgpo.train.tiny import build_tiny
-from hgpo.train.truth import TruthMonitor
+from hgpo.train.train_config import TINY_MODEL, TrainConfig, TrainConfigError
+from hgpo.train.truth_monitor import TruthMonitor
 from hgpo.train.update import (
     MicroBatch,
     Scored,

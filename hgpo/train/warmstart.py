@@ -21,18 +21,12 @@ from typing import Any
 import numpy as np
 
 from agentenvs.registry import BENCHMARKS, benchmark
-from hgpo.options import (
-    ArgumentParser,
-    bad,
-    check_int,
-    check_number,
-    check_writable_dir,
-    exit_on_missing_extras,
-)
-from hgpo.train.config import TINY_MODEL, TrainConfig, parse_options, resolve
+from hgpo.extras import exit_on_missing_extras
+from hgpo.options import ArgumentParser, bad, check_int, check_number, check_writable_dir
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size
 from hgpo.train.logs import configure_logging
 from hgpo.train.tiny import build_tiny
+from hgpo.train.train_config import TINY_MODEL, TrainConfig, parse_options, resolve
 
 log = logging.getLogger(__name__)
 

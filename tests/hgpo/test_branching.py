@@ -1,4 +1,4 @@
-"""Branched batches (hgpo/branching.py): every estimator equals the slow reference, which reads
+"""Branched batches (hgpo/branched_batch.py): every estimator equals the slow reference, which reads
 returns, episode returns and contexts straight off the virtual full trajectories."""
 
 import numpy as np

@@ -2,7 +2,7 @@
 
 A scripted server manager answers verl's ``generate`` with fixed token ids: a function of the
 prompt only (an admissible action picked by a hash of the prompt text, or a malformed answer),
-so the trainer's :func:`hgpo.train.rollout.run_episodes` driven by a scripted engine with the
+so the trainer's :func:`hgpo.train.episodes.run_episodes` driven by a scripted engine with the
 same function must see the same steps. Every output of the loop is compared with the trainer's
 row: prompt ids, response ids and mask, env reward (no penalty), validity, state key, step,
 group and trajectory, and the episode return in ``reward_score``.
@@ -33,10 +33,10 @@ from verl.workers.rollout.replica import TokenOutput
 from hgpo import state_ids
 from hgpo.integrations import verl_loop as vl
 from hgpo.options import OptionError
-from hgpo.train.config import resolve
 from hgpo.train.envs import CRASH_ENV, EnvSet
-from hgpo.train.rollout import Play, run_episodes
+from hgpo.train.episodes import Play, run_episodes
 from hgpo.train.tiny import train_tokenizer
+from hgpo.train.train_config import resolve
 from hgpo.train.trainer import tiny_corpus
 
 GAMES = Path(__file__).resolve().parents[1] / "agentenvs" / "data" / "alfworld_games"

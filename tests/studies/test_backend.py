@@ -124,4 +124,7 @@ def test_missing_ray_names_the_install_command(monkeypatch, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         bv.main(["--backend", "ray", "--out", str(tmp_path)])
     assert exc.value.code == 2
-    assert "pip install 'hgpo[ray]'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert (
+        '--backend ray needs ray (the [ray] extra); install it with pip install -e ".[ray]"' in err
+    )

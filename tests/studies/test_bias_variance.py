@@ -72,9 +72,9 @@ def test_a_killed_study_reruns_only_its_missing_cells_with_the_same_numbers(tmp_
 
 def test_study_config_declares_its_checks_per_field():
     """Every StudyConfig field with a flag has a --help section, every number and the --K list
-    declare their bounds, the choice fields their choices (hgpo.options.setting); each section
+    declare their bounds, the choice fields their choices (hgpo.fields.setting); each section
     is shown once in --help."""
-    from hgpo.options import field_bounds, field_choices, field_types, sections
+    from hgpo.fields import field_bounds, field_choices, field_types, sections
     from studies import bias_variance as bv
 
     cls = bv.StudyConfig

@@ -336,8 +336,8 @@ def test_compare_without_spread_on_either_side() -> None:
 
 def test_train_toy_config_declares_its_checks_per_field():
     """Every TrainToyConfig field has a --help section; every number declares its bounds and
-    the --K list its K bounds, in the field's metadata (hgpo.options.setting)."""
-    from hgpo.options import field_bounds, field_choices, field_types, sections
+    the --K list its K bounds, in the field's metadata (hgpo.fields.setting)."""
+    from hgpo.fields import field_bounds, field_choices, field_types, sections
 
     cls = tt.TrainToyConfig
     in_a_section = [name for names in sections(cls).values() for name in names]

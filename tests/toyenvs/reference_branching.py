@@ -1,5 +1,5 @@
 """The one-trajectory-at-a-time branching kernel: the reference that
-``toyenvs.branching.branch_kernel`` (groups in lanes, maintained branch-point structures) must
+``toyenvs.branched_rollout.branch_kernel`` (groups in lanes, maintained branch-point structures) must
 equal, row for row and bit for bit (only the dense rows of newly met contexts may be numbered
 differently); only the tests use it. Same arguments as ``branch_kernel``."""
 
@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 from toyenvs import _kernels as kn
-from toyenvs.branching import _CHOICE, _STREAMS
+from toyenvs.branched_rollout import _CHOICE, _STREAMS
 
 
 @njit(cache=True)

@@ -1,4 +1,4 @@
-"""Branching rollout schemes (toyenvs/branching.py): env dynamics from every snapshot, budgets,
+"""Branching rollout schemes (toyenvs/branched_rollout.py): env dynamics from every snapshot, budgets,
 the rules' choices, determinism, and named errors for bad schemes and budgets."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import toyenvs
 from hgpo import context_keys
 from hgpo.options import OptionError
 from tests.toyenvs import reference_branching
-from toyenvs.branching import branch_arrays, branch_kernel, parse_scheme
+from toyenvs.branched_rollout import branch_arrays, branch_kernel, parse_scheme
 
 SCHEMES = ["branch:uniform", "branch:singleton", "branch:hard", "tree:2,4", "independent"]
 

@@ -7,7 +7,7 @@ import pytest
 
 from hgpo.train import preflight
 from hgpo.train.__main__ import main
-from hgpo.train.metrics import read_metrics
+from hgpo.train.run_metrics import read_metrics
 from tests.train.conftest import run_cli
 
 NOT_INSTALLED = ("vllm", "textworld")
@@ -175,7 +175,7 @@ def test_sizes_beyond_the_model_and_machine_are_refused(
 def test_every_numeric_field_has_an_upper_bound_or_a_preflight_bound():
     import dataclasses
 
-    from hgpo.train.config import _RULES, TrainConfig, _field_types
+    from hgpo.train.train_config import _RULES, TrainConfig, _field_types
 
     unbounded = {  # coefficients: finite is their bound (no machine limit applies)
         "temperature", "lr", "critic_lr", "weight_decay", "dual_clip", "kl_coef",
@@ -211,7 +211,7 @@ def test_flags_that_would_do_nothing_exit_2(argv, needle, capsys):
 
 
 def test_defaults_and_effective_flags_are_not_refused():
-    from hgpo.train.config import parse_args, resolve
+    from hgpo.train.train_config import parse_args, resolve
 
     resolve(preset="tiny")  # the default branch_budget and lora_targets are not "given"
     cfg, _ = parse_args(["--preset", "tiny", "--rollout-scheme", "branch:uniform",
@@ -227,7 +227,7 @@ def _fake_run(out, **settings):
     """A run folder as the trainer leaves it after iteration 1 (config.json in the folder and
     in the checkpoint), without training."""
     from hgpo.train import checkpoint as ckpt
-    from hgpo.train.config import resolve
+    from hgpo.train.train_config import resolve
 
     cfg = resolve(preset="tiny", env="webshop", overrides={"out_dir": str(out), **settings})
     cfg.save(out / "config.json")
@@ -297,8 +297,8 @@ def test_resume_allows_and_records_schedule_and_length_changes(tmp_path, capsys,
     ) in err
     import dataclasses
 
-    from hgpo.train.config import TrainConfig
     from hgpo.train.rundir import RESUME_ALLOWED, RESUME_SHAPES
+    from hgpo.train.train_config import TrainConfig
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     assert set(RESUME_ALLOWED) <= names and set(RESUME_SHAPES) <= names

@@ -21,12 +21,18 @@ from agentenvs.registry import BENCHMARKS, benchmark, register
 from tests.train.conftest import ROOT, run_env
 
 NAMES = ("alfworld", "webshop", "toy")
-SCANNED = ("hgpo/train", "studies", "benchmarks")
-"""Where no code may branch on a benchmark's name (the adapters live in agentenvs/adapters)."""
+SCANNED = ("hgpo/*.py", "hgpo/train/**/*.py", "studies/**/*.py", "benchmarks/**/*.py")
+"""Where no code may branch on a benchmark's name (the adapters live in agentenvs/adapters):
+the core, the trainer, the studies and the benchmark scripts."""
+NOT_SCANNED = {"hgpo/extras.py": "its EXTRAS table is keyed by pip extras, two named after envs"}
 
-REFERENCE_TABLES = {("benchmarks/make_verl_agent_golden.py", "MODES")}
+REFERENCE_TABLES = {
+    ("benchmarks/make_verl_agent_golden.py", "MODES"),
+    ("hgpo/config.py", "REFERENCE_PROFILES"),
+}
 """Tables keyed by benchmark name that are not the trainer's: the verl-agent reference's own
-normalisation per env (hgpo.config.reference_config's), which its golden cases are made with."""
+normalisation per recipe (hgpo.config.REFERENCE_PROFILES, which each adapter names its entry
+of; the golden cases are made with it)."""
 
 
 def _names_a_benchmark(node: ast.AST) -> bool:
@@ -39,7 +45,10 @@ def _names_a_benchmark(node: ast.AST) -> bool:
 
 def _table_name(tree: ast.Module, table: ast.Dict) -> str:
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is table:
+        value = getattr(node, "value", None)
+        if isinstance(value, ast.Call) and value.args:  # NAME = MappingProxyType({...})
+            value = value.args[0]
+        if isinstance(node, ast.Assign | ast.AnnAssign) and value is table:
             target = node.targets[0] if isinstance(node, ast.Assign) else node.target
             return getattr(target, "id", "")
     return ""
@@ -80,9 +89,11 @@ def name_branches(path: Path, rel: str) -> list[str]:
 def scan(root: Path) -> list[str]:
     """:func:`name_branches` of every module under :data:`SCANNED` of the tree at ``root``."""
     hits = []
-    for folder in SCANNED:
-        for path in sorted((root / folder).rglob("*.py")):
-            hits += name_branches(path, path.relative_to(root).as_posix())
+    for pattern in SCANNED:
+        for path in sorted(root.glob(pattern)):
+            rel = path.relative_to(root).as_posix()
+            if rel not in NOT_SCANNED:
+                hits += name_branches(path, rel)
     return hits
 
 
@@ -206,9 +217,9 @@ def test_register_adds_a_benchmark_once_and_the_lookup_names_the_choices(monkeyp
 
 
 def test_a_registered_benchmark_runs_through_the_trainers_env_path(corridor):
-    from hgpo.train.config import resolve
     from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
-    from hgpo.train.rollout import candidate_actions
+    from hgpo.train.episodes import candidate_actions
+    from hgpo.train.train_config import resolve
     from hgpo.train.trainer import tiny_corpus
 
     cfg = resolve("corridor", "tiny", {"out_dir": "unused"})

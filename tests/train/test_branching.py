@@ -1,4 +1,4 @@
-"""Branched training rollouts (``--rollout-scheme``, hgpo/train/branching.py) on a toy text env.
+"""Branched training rollouts (``--rollout-scheme``, hgpo/train/branched_play.py) on a toy text env.
 
 The tiny model plays keydoor in score mode (every action admissible, so the rollouts are
 cheap and valid). The batch is checked against what branching promises: a branch restarts from
@@ -15,10 +15,10 @@ import torch
 
 from hgpo.keys import hierarchy
 from hgpo.options import OptionError
-from hgpo.train.branching import BranchPlan, Candidates, Traj, choose, play_branched
-from hgpo.train.config import TrainConfig
-from hgpo.train.metrics import read_metrics
-from hgpo.train.rollout import Play
+from hgpo.train.branched_play import BranchPlan, Candidates, Traj, choose, play_branched
+from hgpo.train.episodes import Play
+from hgpo.train.run_metrics import read_metrics
+from hgpo.train.train_config import TrainConfig
 from tests.train.conftest import run_cli
 from tests.train.tiny_engine import tiny_engine
 
@@ -141,7 +141,7 @@ def _cands(step, level, spread=None) -> tuple[Candidates, list[Traj]]:
 
 
 def test_rules_pick_what_they_promise():
-    from toyenvs.branching import parse_scheme
+    from toyenvs.branched_rollout import parse_scheme
 
     rng = np.random.default_rng(0)
     # steps 0..4; level-K groups: {0}, {1, 2}, {3}, {4}: singletons at t >= 1 are rows 3, 4
@@ -223,7 +223,7 @@ def test_truth_reads_a_branch_context_across_its_branch_point(tiny, branched):
     come out."""
     from hgpo import ESTIMATORS
     from hgpo.train.model import encode_prompt
-    from hgpo.train.truth import TruthMonitor
+    from hgpo.train.truth_monitor import TruthMonitor
 
     tok, _ = tiny
     cfg = _cfg()

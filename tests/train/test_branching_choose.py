@@ -1,6 +1,6 @@
-"""The trainer's branch-point rule (``hgpo.train.branching.choose``) equals the toyenvs rules it
+"""The trainer's branch-point rule (``hgpo.train.branched_play.choose``) equals the toyenvs rules it
 re-implements (the one-at-a-time reference ``choose_branch_point`` of
-tests/toyenvs/reference_branching.py, which ``toyenvs.branching.branch_kernel`` equals bit for
+tests/toyenvs/reference_branching.py, which ``toyenvs.branched_rollout.branch_kernel`` equals bit for
 bit), on the same group of finished trajectories.
 
 Same inputs: a group's rows (trajectory, step t, level-K context code, reward, invalid flag,
@@ -25,10 +25,10 @@ import toyenvs
 from hgpo import StepBatch
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import step_returns
-from hgpo.train.branching import Candidates, _group_spread, choose
+from hgpo.train.branched_play import Candidates, _group_spread, choose
 from tests.toyenvs import reference_branching as ref
 from toyenvs import _kernels as kn
-from toyenvs.branching import _RULE_CODE, parse_scheme
+from toyenvs.branched_rollout import _RULE_CODE, parse_scheme
 
 CASES = 400  # per rule
 

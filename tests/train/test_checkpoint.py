@@ -41,7 +41,7 @@ def test_resume_on_another_number_of_ranks(tmp_path, stage, refused):
     # DeepSpeed cannot re-partition ZeRO-1/2/3 optimizer states; ZeRO-0 resumes anywhere
     import types
 
-    from hgpo.train.config import TrainConfigError
+    from hgpo.train.train_config import TrainConfigError
     from hgpo.train.trainer import Trainer
 
     root = tmp_path / "checkpoints"

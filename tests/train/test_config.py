@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hgpo.train.config import (
+from hgpo.train.train_config import (
     PRESETS,
     SECTIONS,
     TrainConfig,
@@ -191,9 +191,7 @@ def test_import_hgpo_does_not_import_torch():
     import subprocess
     import sys
 
-    code = (
-        "import sys, hgpo, hgpo.train.config; assert 'torch' not in sys.modules, 'torch imported'"
-    )
+    code = "import sys, hgpo, hgpo.train.train_config; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -250,3 +248,19 @@ def test_reference_options_without_a_preset_is_an_error(capsys):
         parse_args(["--preset", "tiny", "--estimator", "gae", "--reference-options"])
     err = capsys.readouterr().err
     assert "TrainConfig.reference_options: estimator 'gae' has no reference preset" in err
+
+
+def test_reference_options_follow_the_benchmarks_reference_profile(capsys):
+    from agentenvs.registry import benchmark
+    from hgpo.config import REFERENCE_PROFILES
+
+    for env in ("alfworld", "webshop"):  # each adapter names the verl-agent recipe it follows
+        profile = benchmark(env).reference_profile
+        assert profile in REFERENCE_PROFILES
+        cfg = resolve(preset="tiny", env=env, overrides={"reference_options": True})
+        assert cfg.estimator_config().norm == REFERENCE_PROFILES[profile]["norm"]
+    assert benchmark("toy:keydoor:size=4").reference_profile is None
+    with pytest.raises(SystemExit):
+        parse_args(["--preset", "tiny", "--env", "toy:keydoor:size=4", "--reference-options"])
+    err = capsys.readouterr().err
+    assert "TrainConfig.reference_options: --env 'toy:keydoor:size=4' has no verl-agent" in err

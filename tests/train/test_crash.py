@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from hgpo import EstimatorConfig, compute_advantages
-from hgpo.train.branching import BranchPlan, play_branched
-from hgpo.train.config import TrainConfig
+from hgpo.train.branched_play import BranchPlan, play_branched
 from hgpo.train.envs import CRASH_ENV, EnvSet
-from hgpo.train.metrics import read_metrics
-from hgpo.train.rollout import Play, run_episodes
+from hgpo.train.episodes import Play, run_episodes
+from hgpo.train.run_metrics import read_metrics
+from hgpo.train.train_config import TrainConfig
 from tests.train.conftest import run_cli
 from tests.train.test_branching import _check_prefixes
 from tests.train.tiny_engine import tiny_engine
@@ -121,7 +121,7 @@ def test_a_group_whose_roots_all_crashed_is_left_out(tiny, monkeypatch):
 
 
 def test_metrics_count_the_crashes():
-    from hgpo.train.metrics import PhaseTimes, RankFigures, merge_metrics
+    from hgpo.train.run_metrics import PhaseTimes, RankFigures, merge_metrics
 
     def part(crashed: int) -> RankFigures:
         return RankFigures(3, 0.0, 0.0, [0.0], [True], [1.0], [3], 0, 1, 1.0, 1.0, (0.0, 0, 0.0),
@@ -171,7 +171,7 @@ def test_max_crash_share_is_bounded(share, capsys):
 
 
 def test_the_crash_bound_is_a_share_of_the_played_episodes():
-    from hgpo.train.rollout import Rollout
+    from hgpo.train.episodes import Rollout
     from hgpo.train.trainer import EnvCrashError, stop_if_crashed
 
     two_of_8 = Rollout(success=[False] * 6, crashed=2, dropped=2)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hgpo.train.metrics import read_metrics
+from hgpo.train.run_metrics import read_metrics
 from tests.train.conftest import GAMES, ROOT, run_cli, run_env
 
 PAPER_SIX = ("adv_mean", "pg_loss", "kl", "clip_frac", "reward_mean", "success_rate")

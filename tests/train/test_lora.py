@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hgpo.train.lora import add_adapters, merged_named_parameters
-from hgpo.train.metrics import read_metrics
 from hgpo.train.model import load_named, pack, response_logprobs
+from hgpo.train.run_metrics import read_metrics
 from hgpo.train.tiny import build_tiny
 from tests.train.conftest import run_cli
 

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from hgpo.train.config import TrainConfig
-from hgpo.train.metrics import read_metrics
+from hgpo.train.run_metrics import read_metrics
+from hgpo.train.train_config import TrainConfig
 from studies import train_toy as tt
 from tests.train.conftest import run_cli
 
@@ -60,5 +60,8 @@ def test_env_backend_is_validated_and_needs_ray(monkeypatch):
     with pytest.raises(ValueError, match="env_backend: must be one of"):
         TrainConfig(env_backend="threads")
     monkeypatch.setitem(__import__("sys").modules, "ray", None)
-    with pytest.raises(ValueError, match=r"env_backend='ray'.*pip install 'hgpo\[ray\]'"):
+    with pytest.raises(
+        ValueError,
+        match=r"env_backend='ray' needs ray \(the \[ray\] extra\).*pip install -e \"\.\[ray\]\"",
+    ):
         TrainConfig(env_backend="ray")

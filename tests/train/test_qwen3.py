@@ -10,8 +10,6 @@ import json
 import pytest
 import torch
 
-from hgpo.train.config import PRESETS, TrainConfig, parse_args, resolve
-from hgpo.train.metrics import read_metrics
 from hgpo.train.model import (
     Critic,
     check_model,
@@ -22,7 +20,9 @@ from hgpo.train.model import (
     load_tokenizer,
     save_hf_model,
 )
+from hgpo.train.run_metrics import read_metrics
 from hgpo.train.tiny import build_tiny
+from hgpo.train.train_config import PRESETS, TrainConfig, parse_args, resolve
 from tests.train.conftest import GAMES, run_cli
 
 CPU = torch.device("cpu")
@@ -119,7 +119,7 @@ def test_tiny_folder_of_another_arch_is_refused(qwen3):
 def test_rollout_prompts_follow_the_switch(qwen3):
     """The rollout renders every step's prompt with the run's switch."""
     from hgpo.train.envs import EnvSet
-    from hgpo.train.rollout import Play, run_episodes
+    from hgpo.train.episodes import Play, run_episodes
 
     _, tok = qwen3
     block = tok(EMPTY_THINK, add_special_tokens=False)["input_ids"]

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from hgpo.train.config import TrainConfig
 from hgpo.train.envs import env_actors
+from hgpo.train.train_config import TrainConfig
 
 ray = pytest.importorskip("ray", reason="needs Ray (the [ray] extra)")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hgpo.train.rollout import logprob_gap
+from hgpo.train.episodes import logprob_gap
 
 
 def test_gap_over_tokens_skipping_samples_without_engine_logprobs():

@@ -11,9 +11,9 @@ import pytest
 
 from hgpo.train import checkpoint as ckpt
 from hgpo.train.__main__ import main
-from hgpo.train.config import parse_args, resolve
-from hgpo.train.metrics import read_metrics
+from hgpo.train.run_metrics import read_metrics
 from hgpo.train.rundir import clear_run
+from hgpo.train.train_config import parse_args, resolve
 from tests.train.conftest import run_cli
 
 

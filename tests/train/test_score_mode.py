@@ -6,18 +6,18 @@ import pytest
 import torch
 
 from agentenvs import parse_action
-from hgpo.train.config import TrainConfig
-from hgpo.train.hf_engine import HFEngine
-from hgpo.train.metrics import read_metrics
-from hgpo.train.model import pack, response_logprobs
-from hgpo.train.rollout import (
+from hgpo.train.episodes import (
     Play,
     candidate_actions,
     response_text,
     run_episodes,
     score_and_sample,
 )
+from hgpo.train.hf_engine import HFEngine
+from hgpo.train.model import pack, response_logprobs
+from hgpo.train.run_metrics import read_metrics
 from hgpo.train.tiny import build_tiny
+from hgpo.train.train_config import TrainConfig
 from tests.train.conftest import GAMES, run_cli
 
 

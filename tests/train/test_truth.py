@@ -8,9 +8,9 @@ import torch
 
 import toyenvs
 from hgpo import ESTIMATORS
-from hgpo.train.config import TrainConfig, TrainConfigError
-from hgpo.train.metrics import read_metrics
-from hgpo.train.truth import TruthMonitor, cross_group_bias_variance, truth_chain
+from hgpo.train.run_metrics import read_metrics
+from hgpo.train.train_config import TrainConfig, TrainConfigError
+from hgpo.train.truth_monitor import TruthMonitor, cross_group_bias_variance, truth_chain
 from tests.train.conftest import run_cli
 from tests.train.tiny_engine import tiny_engine
 
@@ -97,8 +97,8 @@ def test_exact_truth_agrees_with_monte_carlo_returns_and_rollout_prompts(tiny_ll
     160 rollouts of the same weights: a z-test; and every rollout step's prompt is the prompt
     the chain rendered for its (t, context)."""
     from hgpo.train.envs import EnvSet
+    from hgpo.train.episodes import Play, run_episodes
     from hgpo.train.model import encode_prompt
-    from hgpo.train.rollout import Play, run_episodes
 
     tok, engine = tiny_llm
     cfg = _cfg()

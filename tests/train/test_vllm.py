@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from hgpo.train.metrics import read_metrics
+from hgpo.train.run_metrics import read_metrics
 from tests.train.conftest import ROOT, run_cli, run_env
 
 pytestmark = pytest.mark.vllm
@@ -44,9 +44,9 @@ def _max_logprob_diff(eng, model, tok) -> float:
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_vllm_logprobs_match_trainer_after_sync(tmp_path, tied, arch):
-    from hgpo.train.config import resolve
     from hgpo.train.model import load_tokenizer
     from hgpo.train.tiny import tiny_model, train_tokenizer
+    from hgpo.train.train_config import resolve
     from hgpo.train.vllm_engine import VLLMEngine
 
     tok = train_tokenizer(tmp_path, ["go to fridge 1", "open drawer 2"], 512, arch=arch)

@@ -114,7 +114,7 @@ def test_plot_names_a_folder_without_metrics_and_creates_nothing(tmp_path, capsy
 
 
 def test_read_metrics_drops_a_line_cut_by_a_kill_and_names_a_bad_one(tmp_path):
-    from hgpo.train.metrics import read_metrics
+    from hgpo.train.run_metrics import read_metrics
 
     good = json.dumps({"iteration": 1, "success_rate": 0.5})
     (tmp_path / "metrics.jsonl").write_text(good + "\n" + '{"iteration": 2, "succ')

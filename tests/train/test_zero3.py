@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from hgpo.train.metrics import read_metrics
+from hgpo.train.run_metrics import read_metrics
 from tests.train.conftest import ROOT, run_env
 
 ARGS = ["--preset", "tiny", "--env", "webshop", "--estimator", "gae", "--val-every", "0"]

@@ -200,7 +200,7 @@ class Rollout:
     length: list[int] = field(default_factory=list)
     """Each trajectory's episode length (a branch's counts its parent's prefix)."""
     parent: list[int] = field(default_factory=list)
-    """Branched rollouts (hgpo.train.branching): each trajectory's parent, -1 for a root; empty
+    """Branched rollouts (hgpo.train.branched_play): each trajectory's parent, -1 for a root; empty
     for independent rollouts. A branch's rows are its own steps only, from its branch step."""
     gen_tokens: int = 0
     gen_seconds: float = 0.0
@@ -276,7 +276,7 @@ class Rollout:
 
     def step_batch(self) -> StepBatch:
         """The estimator input: state = id of the raw-observation key within this batch; a
-        branched rollout's batch has the ``parent`` column (hgpo.branching)."""
+        branched rollout's batch has the ``parent`` column (hgpo.branched_batch)."""
         traj = np.asarray(self.traj, dtype=np.int64)
         parent = None
         if self.n_branches:  # trajectory i is traj id i

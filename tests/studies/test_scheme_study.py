@@ -7,7 +7,7 @@ import math
 import pytest
 
 from studies.bias_variance import main
-from studies.branching_study import budget_needed
+from studies.scheme_study import budget_needed
 
 
 def test_budget_needed_interpolates_between_the_bracketing_budgets():

@@ -10,10 +10,10 @@ in expectation (docs/branching.md, "In the LLM trainer"):
    snapshot of a visited step (t, trajectory p) with p's prompt memory at t, so its first step
    has exactly p's K-step context: it falls in p's level-K group. It plays to the episode's
    end (or ``max_steps``). Its rows are its own steps only (the shared prefix stays p's
-   sample), in a :class:`hgpo.StepBatch` with the ``parent`` column (:mod:`hgpo.branching`).
+   sample), in a :class:`hgpo.StepBatch` with the ``parent`` column (:mod:`hgpo.branched_batch`).
 
 Branch points are drawn among the group's recorded steps with t >= 1 by the scheme's rule
-(as :mod:`toyenvs.branching`): ``branch:uniform`` uniformly; ``branch:singleton`` among steps
+(as :mod:`toyenvs.branched_rollout`): ``branch:uniform`` uniformly; ``branch:singleton`` among steps
 whose level-K group (hgpo's own :func:`hgpo.keys.hierarchy` on the group's partial batch) is
 still a singleton; ``branch:hard`` among the steps of the level-K group(s) whose return-to-go
 (the estimator's step return R_t, finished trajectories only) has the largest population
@@ -28,7 +28,7 @@ roots that did not crash (0 when every root crashed: the group is left out), and
 starts from a crashed trajectory.
 
 Every slot of the group (N of them) plays in lockstep with all others (one engine call per
-step for every live slot, as :func:`hgpo.train.rollout.run_episodes`). A free slot takes a new
+step for every live slot, as :func:`hgpo.train.episodes.run_episodes`). A free slot takes a new
 branch while used_g + reserve_g < S_g, where reserve_g = sum over the group's branches in
 flight of (max_steps - t) bounds what they may still take; so the group ends with
 S_g <= used_g < S_g + max_steps (the last branch may overshoot by less than one episode).
@@ -49,8 +49,7 @@ from hgpo.config import EstimatorConfig
 from hgpo.estimators import step_returns
 from hgpo.keys import hierarchy
 from hgpo.train.envs import EnvSet
-from hgpo.train.metrics import BranchFigures
-from hgpo.train.rollout import (
+from hgpo.train.episodes import (
     Engine,
     Play,
     Rollout,
@@ -59,6 +58,7 @@ from hgpo.train.rollout import (
     after_step,
     warn_crashed,
 )
+from hgpo.train.run_metrics import BranchFigures
 
 if TYPE_CHECKING:
     from hgpo.schemes import Scheme

@@ -21,21 +21,11 @@ from typing import Any
 from agentenvs.adapters.toy_bench import is_toy  # noqa: F401 (re-exported: was defined here)
 from agentenvs.ray_cluster import require_ray
 from agentenvs.registry import BENCHMARKS, benchmark
-from hgpo.config import EstimatorConfig, reference_config
+from hgpo.config import REFERENCE_ESTIMATORS, EstimatorConfig, reference_config
 from hgpo.estimators import ESTIMATORS
-from hgpo.options import (
-    ArgumentParser,
-    add_flags,
-    bad,
-    check_fields,
-    field_bounds,
-    field_types,
-    in_section,
-    parse_bool,
-    parse_name_values,
-    sections,
-)
-from hgpo.options import field_docs as dataclass_field_docs
+from hgpo.fields import add_flags, check_fields, field_bounds, field_types, in_section, sections
+from hgpo.fields import field_docs as dataclass_field_docs
+from hgpo.options import ArgumentParser, bad, parse_bool, parse_name_values
 from hgpo.schemes import Scheme, parse_scheme
 from hgpo.train.checkpoint import atomic_write_text
 from hgpo.train.tiny import ARCHS as TINY_ARCHS
@@ -65,7 +55,7 @@ MAX_ITERATIONS = 1_000_000
 """Cap of iterations and of every "every n iterations" field."""
 
 # TrainConfig's sections, in the class body's order (``--help`` shows one group each); each
-# field's bounds and choices are in its setting (hgpo.options.setting)
+# field's bounds and choices are in its setting (hgpo.fields.setting)
 _task = in_section("task and model")
 _estimator = in_section("estimator")
 _rollout = in_section("rollout")  # groups_per_iter x group_size per rank: capped in preflight
@@ -161,7 +151,7 @@ class TrainConfig:
     from visited steps at the same env-step budget: "branch:uniform", "branch:singleton" (steps
     whose level-K context group is still a singleton), "branch:hard" (steps of the level-K
     group whose return-to-go varies most), "tree:D1,D2,..." (at set depths). Needs an env with
-    snapshots (hgpo/train/branching.py, docs/branching.md); validation stays independent."""
+    snapshots (hgpo/train/branched_play.py, docs/branching.md); validation stays independent."""
     branch_budget: float = _rollout(0.5, lo=0, hi=1, lo_open=True)
     """Share of each group's env-step budget spent on branches (rollout_scheme other than
     "independent"): ceil((1 - share) x group_size) root episodes, then branches until the
@@ -259,7 +249,7 @@ class TrainConfig:
     tiny_arch: str = _tiny("qwen2", choices=TINY_ARCHS)
     """Architecture of the tiny model: "qwen2" or "qwen3" (with Qwen3's think tokens and chat
     template with its thinking switch)."""
-    # --- exact truth on toy environments (hgpo.train.truth) ----------------------------------------
+    # --- exact truth on toy environments (hgpo.train.truth_monitor) ----------------------------------------
     truth_every: int = _truth(0, lo=0, hi=MAX_ITERATIONS)
     """Every n iterations compute the exact V, Q, A* of the current LLM policy (toy env, action
     mode "score") and log every estimator's bias^2, variance, MSE, sign agreement and gradient
@@ -351,14 +341,20 @@ class TrainConfig:
         """The EstimatorConfig of this run: paper (or reference) options, K, gamma, overrides."""
         base = EstimatorConfig()
         if self.reference_options:
-            try:  # each estimator's own preset (rloo: norm=mean, std=sample; ...)
-                base = reference_config(self.estimator, env=self.env)
-            except ValueError:
+            if self.estimator not in REFERENCE_ESTIMATORS:  # (rloo: norm=mean, std=sample; ...)
                 raise ValueError(
                     f"TrainConfig.reference_options: estimator {self.estimator!r} has no "
                     "reference preset (hgpo.reference_config); drop --reference-options or "
                     "give its options with --estimator-options"
-                ) from None
+                )
+            profile = benchmark(self.env).reference_profile
+            if profile is None:
+                raise ValueError(
+                    f"TrainConfig.reference_options: --env {self.env!r} has no verl-agent "
+                    "reference profile (hgpo.config.REFERENCE_PROFILES); drop "
+                    "--reference-options or give the options with --estimator-options"
+                )
+            base = reference_config(self.estimator, env=profile)
         try:
             opts = parse_options(self.estimator_options)
             return base.replace(K=self.history_length, gamma=self.gamma, **opts)
@@ -403,7 +399,7 @@ def parse_options(text: str, where: str = "--estimator-options") -> dict[str, An
 
 
 def _field_types() -> dict[str, Any]:
-    """TrainConfig's ``{field: type}`` (hgpo.options.field_types)."""
+    """TrainConfig's ``{field: type}`` (hgpo.fields.field_types)."""
     return field_types(TrainConfig)
 
 

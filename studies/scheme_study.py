@@ -6,7 +6,7 @@
 For each cell (environment, K, policy stage) the reference is today's independent rollouts,
 N = ``--rollouts`` per group; S0 = their mean env steps per group. Every scheme then runs at
 ``m * S0`` env steps per group for each budget multiplier m in ``--budgets`` (the share
-``--branch-budget`` of them on branches, see toyenvs/branching.py), on the same tasks and seeds
+``--branch-budget`` of them on branches, see toyenvs/branched_rollout.py), on the same tasks and seeds
 batch by batch (common random numbers). Per (scheme, m), over ``--batches`` batches:
 
 - level-K utilisation: share of steps whose level-K group (same K-step context) has >= 2
@@ -50,7 +50,7 @@ from studies.compile_note import note_numba_compile
 from studies.io import atomic_write_json, write_csv
 from studies.stages import parse_env, stage_policies
 from studies.tabular import evaluate_success
-from toyenvs.branching import parse_scheme
+from toyenvs.branched_rollout import parse_scheme
 
 __all__ = ["SchemeStudy", "budget_needed", "run_scheme_cell", "run_scheme_study"]
 

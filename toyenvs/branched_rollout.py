@@ -6,7 +6,7 @@ last K (observation, action) pairs) and the step index t. The environment's rand
 stream per trajectory, so a branch draws its own future from a fresh stream. A branch shares
 its parent's steps 0..b-1 and state s_b, hence its first step falls in the level-K group of the
 step it branches from; it runs until it terminates (goal, trap or horizon). The batch is a
-branched :class:`hgpo.StepBatch` (``parent`` column, see ``hgpo/branching.py``): the shared
+branched :class:`hgpo.StepBatch` (``parent`` column, see ``hgpo/branched_batch.py``): the shared
 prefix is a sample once.
 
 Schemes (``toyenvs.rollout(..., scheme=..., steps=S, branch_budget=beta)``), per rollout group:

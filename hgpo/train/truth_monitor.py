@@ -48,10 +48,10 @@ from agentenvs.memory import EpisodeMemory
 from agentenvs.parser import parse_action
 from agentenvs.toytext import ToyText, parse_toy_spec, render, split_tasks, toy_prompt
 from hgpo import ESTIMATORS, compute_advantages
-from hgpo.branching import lookback_rows
+from hgpo.branched_batch import lookback_rows
 from hgpo.compare import gradient_compare, sign_agreement
-from hgpo.train.config import TrainConfig, TrainConfigError
-from hgpo.train.rollout import response_text
+from hgpo.train.episodes import response_text
+from hgpo.train.train_config import TrainConfig, TrainConfigError
 from toyenvs.policy import decode_context, encode_context
 from toyenvs.truth import (
     Chain,
@@ -426,7 +426,7 @@ class TruthMonitor:
 
 def _context_rows(roll: Any, K: int) -> list[np.ndarray]:
     """Per row, the rows of its last min(K, t) steps, oldest first: the rows before it in its
-    trajectory, read across the branch point for a branch (hgpo.branching.lookback_rows)."""
+    trajectory, read across the branch point for a branch (hgpo.branched_batch.lookback_rows)."""
     steps = np.asarray(roll.step, dtype=np.int64)
     if not roll.n_branches:
         starts = np.flatnonzero(steps == 0)
