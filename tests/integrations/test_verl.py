@@ -1,0 +1,373 @@
+"""Every estimator of ours inside verl: registration, the metadata contract, exact parity.
+
+The DataProto is built the way verl-agent builds one (one row per agent step: several rollout
+groups, trajectories of different lengths, padded responses, repeated observations, the env
+reward and the action validity per row), then verl's own ``ray_trainer.compute_advantage``
+(ours once hgpo.integrations.verl is imported) runs on it; its token advantages must equal,
+bit for bit, our ``compute_advantages`` on a StepBatch built here independently from the
+per-trajectory lists, broadcast as ``A[row] * response_mask[row]``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("verl")
+
+from hgpo import EstimatorConfig, StepBatch, compute_advantages, state_ids  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = [
+    ("grpo", {}),
+    ("rloo", {}),
+    ("stepwise", {}),
+    ("gigpo", {}),
+    ("oracle", {"K": 2}),
+    ("hgpo", {"K": 2}),
+    ("hgpo", {"K": 4}),
+    ("hgpo", {"K": 2, "include_actions": True}),
+    ("hgpo", {"K": 4, "base_group": True, "zero_rule": "value"}),
+    ("hgpo-nohog2", {"K": 4}),
+    ("hgpo-uniform", {"K": 2}),
+    ("gae", {}),
+]
+GAMMA = 0.95
+LAM = 0.9
+
+
+@pytest.fixture(scope="module")
+def hv():
+    """hgpo.integrations.verl, imported once (verl's imports take seconds)."""
+    from hgpo.integrations import verl as module
+
+    return module
+
+
+@pytest.fixture(scope="module")
+def ray_trainer(hv):
+    from verl.trainer.ppo import ray_trainer
+
+    return ray_trainer
+
+
+@dataclass
+class Episodes:
+    """The per-trajectory lists a rollout produced (the independent reference)."""
+
+    groups: list[int]
+    rewards: list[list[float]]
+    obs: list[list[str]]
+    valid: list[list[bool]]
+    lengths: list[list[int]]  # response length of every step
+    tokens: list[list[list[int]]]  # response tokens of every step
+    values: list[list[float]]  # the critic's V(s_t) at the step's first response token
+
+
+def make_episodes(seed: int, n_groups: int = 3, n_per_group: int = 4, width: int = 7) -> Episodes:
+    rng = np.random.default_rng(seed)
+    ep = Episodes([], [], [], [], [], [], [])
+    for g in range(n_groups):
+        for _ in range(n_per_group):
+            T = int(rng.integers(1, 7))
+            ep.groups.append(g)
+            ep.rewards.append([float(r) for r in rng.choice([0.0, 0.0, 0.5, 1.0, 10.0], T)])
+            # few observations per group, so steps share states and contexts
+            ep.obs.append([f"task {g}: room {int(rng.integers(0, 3))}" for _ in range(T)])
+            ep.valid.append([bool(v) for v in rng.random(T) > 0.2])
+            lens = [int(x) for x in rng.integers(1, width + 1, T)]
+            ep.lengths.append(lens)
+            ep.tokens.append([[int(t) for t in rng.integers(0, 3, n)] for n in lens])
+            ep.values.append([float(v) for v in rng.normal(size=T).astype(np.float32)])
+    return ep
+
+
+def reference_batch(ep: Episodes, order: list[int], include_actions: bool) -> StepBatch:
+    """Our StepBatch of the episodes, trajectories in ``order``, from the lists alone."""
+    pick = [ep.obs[i] for i in order]
+    flat_obs = [o for traj in pick for o in traj]
+    keys = state_ids(flat_obs)
+    states, at = [], 0
+    for traj in pick:
+        states.append(keys[at : at + len(traj)].tolist())
+        at += len(traj)
+    actions = None
+    if include_actions:
+        flat = [bytes(np.asarray(t, dtype=np.int64)) for i in order for t in ep.tokens[i]]
+        akeys, actions, at = state_ids(flat), [], 0
+        for i in order:
+            actions.append(akeys[at : at + len(ep.tokens[i])].tolist())
+            at += len(ep.tokens[i])
+    return StepBatch.from_trajectories(
+        [ep.groups[i] for i in order],
+        [ep.rewards[i] for i in order],
+        states,
+        actions,
+        [[not v for v in ep.valid[i]] for i in order],
+    )
+
+
+def rows_of(ep: Episodes, layout: str, seed: int) -> list[tuple[int, int]]:
+    """(trajectory, step) of every DataProto row. "emitted": verl-agent's gather order
+    (trajectory by trajectory, step order); "steps": step-major, as the rollout loop's
+    per-step batches are (a trajectory's rows in step order, interleaved); "shuffled": any
+    order (verl's balance_batch), read back through step_index."""
+    rows = [(i, t) for i in range(len(ep.groups)) for t in range(len(ep.rewards[i]))]
+    if layout == "steps":
+        rows.sort(key=lambda r: (r[1], r[0]))
+    elif layout == "shuffled":
+        perm = np.random.default_rng(seed + 1).permutation(len(rows))
+        rows = [rows[k] for k in perm]
+    return rows
+
+
+def make_dataproto(ep: Episodes, rows: list[tuple[int, int]], width: int = 7, step_index=False):
+    from verl import DataProto
+
+    n = len(rows)
+    uids = [str(uuid.UUID(int=1000 + g)) for g in range(max(ep.groups) + 1)]
+    tuids = [str(uuid.UUID(int=5000 + i)) for i in range(len(ep.groups))]
+    responses = torch.zeros((n, width), dtype=torch.int64)
+    mask = torch.zeros((n, width), dtype=torch.int64)
+    tlr = torch.zeros((n, width), dtype=torch.float32)
+    values = torch.randn((n, width), generator=torch.Generator().manual_seed(n))
+    for r, (i, t) in enumerate(rows):
+        L = ep.lengths[i][t]
+        responses[r, :L] = torch.tensor(ep.tokens[i][t])
+        mask[r, :L] = 1
+        tlr[r, L - 1] = sum(ep.rewards[i])  # verl-agent: the episode reward at the last token
+        values[r, 0] = ep.values[i][t]  # V(s_t) at the first response token
+    non_tensor = {
+        "uid": np.array([uids[ep.groups[i]] for i, _ in rows], dtype=object),
+        "traj_uid": np.array([tuids[i] for i, _ in rows], dtype=object),
+        "anchor_obs": np.array([ep.obs[i][t] for i, t in rows], dtype=object),
+        "rewards": np.array([ep.rewards[i][t] for i, t in rows], dtype=object),
+        "is_action_valid": np.array([ep.valid[i][t] for i, t in rows], dtype=object),
+    }
+    if step_index:
+        non_tensor["step_index"] = np.array([t for _, t in rows], dtype=object)
+    tensors = {"responses": responses, "response_mask": mask, "token_level_rewards": tlr}
+    tensors["values"] = values
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensor)
+
+
+def algo_config(options: dict):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"gamma": GAMMA, "lam": LAM, "hgpo": options})
+
+
+def first_seen(rows: list[tuple[int, int]]) -> list[int]:
+    return list(dict.fromkeys(i for i, _ in rows))
+
+
+@pytest.mark.parametrize("layout", ["emitted", "steps", "shuffled"])
+@pytest.mark.parametrize(("name", "options"), CASES, ids=lambda c: str(c))
+def test_verl_compute_advantage_equals_ours_exactly(hv, ray_trainer, name, options, layout):
+    seed = 7 + len(name) + 3 * len(options)
+    ep = make_episodes(seed)
+    rows = rows_of(ep, layout, seed)
+    data = make_dataproto(ep, rows, step_index=layout == "shuffled")
+    out = ray_trainer.compute_advantage(
+        data, adv_estimator=hv.verl_name(name), gamma=GAMMA, lam=LAM, config=algo_config(options)
+    )
+    order = first_seen(rows)  # the contract: trajectories in order of first appearance
+    batch = reference_batch(ep, order, options.get("include_actions", False))
+    values = np.array([v for i in order for v in ep.values[i]]) if name == "gae" else None
+    cfg = EstimatorConfig(gamma=GAMMA, gae_lambda=LAM, **options)
+    ref = compute_advantages(name, batch, cfg, values=values)
+    start = {i: int(s) for i, s in zip(order, batch.traj_start, strict=True)}
+    at = [start[i] + t for i, t in rows]  # the reference row of every DataProto row
+    mask = data.batch["response_mask"].float()
+    want_a = torch.tensor(ref.advantages[at], dtype=torch.float32)[:, None] * mask
+    want_r = torch.tensor(ref.returns[at], dtype=torch.float32)[:, None] * mask
+    assert out.batch["advantages"].dtype == torch.float32
+    assert torch.equal(out.batch["advantages"], want_a)
+    assert torch.equal(out.batch["returns"], want_r)
+    assert (out.batch["advantages"][mask == 0] == 0).all()
+    assert ref.advantages.std() > 0  # the case is not degenerate: a wrong order would show
+
+
+def test_every_estimator_of_ours_is_registered_and_verls_are_untouched(hv):
+    from verl.trainer.ppo import core_algos
+
+    from hgpo import ESTIMATORS
+
+    assert set(hv.NAMES) == set(ESTIMATORS)
+    verls = {e.value for e in core_algos.AdvantageEstimator}
+    for ours, name in hv.NAMES.items():
+        assert core_algos.get_adv_estimator_fn(name).hgpo_estimator == ours
+        assert core_algos.get_adv_estimator_fn(hv.NAMESPACE + ours).hgpo_estimator == ours
+        assert name not in verls
+    for name in verls:  # verl's own: never ours
+        assert getattr(core_algos.ADV_ESTIMATOR_REGISTRY[name], "hgpo_estimator", None) is None
+    assert hv.verl_name("grpo") == "hgpo.grpo" and hv.verl_name("rloo") == "hgpo.rloo"
+    assert hv.verl_name("gae") == "hgpo.gae"
+    assert hv.verl_name("hgpo") == "hgpo" and hv.verl_name("hgpo-nohog2") == "hgpo_nohog2"
+    with pytest.raises(ValueError, match="unknown estimator 'nope'"):
+        hv.verl_name("nope")
+
+
+def test_a_name_verl_takes_later_is_never_shadowed(hv):
+    """A fake verl registry that already has 'stepwise' and 'hgpo.oracle': ours gets
+    'hgpo.stepwise' only, and no 'hgpo.oracle' at all; verl's functions stay."""
+    from enum import Enum
+    from types import SimpleNamespace
+
+    def theirs(**kwargs):
+        return None
+
+    registry = {"stepwise": theirs, "hgpo.oracle": theirs}
+
+    def register_adv_est(name):
+        def put(fn):
+            assert name not in registry or registry[name] is fn, name
+            registry[name] = fn
+            return fn
+
+        return put
+
+    fake = SimpleNamespace(
+        AdvantageEstimator=Enum("AdvantageEstimator", {"GRPO": "grpo", "GAE": "gae"}),
+        ADV_ESTIMATOR_REGISTRY=registry,
+        register_adv_est=register_adv_est,
+    )
+    names, ours = hv._register(fake)
+    assert registry["stepwise"] is theirs and registry["hgpo.oracle"] is theirs
+    assert names["stepwise"] == "hgpo.stepwise" and "stepwise" not in ours
+    assert names["oracle"] == "oracle" and "hgpo.oracle" not in ours
+    assert names["grpo"] == "hgpo.grpo" and "grpo" not in ours
+    assert hv._register(fake) == (names, ours)  # idempotent
+
+
+def test_verls_own_estimators_pass_through_unchanged(hv, ray_trainer):
+    from verl.trainer.ppo import core_algos
+
+    ep = make_episodes(3)
+    data = make_dataproto(ep, rows_of(ep, "emitted", 3))
+    want, _ = core_algos.compute_grpo_outcome_advantage(
+        data.batch["token_level_rewards"], data.batch["response_mask"], data.non_tensor_batch["uid"]
+    )
+    out = ray_trainer.compute_advantage(data, adv_estimator="grpo", config=algo_config({}))
+    assert torch.equal(out.batch["advantages"], want)
+    want, _ = core_algos.compute_rloo_outcome_advantage(
+        data.batch["token_level_rewards"],
+        data.batch["response_mask"],
+        data.non_tensor_batch["uid"],
+        config=algo_config({}),
+    )
+    out = ray_trainer.compute_advantage(data, adv_estimator="rloo", config=algo_config({}))
+    assert torch.equal(out.batch["advantages"], want)
+
+
+@pytest.mark.parametrize("key", ["uid", "traj_uid", "anchor_obs"])
+def test_a_missing_key_is_a_named_error_listing_the_keys_before_any_work(hv, ray_trainer, key):
+    ep = make_episodes(5)
+    data = make_dataproto(ep, rows_of(ep, "emitted", 5))
+    del data.non_tensor_batch[key]
+    with pytest.raises(hv.MissingMetadataError) as e:
+        ray_trainer.compute_advantage(data, adv_estimator="hgpo", config=algo_config({}))
+    msg = str(e.value)
+    assert f"lacks non_tensor_batch {key!r}" in msg and "estimator 'hgpo'" in msg
+    for needed in ("uid", "traj_uid", "anchor_obs", "response_mask", "token_level_rewards"):
+        assert repr(needed) in msg
+    assert "advantages" not in set(data.batch.keys())  # nothing written
+
+
+def test_a_missing_tensor_and_gaes_values_are_named(hv, ray_trainer):
+    ep = make_episodes(5)
+    data = make_dataproto(ep, rows_of(ep, "emitted", 5))
+    data.batch.pop("values")
+    with pytest.raises(hv.MissingMetadataError, match=r"lacks batch 'values'"):
+        ray_trainer.compute_advantage(data, adv_estimator="hgpo.gae", config=algo_config({}))
+    data.batch.pop("responses")
+    with pytest.raises(hv.MissingMetadataError, match=r"'responses'"):
+        ray_trainer.compute_advantage(
+            data, adv_estimator="hgpo", config=algo_config({"include_actions": True})
+        )
+
+
+def test_the_registered_function_called_the_plain_verl_way_is_a_named_error(hv):
+    from verl.trainer.ppo import core_algos
+
+    ep = make_episodes(5)
+    data = make_dataproto(ep, rows_of(ep, "emitted", 5))
+    fn = core_algos.get_adv_estimator_fn("hgpo")
+    with pytest.raises(hv.MissingMetadataError, match="'traj_uid', 'anchor_obs'"):
+        fn(
+            token_level_rewards=data.batch["token_level_rewards"],
+            response_mask=data.batch["response_mask"],
+            config=None,
+            index=data.non_tensor_batch["uid"],
+        )
+
+
+def test_bad_metadata_values_are_named(hv, ray_trainer):
+    ep = make_episodes(5)
+    rows = rows_of(ep, "emitted", 5)
+    data = make_dataproto(ep, rows)
+    data.non_tensor_batch["is_action_valid"][2] = "yes"
+    with pytest.raises(ValueError, match=r"is_action_valid'\]\[2\]: must be a bool, got 'yes'"):
+        ray_trainer.compute_advantage(data, adv_estimator="hgpo", config=algo_config({}))
+    data = make_dataproto(ep, rows)
+    long = next(i for i, r in enumerate(ep.rewards) if len(r) > 1)
+    row = rows.index((long, 0))
+    data.non_tensor_batch["uid"][row] = "another group"  # the trajectory spans two groups
+    with pytest.raises(ValueError, match=r"DataProto -> StepBatch: StepBatch\.group"):
+        ray_trainer.compute_advantage(data, adv_estimator="hgpo", config=algo_config({}))
+    data = make_dataproto(ep, rows, step_index=True)
+    data.non_tensor_batch["step_index"][0] = 1.5
+    with pytest.raises(ValueError, match=r"step_index'\]\[0\]: must be an integer >= 0, got 1.5"):
+        ray_trainer.compute_advantage(data, adv_estimator="hgpo", config=algo_config({}))
+
+
+def test_options_verl_sets_are_not_taken_twice(hv):
+    with pytest.raises(ValueError, match=r"algorithm.hgpo.gamma: set by verl's algorithm.gamma"):
+        hv.estimator_config(algo_config({"gamma": 0.5}), gamma=0.9)
+    with pytest.raises(ValueError, match=r"norm_adv_by_std_in_grpo"):
+        hv.estimator_config(algo_config({"norm": "mean"}))
+    with pytest.raises(ValueError, match="unknown estimator option 'KK'"):
+        hv.estimator_config(algo_config({"KK": 2}))
+    cfg = hv.estimator_config(algo_config({"K": 4}), gamma=0.9, lam=0.5, norm_by_std=False)
+    assert (cfg.K, cfg.gamma, cfg.gae_lambda, cfg.norm) == (4, 0.9, 0.5, "mean")
+    assert hv.estimator_config(None).K == EstimatorConfig().K
+
+
+def test_version_outside_the_tested_range_is_one_line(hv, monkeypatch):
+    hv.check_verl_version("0.9.1")
+    hv.check_verl_version("0.9.7.dev0")
+    monkeypatch.delenv("HGPO_VERL_ANY_VERSION", raising=False)
+    for version in ("0.10.0", "0.8.5", "1.0", "0.90"):
+        with pytest.raises(hv.UnsupportedVerlVersion) as e:
+            hv.check_verl_version(version)
+        assert "\n" not in str(e.value) and f"verl {version} is outside" in str(e.value)
+    monkeypatch.setenv("HGPO_VERL_ANY_VERSION", "1")
+    with pytest.warns(UserWarning, match="outside the tested range"):
+        hv.check_verl_version("0.10.0")
+
+
+def test_import_verl_with_the_env_var_registers_and_installs():
+    """What `VERL_USE_EXTERNAL_MODULES=hgpo.integrations.verl python -m verl.trainer.main_ppo`
+    does first: `import verl` loads us, and verl's compute_advantage is ours."""
+    code = (
+        "import verl\n"
+        "from verl.trainer.ppo import core_algos, ray_trainer\n"
+        "import hgpo.integrations.verl as hv\n"
+        "assert ray_trainer.compute_advantage is hv.compute_advantage\n"
+        "print(sorted(n for n in core_algos.ADV_ESTIMATOR_REGISTRY if n in hv.REGISTERED))\n"
+    )
+    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="hgpo.integrations.verl")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "'hgpo'" in r.stdout and "'hgpo.grpo'" in r.stdout and "'gigpo'" in r.stdout
