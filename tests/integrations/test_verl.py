@@ -371,3 +371,73 @@ def test_import_verl_with_the_env_var_registers_and_installs():
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "'hgpo'" in r.stdout and "'hgpo.grpo'" in r.stdout and "'gigpo'" in r.stdout
+
+
+def test_without_rewards_the_step_reward_is_the_rows_token_rewards(hv, ray_trainer):
+    """No non_tensor_batch['rewards']: each row's reward is token_level_rewards[row].sum()."""
+    ep = make_episodes(11)
+    rows = rows_of(ep, "steps", 11)
+    with_key = make_dataproto(ep, rows)
+    without = make_dataproto(ep, rows)
+    del without.non_tensor_batch["rewards"]
+    tlr = torch.zeros_like(without.batch["token_level_rewards"])
+    for r, (i, t) in enumerate(rows):
+        tlr[r, 0] = ep.rewards[i][t] / 2  # the step reward spread over two tokens
+        tlr[r, ep.lengths[i][t] - 1] += ep.rewards[i][t] / 2
+    without.batch["token_level_rewards"] = tlr
+    for data in (with_key, without):
+        ray_trainer.compute_advantage(data, adv_estimator="hgpo", gamma=GAMMA, config=None)
+    assert torch.equal(with_key.batch["advantages"], without.batch["advantages"])
+    assert with_key.batch["advantages"].abs().sum() > 0
+
+
+def outcome_dataproto(seed: int, n_groups: int = 16, n: int = 5):
+    """The outcome setting verl's own grpo/rloo are for: one row per episode (one step),
+    the score at the last response token; one group of a single episode."""
+    from verl import DataProto
+
+    rng = np.random.default_rng(seed)
+    sizes = [n] * (n_groups - 1) + [1]
+    rows = sum(sizes)
+    width = 6
+    lens = rng.integers(1, width + 1, rows)
+    mask = (torch.arange(width)[None, :] < torch.tensor(lens)[:, None]).long()
+    tlr = torch.zeros((rows, width), dtype=torch.float32)
+    tlr[torch.arange(rows), torch.tensor(lens) - 1] = torch.tensor(
+        rng.choice([0.0, 0.25, 1.0, 3.0], rows), dtype=torch.float32
+    )
+    uid = np.array([f"u{g}" for g, s in enumerate(sizes) for _ in range(s)], dtype=object)
+    return DataProto.from_dict(
+        tensors={"response_mask": mask, "token_level_rewards": tlr},
+        non_tensors={
+            "uid": uid,
+            "traj_uid": np.array([f"t{i}" for i in range(rows)], dtype=object),
+            "anchor_obs": np.array(["start"] * rows, dtype=object),
+        },
+    )
+
+
+OUTCOME = {  # ours: (options, norm_adv_by_std_in_grpo) against verl's own estimator
+    "grpo": ({"episode_std": "sample", "episode_singleton": "raw"}, True),
+    "rloo": ({"episode_singleton": "raw"}, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUTCOME))
+def test_ours_equals_verls_own_outcome_estimator_to_float32_rounding(hv, ray_trainer, name):
+    """hgpo.grpo / hgpo.rloo against verl's grpo / rloo on one-step episodes: the same
+    definition, verl's in float32, ours in float64 (then float32): equal to 1e-6 relative."""
+    options, by_std = OUTCOME[name]
+    for seed in range(20):
+        mine = ray_trainer.compute_advantage(
+            outcome_dataproto(seed),
+            adv_estimator=hv.verl_name(name),
+            norm_adv_by_std_in_grpo=by_std,
+            config=algo_config(options),
+        ).batch["advantages"]
+        ref = ray_trainer.compute_advantage(
+            outcome_dataproto(seed), adv_estimator=name, config=algo_config({})
+        ).batch["advantages"]
+        scale = torch.clamp(ref.abs(), min=1.0)
+        assert ((mine - ref).abs() <= 1e-6 * scale).all(), (mine - ref).abs().max()
+        assert ref.abs().max() > 0
