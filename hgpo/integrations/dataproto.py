@@ -115,11 +115,17 @@ def check_metadata(
         parts.append(f"non_tensor_batch {', '.join(map(repr, gone))}")
     if gone_t:
         parts.append(f"batch {', '.join(map(repr, gone_t))}")
+    hint = ""
+    if non_tensor <= {"uid"}:
+        hint = (
+            "; verl's v1 trainer (trainer.use_v1=True) hands compute_advantage only 'uid': run "
+            "with trainer.use_v1=False, whose DataProto keeps the agent loop's extra_fields"
+        )
     raise MissingMetadataError(
         f"{what}: the DataProto lacks {' and '.join(parts)}; it needs non_tensor_batch "
         f"{', '.join(map(repr, (*NEEDED_KEYS, *extra)))} (optional: "
         f"{', '.join(map(repr, OPTIONAL_KEYS))}) and batch {', '.join(map(repr, tokens))} "
-        "(one row per agent step; see hgpo.integrations.dataproto)"
+        f"(one row per agent step; see hgpo.integrations.dataproto){hint}"
     )
 
 
