@@ -118,9 +118,11 @@ def check_metadata(
     hint = ""
     if non_tensor <= {"uid"}:
         hint = (
-            "; verl's v1 trainer (trainer.use_v1=True) hands compute_advantage only 'uid': run "
-            "with trainer.use_v1=False, whose DataProto keeps the agent loop's extra_fields"
+            "; only 'uid' came: verl's v1 trainer passes the outputs' extra_fields only with "
+            "hgpo.integrations.verl imported in the trainer's process (VERL_USE_EXTERNAL_MODULES)"
         )
+    elif "anchor_obs" in gone:
+        hint = "; an agent loop sets extra_fields['anchor_obs'] on every output"
     raise MissingMetadataError(
         f"{what}: the DataProto lacks {' and '.join(parts)}; it needs non_tensor_batch "
         f"{', '.join(map(repr, (*NEEDED_KEYS, *extra)))} (optional: "

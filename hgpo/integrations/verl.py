@@ -13,7 +13,9 @@
    (:func:`verl_name`), ``REGISTERED`` every name registered here;
 3. installs :func:`compute_advantage`, a wrapper of verl's
    ``verl.trainer.ppo.ray_trainer.compute_advantage``, into that module (and into any module
-   already holding verl's function under that name).
+   already holding verl's function under that name), and, when verl imports its v1 trainer
+   (``trainer.use_v1=True``, the default), the two wrappers of :mod:`hgpo.integrations.verl_v1`
+   that hand our path the agent-loop outputs' ``extra_fields`` the v1 trainer leaves behind.
 
 Why a wrapped ``compute_advantage`` and not a ``RayPPOTrainer`` subclass: verl's
 ``compute_advantage`` hands a registered estimator only ``token_level_rewards``,
@@ -22,10 +24,11 @@ each step's trajectory, step and observation (``non_tensor_batch['traj_uid']``,
 ``['anchor_obs']``: the metadata contract of :mod:`hgpo.integrations.dataproto`). The wrapper
 sees the whole ``DataProto``; for our names it runs our estimator on it, for every other name
 it calls verl's function unchanged. It is one function replaced at import, so it works with
-verl's own entry point (``python -m verl.trainer.main_ppo``) and with every trainer that calls
+verl's own entry point (``python -m verl.trainer.main_ppo``: the TaskRunner imports verl, so
+VERL_USE_EXTERNAL_MODULES loads us there too) and with every trainer that calls
 ``ray_trainer.compute_advantage`` (the legacy ``RayPPOTrainer.fit``, verl's recipes, the v1
 trainer's ``compute_advantage_for_multi_trajectories``), where a subclass would need its own
-entry point and would cover one trainer class only.
+entry point (main_ppo builds verl's classes) and would cover one trainer class only.
 
 Options: ``algorithm.gamma`` is the estimators' ``gamma``, ``algorithm.lam`` gae's
 ``gae_lambda``, ``algorithm.norm_adv_by_std_in_grpo=False`` sets ``norm="mean"``; every other
@@ -46,6 +49,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
+from hgpo.integrations import verl_v1
 from hgpo.integrations.dataproto import (
     MissingMetadataError,
     check_metadata,
@@ -330,6 +334,9 @@ def _load() -> tuple[dict[str, str], dict[str, str]]:
 
     names, ours = _register(core_algos)
     install()
+    verl_v1.on_import(
+        verl_v1.V1_MODULE, lambda m: verl_v1.patch_trainer_base(m, our_name, compute_advantage)
+    )
     return names, ours
 
 

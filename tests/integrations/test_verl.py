@@ -280,17 +280,18 @@ def test_a_missing_key_is_a_named_error_listing_the_keys_before_any_work(hv, ray
     for needed in ("uid", "traj_uid", "anchor_obs", "response_mask", "token_level_rewards"):
         assert repr(needed) in msg
     assert "advantages" not in set(data.batch.keys())  # nothing written
-    assert "use_v1" not in msg
+    assert "only 'uid' came" not in msg
 
 
 def test_a_batch_with_only_uid_says_what_verls_v1_trainer_hands_over(hv, ray_trainer):
     """verl 0.9's v1 trainer (the default) builds compute_advantage's DataProto from 'uid'
-    and fixed tensors only (trainer_base._compute_advantage): the error says so."""
+    and fixed tensors only (trainer_base._compute_advantage): the error says what brings the
+    rest."""
     ep = make_episodes(5)
     data = make_dataproto(ep, rows_of(ep, "emitted", 5))
     for key in set(data.non_tensor_batch) - {"uid"}:
         del data.non_tensor_batch[key]
-    with pytest.raises(hv.MissingMetadataError, match=r"trainer\.use_v1=False"):
+    with pytest.raises(hv.MissingMetadataError, match="only 'uid' came: verl's v1 trainer"):
         ray_trainer.compute_advantage(data, adv_estimator="gigpo", config=algo_config({}))
 
 
