@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
 
-from tests.integrations.test_verl import (  # noqa: E402
+from benchmarks.verl_parity import (  # noqa: E402
     GAMMA,
     algo_config,
     make_dataproto,
