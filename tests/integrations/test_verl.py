@@ -299,3 +299,21 @@ def test_ours_equals_verls_own_outcome_estimator_to_float32_rounding(hv, name):
         assert outcome_case(name, seed) <= 1e-6
     data = outcome_dataproto(0)
     assert data.batch["token_level_rewards"].abs().sum() > 0
+
+
+def test_the_command_lines_overrides_reach_the_estimator(hv):
+    """verl's own ppo_trainer config, composed by hydra with the overrides a user types."""
+    from hydra import compose, initialize_config_module
+
+    overrides = [
+        "algorithm.adv_estimator=hgpo.hgpo-nohog2",
+        "algorithm.gamma=0.9",
+        "+algorithm.hgpo.K=4",
+        "+algorithm.hgpo.alpha=2.0",
+    ]
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    algo = cfg.algorithm
+    assert hv.our_name(algo.adv_estimator) == "hgpo-nohog2"
+    est = hv.estimator_config(algo, algo.gamma, algo.lam, algo.norm_adv_by_std_in_grpo)
+    assert (est.K, est.alpha, est.gamma, est.norm) == (4, 2.0, 0.9, "mean_std")
