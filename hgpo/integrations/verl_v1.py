@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from hgpo.integrations.dataproto import MissingMetadataError
+
 __all__ = ["V1_MODULE", "attach_v1_metadata", "on_import"]
 
 V1_MODULE = "verl.trainer.ppo.v1.trainer_base"
@@ -53,6 +55,8 @@ def attach_v1_metadata(data: Any, keys: list[str], extra_fields: list[Any]) -> N
     extra_fields: each row's ``extra_fields`` dict. Sets ``traj_uid`` = ``{uid}_{session}``,
     ``step_index`` = ``index`` and every key of :data:`FROM_EXTRA_FIELDS` that all rows carry
     (a key some rows carry and others not is a ValueError naming it and a row without it).
+    ``rewards`` is needed here (MissingMetadataError): the v1 agent loop copies the episode's
+    reward to every output, so the token rewards' fallback would count it once per step.
     """
     n = len(keys)
     if len(extra_fields) != n:
@@ -81,6 +85,12 @@ def attach_v1_metadata(data: Any, keys: list[str], extra_fields: list[Any]) -> N
         column = np.empty(n, dtype=object)
         column[:] = [f[name] for f in fields]
         out[name] = column
+    if "rewards" not in out:
+        raise MissingMetadataError(
+            "v1 metadata: the agent-loop outputs' extra_fields lack 'rewards' (the env reward "
+            "of each step): verl's v1 agent loop gives every output of an episode the "
+            "episode's reward_score, so token_level_rewards cannot tell the step rewards"
+        )
 
 
 def _wrap_method(original: Callable[..., Any], ours: Callable[[Any], str | None]) -> Callable:

@@ -93,6 +93,9 @@ def test_bad_v1_metadata_is_named(hv):
     del extra[3]["anchor_obs"]
     with pytest.raises(ValueError, match=r"extra_fields\['anchor_obs'\] is set on some outputs"):
         attach_v1_metadata(v1_dataproto(ep, rows), keys, extra)
+    no_rewards = [{k: v for k, v in f.items() if k != "rewards"} for f in v1_outputs(ep, rows)[1]]
+    with pytest.raises(hv.MissingMetadataError, match="lack 'rewards'"):
+        attach_v1_metadata(v1_dataproto(ep, rows), keys, no_rewards)
     for f in extra:
         f.pop("anchor_obs", None)
     data = v1_dataproto(ep, rows)
