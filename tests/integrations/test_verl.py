@@ -317,3 +317,9 @@ def test_the_command_lines_overrides_reach_the_estimator(hv):
     assert hv.our_name(algo.adv_estimator) == "hgpo-nohog2"
     est = hv.estimator_config(algo, algo.gamma, algo.lam, algo.norm_adv_by_std_in_grpo)
     assert (est.K, est.alpha, est.gamma, est.norm) == (4, 2.0, 0.9, "mean_std")
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        plain = compose(config_name="ppo_trainer", overrides=["algorithm.adv_estimator=hgpo"])
+    assert hv.estimator_config(plain.algorithm).K == EstimatorConfig().K  # struct, no hgpo key
+    from verl.trainer.config import AlgoConfig
+
+    assert hv.estimator_config(AlgoConfig(gamma=0.9), 0.9).gamma == 0.9  # verl's dataclass
