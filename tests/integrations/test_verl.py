@@ -323,3 +323,18 @@ def test_the_command_lines_overrides_reach_the_estimator(hv):
     from verl.trainer.config import AlgoConfig
 
     assert hv.estimator_config(AlgoConfig(gamma=0.9), 0.9).gamma == 0.9  # verl's dataclass
+
+
+def test_importing_under_an_untested_verl_stops_with_one_line(hv, monkeypatch):
+    """The module's import (a fresh copy, so nothing is registered twice) reads verl's
+    version first: 0.10 stops it with the one-line UnsupportedVerlVersion."""
+    import importlib.util
+
+    import verl
+
+    monkeypatch.setattr(verl, "__version__", "0.10.0")
+    monkeypatch.delenv("HGPO_VERL_ANY_VERSION", raising=False)
+    spec = importlib.util.spec_from_file_location("hgpo_verl_copy", hv.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    with pytest.raises(ImportError, match=r"verl 0\.10\.0 is outside the tested range 0\.9\.x"):
+        spec.loader.exec_module(copy)
