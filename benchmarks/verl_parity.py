@@ -63,12 +63,16 @@ class Episodes:
     values: list[list[float]]  # the critic's V(s_t) at the step's first response token
 
 
-def make_episodes(seed: int, n_groups: int = 3, n_per_group: int = 4, width: int = 7) -> Episodes:
+def make_episodes(
+    seed: int, n_groups: int = 3, n_per_group: int = 4, width: int = 7, max_steps: int = 6
+) -> Episodes:
+    """Random episodes: ``n_groups`` rollout groups of ``n_per_group`` episodes of 1 to
+    ``max_steps`` steps, responses of 1 to ``width`` tokens."""
     rng = np.random.default_rng(seed)
     ep = Episodes([], [], [], [], [], [], [])
     for g in range(n_groups):
         for _ in range(n_per_group):
-            T = int(rng.integers(1, 7))
+            T = int(rng.integers(1, max_steps + 1))
             ep.groups.append(g)
             ep.rewards.append([float(r) for r in rng.choice([0.0, 0.0, 0.5, 1.0, 10.0], T)])
             # few observations per group, so steps share states and contexts
@@ -242,9 +246,38 @@ def outcome_case(name: str, seed: int) -> float:
     return float(((mine - ref).abs() / torch.clamp(ref.abs(), min=1.0)).max())
 
 
+def time_case(name: str, options: dict, repeats: int = 5) -> tuple[int, float, float]:
+    """(rows, seconds of ours, seconds of verl's grpo): the median over ``repeats`` of
+    verl's compute_advantage on one batch of the paper's shape (16 groups of 8 episodes of
+    1-50 steps, about 3,300 steps; responses of up to 512 tokens)."""
+    import time
+
+    from verl.trainer.ppo import ray_trainer
+
+    from hgpo.integrations.verl import verl_name
+
+    ep = make_episodes(0, n_groups=16, n_per_group=8, width=512, max_steps=50)
+    rows = rows_of(ep, "emitted", 0)
+    data = make_dataproto(ep, rows, width=512)
+
+    def median(estimator: str, config) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            ray_trainer.compute_advantage(data, adv_estimator=estimator, config=config)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    ours = median(verl_name(name), algo_config(options))
+    return len(rows), ours, median("grpo", algo_config({}))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.verl_parity", description=__doc__)
     ap.add_argument("--seeds", type=int, default=20, help="random batches per case (default 20)")
+    ap.add_argument(
+        "--time", action="store_true", help="also time the advantage step on the paper's shape"
+    )
     args = ap.parse_args(argv)
     import verl
 
@@ -263,6 +296,16 @@ def main(argv: list[str] | None = None) -> None:
     for name in sorted(OUTCOME):
         worst = max(outcome_case(name, seed) for seed in range(args.seeds))
         print(f"verl's own {name}: largest difference {worst:.2e} relative to max(1, |A|)")
+    if args.time:
+        import os
+
+        for name, options in (("hgpo", {"K": 4}), ("gigpo", {})):
+            n, ours, grpo = time_case(name, options)
+            print(
+                f"time   {name} {options or ''}: {n} steps x 512 tokens, compute_advantage "
+                f"{ours * 1e3:.1f} ms (verl's grpo {grpo * 1e3:.1f} ms), load average "
+                f"{os.getloadavg()[0]:.1f}"
+            )
 
 
 if __name__ == "__main__":
