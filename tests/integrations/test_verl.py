@@ -21,6 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
+# verl's engine registry warns at import about every optional engine it lacks (megatron, ...)
+pytestmark = pytest.mark.filterwarnings("ignore:.*engine is not available:UserWarning")
 
 from benchmarks.verl_parity import (  # noqa: E402
     CASES,
@@ -338,3 +340,17 @@ def test_importing_under_an_untested_verl_stops_with_one_line(hv, monkeypatch):
     copy = importlib.util.module_from_spec(spec)
     with pytest.raises(ImportError, match=r"verl 0\.10\.0 is outside the tested range 0\.9\.x"):
         spec.loader.exec_module(copy)
+
+
+def test_a_copied_row_with_step_index_is_a_named_error(hv, ray_trainer):
+    """verl-agent's adjust_batch (mode "copy") appends copies of random rows to make the batch
+    divisible; with step_index a copy is a repeated step, a named error (without step_index
+    it cannot be told from a real step)."""
+    from verl import DataProto
+
+    ep = make_episodes(5)
+    rows = rows_of(ep, "emitted", 5)
+    data = make_dataproto(ep, rows, step_index=True)
+    data = DataProto.concat([data, data.select_idxs(np.array([3]))])
+    with pytest.raises(ValueError, match=r"DataProto -> StepBatch: StepBatch\.step\["):
+        ray_trainer.compute_advantage(data, adv_estimator="hgpo", config=algo_config({}))

@@ -18,6 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
+# verl's engine registry warns at import about every optional engine it lacks (megatron, ...)
+pytestmark = pytest.mark.filterwarnings("ignore:.*engine is not available:UserWarning")
 
 from benchmarks.verl_parity import (  # noqa: E402
     GAMMA,
