@@ -66,6 +66,7 @@ __all__ = [
     "TESTED_VERSIONS",
     "MissingMetadataError",
     "UnsupportedVerlVersion",
+    "advantages_for",
     "check_verl_version",
     "compute_advantage",
     "estimator_config",
@@ -191,11 +192,9 @@ def advantages_for(name: str, data: Any, cfg: EstimatorConfig) -> tuple[Any, Any
     tokens as ``A[row] * response_mask[row]``, in ``token_level_rewards``' dtype.
     """
     needs_values = name == "gae"
-    check_metadata(
-        data,
-        f"estimator {name!r}",
-        tokens=("response_mask", "token_level_rewards", *(("values",) if needs_values else ())),
-    )
+    tokens = ("response_mask", "token_level_rewards")
+    tokens += ("values",) * needs_values + ("responses",) * cfg.include_actions
+    check_metadata(data, f"estimator {name!r}", tokens=tokens)
     rows = step_batch_from_dataproto(data, include_actions=cfg.include_actions)
     values = _values(data, rows.order) if needs_values else None
     out = compute_advantages(name, rows.batch, cfg, values=values)
