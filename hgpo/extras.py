@@ -22,6 +22,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "alfworld": ("alfworld", "textworld", "fast_downward"),
     "ray": ("ray",),
     "gpu": ("vllm",),
+    "verl": ("verl", "fastapi", "uvicorn"),
 }
 """Per optional extra of pyproject.toml: the top-level modules the project imports from it."""
 

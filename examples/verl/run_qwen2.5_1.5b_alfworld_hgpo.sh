@@ -38,7 +38,7 @@ CHECKPOINTS_DIR=${CHECKPOINTS_DIR:-$HOME/checkpoints}
 
 # One row per task (extra_info = {"env", "split", "task_id"}): every training game, and the
 # first 128 of valid_seen; the env options (games folder, ...) are the agent loop's own.
-python3 -m hgpo.integrations.verl_loop \
+python3 -m hgpo.integrations.verl_tasks \
     --env alfworld \
     --out-dir "$data_dir" \
     --val $val_data_size \

@@ -32,6 +32,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from hgpo import state_ids
 from hgpo.integrations import verl_loop as vl
+from hgpo.integrations import verl_tasks
 from hgpo.options import OptionError
 from hgpo.train.envs import CRASH_ENV, EnvSet
 from hgpo.train.episodes import Play, run_episodes
@@ -325,9 +326,9 @@ def test_bad_settings_are_named_errors(tok):
 
 def test_task_rows_feed_the_loop(tmp_path):
     yaml = Path(__file__).resolve().parents[2] / "examples" / "verl" / "hgpo_agent_loop.yaml"
-    assert vl.config_options(str(yaml))["history_length"] == 2
+    assert verl_tasks.config_options(str(yaml))["history_length"] == 2
     argv = ["--env", TOY, "--out-dir", str(tmp_path), "--train", "3", "--val", "2"]
-    vl.main([*argv, "--agent-loop-config", str(yaml)])
+    verl_tasks.main([*argv, "--agent-loop-config", str(yaml)])
     import pandas as pd
 
     train, test = (pd.read_parquet(tmp_path / f"{n}.parquet") for n in ("train", "test"))
@@ -412,7 +413,7 @@ def test_example_script_composes_against_verls_config(tmp_path):
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "ARGS_DIR": str(tmp_path)}
     env["HOME"] = str(tmp_path)
     subprocess.run(["bash", str(script)], env=env, check=True, capture_output=True, timeout=60)
-    data_args = (tmp_path / "hgpo.integrations.verl_loop").read_text().splitlines()
+    data_args = (tmp_path / "hgpo.integrations.verl_tasks").read_text().splitlines()
     assert data_args[data_args.index("--env") + 1] == "alfworld"
     overrides = (tmp_path / "verl.trainer.main_ppo").read_text().splitlines()[2:]
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")

@@ -1,0 +1,245 @@
+"""The metadata contract: a verl ``DataProto`` of agent steps <-> this project's ``StepBatch``.
+
+A row of the ``DataProto`` is one agent STEP (one LLM response). Its ``non_tensor_batch``
+(numpy object arrays, verl-agent's names) carries:
+
+========================  ========  ==========================================================
+key                       needed    meaning
+========================  ========  ==========================================================
+``uid``                   always    the rollout group (the episodes of one task share it)
+``traj_uid``              always    the trajectory (episode), unique across the batch
+``anchor_obs``            always    the observation the step was taken from (equal = same state)
+``step_index``            optional  int, the step t within its trajectory; when absent the rows
+                                    of a trajectory are taken in the order the batch holds them
+                                    (verl-agent emits them in step order)
+``rewards``               optional  float, the env reward of the step WITHOUT the invalid-action
+                                    penalty; when absent ``token_level_rewards[row].sum()``
+``is_action_valid``       optional  bool, False marks an invalid action (the estimators apply
+                                    the penalty, ``EstimatorConfig.penalty_mode``)
+========================  ========  ==========================================================
+
+Token tensors (``batch``): ``response_mask`` (padding = 0) and ``token_level_rewards`` always;
+``responses`` with ``include_actions`` (the action key is the step's unpadded response tokens);
+``values`` for gae (the critic's value at the step's first response token is V(s_t)).
+
+The rows need not be contiguous or in order (verl's ``balance_batch`` permutes them): they
+are sorted stably by (trajectory in order of first appearance, step) into a ``StepBatch``, and
+the per-step results are put back in the ``DataProto``'s row order, then broadcast to the
+tokens exactly as verl-agent does: ``advantages[row] = A[row] * response_mask[row]``, in the
+dtype of ``token_level_rewards``.
+
+Needs torch (the DataProto's tensors); verl itself is not imported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hgpo import StepBatch, state_ids
+
+__all__ = [
+    "NEEDED_KEYS",
+    "OPTIONAL_KEYS",
+    "TOKEN_KEYS",
+    "MissingMetadataError",
+    "StepRows",
+    "check_metadata",
+    "step_batch_from_dataproto",
+    "to_tokens",
+]
+
+NEEDED_KEYS: tuple[str, ...] = ("uid", "traj_uid", "anchor_obs")
+"""The ``non_tensor_batch`` keys every estimator of this project needs."""
+OPTIONAL_KEYS: tuple[str, ...] = ("step_index", "rewards", "is_action_valid")
+"""The ``non_tensor_batch`` keys read when present."""
+TOKEN_KEYS: tuple[str, ...] = ("response_mask", "token_level_rewards")
+"""The ``batch`` tensors every estimator needs."""
+
+
+class MissingMetadataError(KeyError):
+    """A ``DataProto`` lacks keys of the metadata contract; the message lists them all.
+
+    A ``KeyError`` (a key is missing) whose ``str`` is the plain one-line message.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """A ``StepBatch`` built from a ``DataProto`` and the row order that links the two.
+
+    Attributes:
+        batch: the StepBatch, trajectories contiguous and in step order.
+        order: int64[n], ``batch`` row i is the DataProto's row ``order[i]``.
+    """
+
+    batch: StepBatch
+    order: np.ndarray
+
+    def to_rows(self, per_step: np.ndarray) -> np.ndarray:
+        """float64[n] per StepBatch row -> the same values in the DataProto's row order."""
+        out = np.empty_like(per_step)
+        out[self.order] = per_step
+        return out
+
+
+def _keys(mapping: Any) -> set[str]:
+    try:
+        return set(mapping.keys())
+    except AttributeError:
+        return set()
+
+
+def check_metadata(
+    data: Any, what: str, *, tokens: tuple[str, ...] = TOKEN_KEYS, extra: tuple[str, ...] = ()
+) -> None:
+    """:class:`MissingMetadataError` unless ``data`` has every key the contract needs.
+
+    what: who asks (``"estimator 'hgpo'"``), for the message. tokens: the ``batch`` tensors
+    needed; extra: further ``non_tensor_batch`` keys needed. Checks keys only: no work done.
+    """
+    non_tensor = _keys(getattr(data, "non_tensor_batch", None))
+    tensors = _keys(getattr(data, "batch", None))
+    gone = [k for k in (*NEEDED_KEYS, *extra) if k not in non_tensor]
+    gone_t = [k for k in tokens if k not in tensors]
+    if not gone and not gone_t:
+        return
+    parts = []
+    if gone:
+        parts.append(f"non_tensor_batch {', '.join(map(repr, gone))}")
+    if gone_t:
+        parts.append(f"batch {', '.join(map(repr, gone_t))}")
+    hint = ""
+    if non_tensor <= {"uid"}:
+        hint = (
+            "; only 'uid' came: verl's v1 trainer passes the outputs' extra_fields only with "
+            "hgpo.integrations.verl imported in the trainer's process (VERL_USE_EXTERNAL_MODULES)"
+        )
+    elif "anchor_obs" in gone:
+        hint = "; an agent loop sets extra_fields['anchor_obs'] on every output"
+    raise MissingMetadataError(
+        f"{what}: the DataProto lacks {' and '.join(parts)}; it needs non_tensor_batch "
+        f"{', '.join(map(repr, (*NEEDED_KEYS, *extra)))} (optional: "
+        f"{', '.join(map(repr, OPTIONAL_KEYS))}) and batch {', '.join(map(repr, tokens))} "
+        f"(one row per agent step; see hgpo.integrations.dataproto){hint}"
+    )
+
+
+def _column(non_tensor: Mapping[str, Any], key: str, n: int) -> np.ndarray:
+    col = np.asarray(non_tensor[key])
+    if col.ndim != 1 or col.shape[0] != n:
+        raise ValueError(
+            f"non_tensor_batch[{key!r}]: must have one entry per row ({n}), got shape {col.shape}"
+        )
+    return col
+
+
+def _step_index(non_tensor: Mapping[str, Any], traj: np.ndarray) -> np.ndarray:
+    """int64[n] step t of every row: ``step_index`` if given, else the row's rank within its
+    trajectory in batch order."""
+    n = traj.shape[0]
+    if "step_index" in non_tensor:
+        col = _column(non_tensor, "step_index", n)
+        for i, v in enumerate(col.tolist()):
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0:
+                raise ValueError(
+                    f"non_tensor_batch['step_index'][{i}]: must be an integer >= 0, got {v!r}"
+                )
+        return col.astype(np.int64)
+    by_traj = np.argsort(traj, kind="stable")
+    sorted_traj = traj[by_traj]
+    starts = np.flatnonzero(np.r_[True, sorted_traj[1:] != sorted_traj[:-1]])
+    first = np.repeat(starts, np.diff(np.r_[starts, n]))
+    step = np.empty(n, dtype=np.int64)
+    step[by_traj] = np.arange(n) - first
+    return step
+
+
+def _invalid(non_tensor: Mapping[str, Any], n: int) -> np.ndarray | None:
+    if "is_action_valid" not in non_tensor:
+        return None
+    col = _column(non_tensor, "is_action_valid", n)
+    values = col.tolist()
+    for i, v in enumerate(values):
+        if not (isinstance(v, bool | np.bool_) or (type(v) is int and v in (0, 1))):
+            raise ValueError(f"non_tensor_batch['is_action_valid'][{i}]: must be a bool, got {v!r}")
+    return ~np.asarray(values, dtype=bool)
+
+
+def _rewards(data: Any, n: int) -> np.ndarray:
+    """float64[n] the env reward of every row (``rewards``, else the row's token rewards
+    summed in float64)."""
+    if "rewards" in data.non_tensor_batch:
+        col = _column(data.non_tensor_batch, "rewards", n)
+        try:
+            return col.astype(np.float64)
+        except (TypeError, ValueError):
+            bad = next(v for v in col.tolist() if not isinstance(v, int | float | np.number))
+            raise ValueError(f"non_tensor_batch['rewards']: must be numbers, got {bad!r}") from None
+    tlr = data.batch["token_level_rewards"]
+    return tlr.double().sum(-1).cpu().numpy()
+
+
+def _actions(data: Any, n: int) -> np.ndarray:
+    """int64[n] keys of the steps' responses (the unpadded response tokens)."""
+    if "responses" not in _keys(data.batch):
+        raise MissingMetadataError(
+            "include_actions: the DataProto lacks batch 'responses' (the action key of a step "
+            "is its unpadded response tokens)"
+        )
+    tokens = data.batch["responses"].cpu().numpy()
+    mask = data.batch["response_mask"].cpu().numpy().astype(bool)
+    return state_ids([tokens[i][mask[i]].tobytes() for i in range(n)])
+
+
+def step_batch_from_dataproto(data: Any, *, include_actions: bool = False) -> StepRows:
+    """The ``StepBatch`` of a ``DataProto`` of agent steps (the contract in the module doc).
+
+    Raises MissingMetadataError listing the keys it needs when any is missing (before any
+    work), ValueError naming the key and the value for a bad entry, and StepBatch's own
+    errors (prefixed with "DataProto -> StepBatch") for rows that do not form trajectories
+    (a trajectory in two ``uid`` groups, a gap in ``step_index``, a repeated step).
+    """
+    check_metadata(data, "step_batch_from_dataproto")
+    non_tensor = data.non_tensor_batch
+    n = int(data.batch["response_mask"].shape[0])
+    group = state_ids(_column(non_tensor, "uid", n).tolist())
+    traj = state_ids(_column(non_tensor, "traj_uid", n).tolist())
+    state = state_ids(_column(non_tensor, "anchor_obs", n).tolist())
+    step = _step_index(non_tensor, traj)
+    invalid = _invalid(non_tensor, n)
+    reward = _rewards(data, n)
+    action = _actions(data, n) if include_actions else None
+    order = np.lexsort((step, traj))
+
+    def pick(col: np.ndarray | None) -> np.ndarray | None:
+        return None if col is None else col[order]
+
+    try:
+        batch = StepBatch(
+            group=group[order],
+            traj=traj[order],
+            step=step[order],
+            reward=reward[order],
+            state=state[order],
+            action=pick(action),
+            invalid=pick(invalid),
+        )
+    except ValueError as exc:
+        raise ValueError(f"DataProto -> StepBatch: {exc}") from None
+    return StepRows(batch, order)
+
+
+def to_tokens(per_row: np.ndarray, response_mask: Any, like: Any) -> Any:
+    """The token tensor ``per_row[row] * response_mask[row]`` (verl-agent's broadcast), in the
+    dtype and on the device of the tensor ``like`` (``token_level_rewards``)."""
+    import torch
+
+    values = torch.as_tensor(per_row, dtype=like.dtype, device=like.device)
+    return values.unsqueeze(-1) * response_mask.to(like.dtype)
