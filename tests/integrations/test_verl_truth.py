@@ -10,6 +10,8 @@ shuffled DataProto through the metadata contract. Every ``truth/*`` figure must 
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -217,4 +219,7 @@ def test_install_makes_verls_legacy_task_runner_build_the_truth_trainer(vt, monk
     monkeypatch.setattr(v0, "RayPPOTrainer", v0.RayPPOTrainer)  # restored after the test
     vt.install()
     assert v0.RayPPOTrainer is vt.TruthRayPPOTrainer
+    monkeypatch.setattr(v0, "RayPPOTrainer", RayPPOTrainer)
+    importlib.reload(importlib.import_module("hgpo.integrations.verl_truth_plugin"))
+    assert v0.RayPPOTrainer is vt.TruthRayPPOTrainer  # what VERL_USE_EXTERNAL_MODULES loads
     assert issubclass(vt.TruthRayPPOTrainer, RayPPOTrainer)
