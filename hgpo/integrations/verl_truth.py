@@ -38,7 +38,9 @@ that played the batch is the free-text policy, whose action distribution sums ov
 that parses to an action and has no finite chain (see :mod:`hgpo.train.truth`). So the figures
 are exact for the scored policy of the *same weights*, and the estimators' errors are measured
 against it; the two policies coincide only when the model puts (nearly) all of its mass on the
-candidate texts. Score mode inside verl would need the agent loop to score the candidates of
+candidate texts. A free-text response that names no listed action lies outside the chain: a
+step with any such row logs only the policy's figures and ``truth/rows_no_action``
+(:meth:`VerlTruth.measure`). Score mode inside verl would need the agent loop to score the candidates of
 each step (prompt log-probs of ``prompt + response(a)`` for every a from the rollout server,
 which verl 0.9.1's ``generate`` interface does not return, or an actor ``compute_log_prob``
 call per step from the loop, which runs in workers without the actor) and then sample an
@@ -132,6 +134,9 @@ def truth_config(settings: Mapping[str, Any], temperature: float, gamma: float) 
     for key in ("env", "every"):
         if key not in settings:
             raise TrainConfigError(f"trainer.hgpo_truth.{key} is required")
+    every = settings["every"]
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise TrainConfigError(f"trainer.hgpo_truth.every={every!r}: must be an int >= 1")
     env = settings["env"]
     if not isinstance(env, str) or not env.startswith("toy:"):
         raise TrainConfigError(
@@ -271,8 +276,26 @@ class VerlTruth:
 
     def measure(self, data: DataProto, scorer: Scorer) -> dict[str, float]:
         """``truth/*`` of the batch ``data`` and the policy ``scorer`` scores (call it before
-        the update): the same figures as our trainer's ``--truth-every``."""
-        return self.monitor.measure_steps(self.steps(data), scorer)
+        the update): the same figures as our trainer's ``--truth-every``, plus
+        ``truth/rows_no_action``, the rows whose response names no listed action.
+
+        verl samples free text, so such rows occur; they (and the later steps of their
+        trajectories) lie outside the chain, so a batch with any of them logs the policy's
+        figures (``truth/J``, sizes, times) and ``truth/rows_no_action`` only, with a warning.
+        """
+        steps = self.steps(data)
+        bad = int((steps.action < 0).sum())
+        if not bad:
+            return {**self.monitor.measure_steps(steps, scorer), "truth/rows_no_action": 0.0}
+        log.warning("truth: %d of %d rows name no listed action (free text); the estimator "
+                    "figures are left out of this step", bad, steps.action.size)  # fmt: skip
+        truth = self.monitor.policy_truth(scorer)
+        return {
+            "truth/J": truth.J, "truth/nodes": float(self.monitor.chain.n_nodes),
+            "truth/prompts": float(self.monitor.row_code.size),
+            "truth/time_score": truth.score_seconds, "truth/time_solve": truth.solve_seconds,
+            "truth/rows_no_action": float(bad),
+        }  # fmt: skip
 
 
 class TruthRayPPOTrainer(RayPPOTrainer):

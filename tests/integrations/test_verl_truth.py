@@ -142,7 +142,7 @@ def test_verl_truth_equals_our_trainers_truth(vt, played, monkeypatch):
     assert trainer._update_actor(data).meta_info["metrics"] == stub and not actor.sizes
     trainer.global_steps = 2
     theirs = trainer._update_actor(data).meta_info["metrics"]
-    assert theirs.pop("actor/pg_loss") == [0.5]
+    assert theirs.pop("actor/pg_loss") == [0.5] and theirs.pop("truth/rows_no_action") == 0
     assert set(theirs) == set(ours) and {f"truth/{e}/grad_cos" for e in ESTIMATORS} <= set(ours)
     # one call per 128 prompts x 4 candidates (54 x 4 here), padded to a multiple of dp = 5
     pairs = [min(128, mon.row_code.size - lo) * mon.env.n_actions
@@ -194,6 +194,8 @@ def test_bad_input_is_named_before_any_work(vt, played):
         vt.truth_config({**SETTINGS, "gamma": 0.9}, 1.0, 0.95)
     with pytest.raises(TrainConfigError, match=r"hgpo_truth.every is required"):
         vt.truth_config({"env": TMAZE}, 1.0, 0.95)
+    with pytest.raises(TrainConfigError, match=r"hgpo_truth.every=0: must be an int >= 1"):
+        vt.truth_config({**SETTINGS, "every": 0}, 1.0, 0.95)
     big = vt.truth_config({"env": "toy:keydoor:size=4", "every": 1, "max_nodes": 100}, 1.0, 0.95)
     with pytest.raises(TrainConfigError, match=r"max_nodes=100.*the reachable .* is larger"):
         vt.VerlTruth(big, tok)
@@ -228,3 +230,23 @@ def test_install_makes_verls_legacy_task_runner_build_the_truth_trainer(vt, monk
     importlib.reload(importlib.import_module("hgpo.integrations.verl_truth_plugin"))
     assert v0.RayPPOTrainer is vt.TruthRayPPOTrainer  # what VERL_USE_EXTERNAL_MODULES loads
     assert issubclass(vt.TruthRayPPOTrainer, RayPPOTrainer)
+
+
+def test_free_text_rows_naming_no_action_leave_out_the_estimator_figures(vt, played):
+    """A row whose response names no listed action (verl samples free text): the step logs the
+    scored policy's J and the count, not estimator figures computed off the chain."""
+    tok, _, _, roll = played
+    truth = vt.VerlTruth(vt.truth_config(SETTINGS, TEMPERATURE, GAMMA), tok)
+    data = verl_batch(vt, roll, tok.pad_token_id, np.arange(len(roll)), rewards_key=True)
+    text = tok("<action>fly</action>", add_special_tokens=False)["input_ids"]
+    R = data.batch["responses"].shape[1]
+    assert len(text) <= R
+    data.batch["responses"][3, : len(text)] = torch.tensor(text)
+    data.batch["response_mask"][3] = 0
+    data.batch["response_mask"][3, : len(text)] = 1
+    uniform = lambda p, r: [0.0] * len(p)  # noqa: E731 - every action equally likely
+    out = truth.measure(data, uniform)
+    assert out["truth/rows_no_action"] == 1 and not any(k.count("/") == 2 for k in out)
+    mon = truth.monitor
+    want = mon.solve(np.full((mon.row_code.size, mon.env.n_actions), 1 / mon.env.n_actions)).J
+    assert out["truth/J"] == pytest.approx(want, abs=1e-12)
