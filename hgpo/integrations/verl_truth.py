@@ -20,7 +20,7 @@ line; this module only supplies its two inputs from verl:
 2. the batch verl trained on (:meth:`VerlTruth.steps`), read through the metadata contract of
    :mod:`hgpo.integrations` (``uid``, ``traj_uid``, ``anchor_obs``, ``step_index``,
    ``rewards``, ``is_action_valid`` in ``non_tensor_batch``) plus one key the truth alone
-   needs, ``toy_hidden``: the toy env's hidden state id before the step (an observation does
+   needs, ``hidden_state``: the toy env's hidden state id before the step (an observation does
    not identify it in a POMDP, and the exact advantage A*(z, a) is per hidden state).
 
 The hook (:class:`TruthRayPPOTrainer`) is a ``RayPPOTrainer`` subclass that overrides
@@ -46,12 +46,14 @@ which verl 0.9.1's ``generate`` interface does not return, or an actor ``compute
 call per step from the loop, which runs in workers without the actor) and then sample an
 action from the softmax; nothing here depends on how the batch was played.
 
-Not covered: verl 0.9.1's default v1 trainer (``trainer.use_v1=true``,
-verl/trainer/ppo/v1/trainer_base.py) keeps batches in a TransferQueue; its hook would be a
-``PPOTrainerSync`` subclass registered with ``@register_trainer`` overriding ``_update_actor(
-batch, metrics)`` (trainer_base.py line 1827) and reading the fields with
-``tq.kv_batch_get``. It is not built: ``transfer_queue`` is not installed beside verl 0.9.1
-here, so that trainer cannot even be imported to test it.
+verl 0.9.1's default v1 trainer (``trainer.use_v1=true``, verl/trainer/ppo/v1/, which the
+stepwise agent loop needs) keeps the batch in a TransferQueue: :func:`register_v1` registers
+:data:`V1_MODE` (``trainer.v1.trainer_mode=hgpo_truth``), a ``PPOTrainerSync`` subclass whose
+``_update_actor(batch, metrics)`` (trainer_base.py line 1827, called in ``_step_once`` at line
+611 before the update) reads the batch's non-padding rows with ``tq.kv_batch_get`` (as
+``_compute_advantage`` does, lines 1745-1751; the contract's keys from each row's
+``extra_fields``) and adds ``truth/*`` to ``metrics``. It needs the ``transfer_queue`` package
+(verl's v1 trainer does).
 """
 
 from __future__ import annotations
@@ -84,17 +86,20 @@ __all__ = [
     "CONTRACT_KEYS",
     "SETTINGS",
     "TRUTH_KEY",
+    "V1_MODE",
     "TruthRayPPOTrainer",
     "VerlTruth",
     "install",
+    "register_v1",
     "score_batch",
     "truth_config",
+    "v1_rows",
     "verl_scorer",
 ]
 
 log = logging.getLogger(__name__)
 
-TRUTH_KEY = "toy_hidden"
+TRUTH_KEY = "hidden_state"
 """``non_tensor_batch`` key the truth needs beyond the contract: the toy env's hidden state id
 s_t before each step (an int; :attr:`hgpo.train.rollout.Rollout.hidden`)."""
 
@@ -307,12 +312,7 @@ class TruthRayPPOTrainer(RayPPOTrainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        settings = self.config.trainer.get("hgpo_truth", None)
-        self.hgpo_truth: VerlTruth | None = None
-        if settings is not None:
-            cfg = truth_config(dict(settings), self.config.actor_rollout_ref.rollout.temperature,
-                               self.config.algorithm.gamma)  # fmt: skip
-            self.hgpo_truth = VerlTruth(cfg, self.tokenizer)
+        self.hgpo_truth = truth_from_config(self.config, self.tokenizer)
 
     def _update_actor(self, batch: DataProto) -> DataProto:
         truth = self.hgpo_truth_metrics(batch)
@@ -337,3 +337,81 @@ def install() -> None:
     import verl.trainer.main_ppo_v0 as v0
 
     v0.RayPPOTrainer = TruthRayPPOTrainer
+
+
+def truth_from_config(config: Any, tokenizer: Any) -> VerlTruth | None:
+    """The :class:`VerlTruth` of verl's ``config`` (key ``trainer.hgpo_truth``), None without it."""
+    settings = config.trainer.get("hgpo_truth", None)
+    if settings is None:
+        return None
+    cfg = truth_config(dict(settings), config.actor_rollout_ref.rollout.temperature,
+                       config.algorithm.gamma)  # fmt: skip
+    return VerlTruth(cfg, tokenizer)
+
+
+V1_MODE = "hgpo_truth"
+"""verl's v1 trainer mode of :func:`register_v1`'s trainer (``trainer.v1.trainer_mode``)."""
+
+V1_FIELDS = ("responses", "response_mask", "rm_scores", "extra_fields")
+"""The TransferQueue fields the v1 hook reads (``extra_fields``: each row's metadata dict)."""
+
+
+def v1_rows(td: Any) -> DataProto:
+    """A v1 TransferQueue read (:data:`V1_FIELDS`, nested tensors) as a DataProto for
+    :meth:`VerlTruth.steps`: tensors padded (``to_padded_tensor``, as verl's
+    ``_compute_advantage`` reads its rows), ``rm_scores`` as ``token_level_rewards``, each
+    ``extra_fields`` key present in every row a ``non_tensor_batch`` column."""
+    padded = td.to_padded_tensor()
+    extra = list(padded.pop("extra_fields").tolist())
+    tensors = {k: padded[k] for k in ("responses", "response_mask")}
+    tensors["token_level_rewards"] = padded["rm_scores"]
+    common = set.intersection(*(set(e) for e in extra)) if extra else set()
+    cols = {k: np.array([e[k] for e in extra], dtype=object) for k in sorted(common)}
+    return DataProto.from_dict(tensors=tensors, non_tensors=cols)
+
+
+def register_v1() -> type:
+    """Register verl 0.9.1's v1 trainer mode :data:`V1_MODE`: ``PPOTrainerSync`` that logs
+    ``truth/*`` every ``trainer.hgpo_truth.every`` steps. Needs ``transfer_queue``.
+
+    Raises:
+        MissingExtraError without transfer_queue; TrainConfigError (at the trainer's
+        tokenizer set-up, before any worker) for bad settings or ``parameter_sync_step`` != 1
+        (several updates per step: no single policy played the step's batch).
+    """
+    try:
+        import transfer_queue as tq
+        from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+    except ImportError as e:
+        raise MissingExtraError(
+            f"hgpo.integrations.verl_truth.register_v1 needs verl's v1 trainer ({e}); install "
+            "transfer_queue as verl's docs say, or run the legacy trainer (trainer.use_v1=false)"
+        ) from None
+
+    class TruthPPOTrainerSync(PPOTrainerSync):
+        """verl's sync v1 trainer with the truth of the weights that played each batch."""
+
+        def _init_tokenizer(self) -> None:
+            super()._init_tokenizer()
+            self.hgpo_truth = truth_from_config(self.config, self.tokenizer)
+            if self.hgpo_truth is not None and self.parameter_sync_step != 1:
+                raise TrainConfigError(
+                    f"trainer.hgpo_truth needs parameter_sync_step=1, got "
+                    f"{self.parameter_sync_step} (several updates per step)"
+                )
+
+        def _update_actor(self, batch: Any, metrics: dict) -> Any:
+            truth = self.hgpo_truth
+            if truth is not None and truth.due(self.global_steps):
+                keys = [k for k, tag in zip(batch.keys, batch.tags, strict=True)
+                        if not tag.get("is_padding", False)]  # fmt: skip
+                td = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
+                                     select_fields=list(V1_FIELDS))  # fmt: skip
+                wg = self.actor_rollout_wg
+                dp = max(wg._dispatch_info["actor"]) + 1  # filled by _balance_batch
+                scorer = verl_scorer(wg.compute_log_prob, self.tokenizer.pad_token_id, dp)
+                metrics.update(truth.measure(v1_rows(td), scorer))
+            return super()._update_actor(batch, metrics)
+
+    TruthPPOTrainerSync.__qualname__ = "TruthPPOTrainerSync"
+    return register_trainer(V1_MODE)(TruthPPOTrainerSync)

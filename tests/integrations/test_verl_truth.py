@@ -92,7 +92,7 @@ def played(tmp_path_factory):
 
 
 def verl_batch(vt, roll, pad_token_id: int, perm: np.ndarray, rewards_key: bool):
-    """The rollout as verl step rows (the contract's keys + toy_hidden), rows in ``perm``
+    """The rollout as verl step rows (the contract's keys + hidden_state), rows in ``perm``
     order (verl's balancing reorders them); the reward as ``rewards`` or on the last token."""
     data = vt.score_batch(roll.prompt_ids, roll.response_ids, pad_token_id)
     n = len(roll)
@@ -215,7 +215,7 @@ def test_a_batch_without_the_truth_keys_is_refused(vt, played):
     def never(*a):
         raise AssertionError("scored before the batch was checked")
 
-    with pytest.raises(ValueError, match=r"lacks \['traj_uid', 'toy_hidden'\]"):
+    with pytest.raises(ValueError, match=r"lacks \['traj_uid', 'hidden_state'\]"):
         truth.measure(data, never)
 
 
@@ -250,3 +250,107 @@ def test_free_text_rows_naming_no_action_leave_out_the_estimator_figures(vt, pla
     mon = truth.monitor
     want = mon.solve(np.full((mon.row_code.size, mon.env.n_actions), 1 / mon.env.n_actions)).J
     assert out["truth/J"] == pytest.approx(want, abs=1e-12)
+
+
+class FakeTQ:
+    """What the v1 trainer's ``tq.kv_batch_get`` returns for stored rows: per-row tensors as
+    jagged nested tensors, per-row objects (``extra_fields`` dicts) as a NonTensorStack."""
+
+    def __init__(self, rows: dict[str, dict]) -> None:
+        self.rows, self.asked = rows, []
+
+    def kv_batch_get(self, keys, partition_id, select_fields):
+        from tensordict import NonTensorData, NonTensorStack, TensorDict
+
+        self.asked.append(list(keys))
+        out = {}
+        for f in select_fields:
+            vals = [self.rows[k][f] for k in keys]
+            if isinstance(vals[0], torch.Tensor):
+                out[f] = torch.nested.as_nested_tensor(vals, layout=torch.jagged)
+            else:
+                out[f] = NonTensorStack.from_list([NonTensorData(v) for v in vals])
+        return TensorDict(out, batch_size=[len(keys)])
+
+
+def test_v1_trainer_mode_logs_the_same_truth(vt, played, monkeypatch):
+    """verl's v1 trainer (TransferQueue): register_v1's trainer reads the non-padding rows'
+    extra_fields and tensors from the queue and logs the same truth/* as our trainer, into
+    the step's metrics. transfer_queue is not installed here: a stand-in module lets verl's
+    v1 package import, and the test removes every module it imported afterwards."""
+    import sys
+    import types
+
+    from omegaconf import OmegaConf
+
+    from hgpo.train.truth import TruthMonitor
+
+    tok, engine, cfg, roll = played
+    before = set(sys.modules)
+    fake = types.ModuleType("transfer_queue")
+    fake.KVBatchMeta = type("KVBatchMeta", (), {})
+    fake.BatchMeta = type("BatchMeta", (), {})
+    monkeypatch.setitem(sys.modules, "transfer_queue", fake)
+    try:
+        cls = vt.register_v1()
+        from verl.trainer.ppo.v1 import get_trainer_cls
+        from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+        assert get_trainer_cls(vt.V1_MODE) is cls
+        # the queue's rows: the contract in extra_fields; a padding row (no metadata) at the end
+        rows, keys, tags = {}, [], []
+        for i in range(len(roll)):
+            key = f"task-{roll.group[i]}_{roll.traj[i]}_{roll.step[i]}"
+            extra = {"uid": f"task-{roll.group[i]}", "traj_uid": f"ep-{roll.traj[i]}",
+                     "anchor_obs": roll.key[i], "step_index": int(roll.step[i]),
+                     "rewards": float(roll.reward[i]), "is_action_valid": not roll.invalid[i],
+                     vt.TRUTH_KEY: int(roll.hidden[i])}  # fmt: skip
+            r = torch.tensor(roll.response_ids[i])
+            rows[key] = {"responses": r, "response_mask": torch.ones_like(r),
+                         "rm_scores": torch.zeros(r.shape), "extra_fields": extra}  # fmt: skip
+            keys.append(key)
+            tags.append({"seq_len": 1})
+        keys.append("pad_0")
+        tags.append({"is_padding": True})
+        order = np.random.default_rng(1).permutation(len(keys))
+        batch = types.SimpleNamespace(keys=[keys[j] for j in order], tags=[tags[j] for j in order],
+                                      partition_id="train")  # fmt: skip
+        tq = FakeTQ(rows)
+        monkeypatch.setattr(fake, "kv_batch_get", tq.kv_batch_get, raising=False)
+
+        def stub_update(self, batch, metrics):
+            metrics["actor/pg_loss"] = 0.5
+            return batch
+
+        monkeypatch.setattr(PPOTrainer, "_update_actor", stub_update)
+        monkeypatch.setattr(
+            PPOTrainer, "_init_tokenizer", lambda self: setattr(self, "tokenizer", tok)
+        )
+        trainer = cls.__new__(cls)  # no workers, no Ray, no queue
+        trainer.config = OmegaConf.create({
+            "trainer": {"hgpo_truth": SETTINGS}, "algorithm": {"gamma": GAMMA},
+            "actor_rollout_ref": {"rollout": {"temperature": TEMPERATURE}},
+        })  # fmt: skip
+        trainer.parameter_sync_step = 1
+        trainer._init_tokenizer()
+        actor = FakeActor(engine.model, dp=2)
+        trainer.actor_rollout_wg = actor
+        trainer.global_steps, metrics = 1, {}
+        assert trainer._update_actor(batch, metrics=metrics) is batch
+        assert metrics == {"actor/pg_loss": 0.5} and not tq.asked
+        trainer.global_steps, metrics = 2, {}
+        trainer._update_actor(batch, metrics=metrics)
+        assert len(tq.asked) == 1 and "pad_0" not in tq.asked[0]
+        ours = TruthMonitor(cfg, tok).measure(roll, engine)
+        assert metrics.pop("actor/pg_loss") == 0.5 and metrics.pop("truth/rows_no_action") == 0
+        assert set(metrics) == set(ours)
+        figures = sorted(k for k in ours if not k.startswith("truth/time"))
+        np.testing.assert_allclose([metrics[k] for k in figures], [ours[k] for k in figures],
+                                   rtol=1e-3, atol=1e-5, err_msg=str(figures))  # fmt: skip
+        trainer.parameter_sync_step = 2
+        with pytest.raises(TrainConfigError, match="needs parameter_sync_step=1, got 2"):
+            trainer._init_tokenizer()
+    finally:
+        for name in set(sys.modules) - before:
+            if name.startswith("verl."):
+                del sys.modules[name]
