@@ -40,8 +40,8 @@ are exact for the scored policy of the *same weights*, and the estimators' error
 against it; the two policies coincide only when the model puts (nearly) all of its mass on the
 candidate texts. A free-text response that names no listed action lies outside the chain: a
 step with any such row logs only the policy's figures and ``truth/rows_no_action``
-(:meth:`VerlTruth.measure`). Score mode inside verl would need the agent loop to score the candidates of
-each step (prompt log-probs of ``prompt + response(a)`` for every a from the rollout server,
+(:meth:`VerlTruth.measure`). Score mode inside verl would need the agent loop to score the
+candidates of each step (prompt log-probs of ``prompt + response(a)`` for every a from the rollout server,
 which verl 0.9.1's ``generate`` interface does not return, or an actor ``compute_log_prob``
 call per step from the loop, which runs in workers without the actor) and then sample an
 action from the softmax; nothing here depends on how the batch was played.
@@ -50,10 +50,11 @@ verl 0.9.1's default v1 trainer (``trainer.use_v1=true``, verl/trainer/ppo/v1/, 
 stepwise agent loop needs) keeps the batch in a TransferQueue: :func:`register_v1` registers
 :data:`V1_MODE` (``trainer.v1.trainer_mode=hgpo_truth``), a ``PPOTrainerSync`` subclass whose
 ``_update_actor(batch, metrics)`` (trainer_base.py line 1827, called in ``_step_once`` at line
-611 before the update) reads the batch's non-padding rows with ``tq.kv_batch_get`` (as
+610 before the update) reads the batch's non-padding rows with ``tq.kv_batch_get`` (as
 ``_compute_advantage`` does, lines 1745-1751; the contract's keys from each row's
 ``extra_fields``) and adds ``truth/*`` to ``metrics``. It needs the ``transfer_queue`` package
-(verl's v1 trainer does).
+(verl's v1 trainer does). :mod:`hgpo.integrations.verl_truth_plugin` does both registrations
+in every verl process.
 """
 
 from __future__ import annotations
@@ -382,14 +383,30 @@ def register_v1() -> type:
     try:
         import transfer_queue as tq
         from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+        from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
     except ImportError as e:
         raise MissingExtraError(
             f"hgpo.integrations.verl_truth.register_v1 needs verl's v1 trainer ({e}); install "
             "transfer_queue as verl's docs say, or run the legacy trainer (trainer.use_v1=false)"
         ) from None
+    done = TRAINER_REGISTRY.get(V1_MODE)
+    if done is not None and done.__module__ == __name__:  # registered before (a re-import)
+        return done
 
     class TruthPPOTrainerSync(PPOTrainerSync):
         """verl's sync v1 trainer with the truth of the weights that played each batch."""
+
+        @property
+        def trainer_mode(self) -> str:
+            """ "sync": verl picks the sync trainer's replay buffer and refills by testing
+            ``trainer_mode == "sync"`` (trainer_base.py lines 153, 731, 902, 912, 1004), and
+            reads ``trainer.v1.sync`` for its settings; the configured name is kept in
+            ``hgpo_trainer_mode``."""
+            return "sync"
+
+        @trainer_mode.setter
+        def trainer_mode(self, value: str) -> None:
+            self.hgpo_trainer_mode = value
 
         def _init_tokenizer(self) -> None:
             super()._init_tokenizer()

@@ -296,7 +296,7 @@ def test_v1_trainer_mode_logs_the_same_truth(vt, played, monkeypatch):
         from verl.trainer.ppo.v1 import get_trainer_cls
         from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-        assert get_trainer_cls(vt.V1_MODE) is cls
+        assert get_trainer_cls(vt.V1_MODE) is cls and vt.register_v1() is cls  # once only
         # the queue's rows: the contract in extra_fields; a padding row (no metadata) at the end
         rows, keys, tags = {}, [], []
         for i in range(len(roll)):
@@ -327,6 +327,8 @@ def test_v1_trainer_mode_logs_the_same_truth(vt, played, monkeypatch):
             PPOTrainer, "_init_tokenizer", lambda self: setattr(self, "tokenizer", tok)
         )
         trainer = cls.__new__(cls)  # no workers, no Ray, no queue
+        trainer.trainer_mode = vt.V1_MODE  # as PPOTrainer.__init__ sets it from the config
+        assert trainer.trainer_mode == "sync" and trainer.hgpo_trainer_mode == vt.V1_MODE
         trainer.config = OmegaConf.create({
             "trainer": {"hgpo_truth": SETTINGS}, "algorithm": {"gamma": GAMMA},
             "actor_rollout_ref": {"rollout": {"temperature": TEMPERATURE}},
