@@ -13,16 +13,19 @@ LLM policy z_t = (t, hidden state s_t, c_t) is a finite Markov chain, the same c
 1. enumerates the chain once per run (it does not depend on the policy), guarded by
    ``truth_max_nodes``;
 2. every ``truth_every`` iterations renders the prompt of every distinct (t, c) row of the
-   chain, scores every action's response with the current weights in batches and takes the
-   softmax at the rollout temperature: pi_theta(. | t, c) exactly;
+   chain, scores every action's response with the current weights in batches (a
+   :data:`Scorer`: our engine's ``score``, or verl's actor in
+   :mod:`hgpo.integrations.verl_truth`) and takes the softmax at the rollout temperature:
+   pi_theta(. | t, c) exactly;
 3. solves the chain (:func:`toyenvs.truth.solve_chain`) for V, Q and the occupancy d with the
    true reward r_t - 0.1 * invalid_t and the run's gamma, A*(z, a) = Q(z, a) - V(z), and the exact
    policy gradient in logit space (per row (t, c) and action b; undiscounted: without gamma^t)
 
        dJ/dl[(t, c), b] = sum_{z at (t, c)} gamma^t d_t(z) pi(b | t, c) A*(z, b);
 
-4. on the iteration's own rollout batch runs every estimator of ``hgpo.ESTIMATORS`` (norm
-   "mean", so advantages are in reward units; gae gets the exact V as its critic, lambda = 1)
+4. on the iteration's own rollout batch (a :class:`TruthSteps`, whoever played it) runs every
+   estimator of ``hgpo.ESTIMATORS`` (norm "mean", so advantages are in reward units; gae gets
+   the exact V as its critic, lambda = 1)
    and logs against A*: bias^2, variance and MSE per (task, z, a) from pairs of independent
    rollout groups (:func:`cross_group_bias_variance`; keys weighted by their exact visit
    probability d(z) pi(a | z); ``coverage`` is the share of steps whose (task, z, a) two groups
