@@ -13,16 +13,19 @@ LLM policy z_t = (t, hidden state s_t, c_t) is a finite Markov chain, the same c
 1. enumerates the chain once per run (it does not depend on the policy), guarded by
    ``truth_max_nodes``;
 2. every ``truth_every`` iterations renders the prompt of every distinct (t, c) row of the
-   chain, scores every action's response with the current weights in batches and takes the
-   softmax at the rollout temperature: pi_theta(. | t, c) exactly;
+   chain, scores every action's response with the current weights in batches (a
+   :data:`Scorer`: our engine's ``score``, or verl's actor in
+   :mod:`hgpo.integrations.verl_truth`) and takes the softmax at the rollout temperature:
+   pi_theta(. | t, c) exactly;
 3. solves the chain (:func:`toyenvs.truth.solve_chain`) for V, Q and the occupancy d with the
    true reward r_t - 0.1 * invalid_t and the run's gamma, A*(z, a) = Q(z, a) - V(z), and the exact
    policy gradient in logit space (per row (t, c) and action b; undiscounted: without gamma^t)
 
        dJ/dl[(t, c), b] = sum_{z at (t, c)} gamma^t d_t(z) pi(b | t, c) A*(z, b);
 
-4. on the iteration's own rollout batch runs every estimator of ``hgpo.ESTIMATORS`` (norm
-   "mean", so advantages are in reward units; gae gets the exact V as its critic, lambda = 1)
+4. on the iteration's own rollout batch (a :class:`TruthSteps`, whoever played it) runs every
+   estimator of ``hgpo.ESTIMATORS`` (norm "mean", so advantages are in reward units; gae gets
+   the exact V as its critic, lambda = 1)
    and logs against A*: bias^2, variance and MSE per (task, z, a) from pairs of independent
    rollout groups (:func:`cross_group_bias_variance`; keys weighted by their exact visit
    probability d(z) pi(a | z); ``coverage`` is the share of steps whose (task, z, a) two groups
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,7 +51,7 @@ import numpy as np
 from agentenvs.memory import EpisodeMemory
 from agentenvs.parser import parse_action
 from agentenvs.toytext import ToyText, parse_toy_spec, render, split_tasks, toy_prompt
-from hgpo import ESTIMATORS, compute_advantages
+from hgpo import ESTIMATORS, StepBatch, compute_advantages
 from hgpo.branched_batch import lookback_rows
 from hgpo.compare import gradient_compare, sign_agreement
 from hgpo.train.episodes import response_text
@@ -65,8 +69,10 @@ from toyenvs.truth import (
 __all__ = [
     "BiasVariance",
     "LLMTruth",
+    "Scorer",
     "StepNodes",
     "TruthMonitor",
+    "TruthSteps",
     "check_truth_size",
     "cross_group_bias_variance",
     "truth_chain",
@@ -77,6 +83,12 @@ log = logging.getLogger(__name__)
 
 PROMPTS_PER_CALL = 128
 """Prompts scored per engine call (each with all its actions' responses)."""
+
+Scorer = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], Sequence[float]]
+"""(prompt token ids, response token ids) pairs -> each response's summed log-probability at
+temperature 1 given its prompt: what the truth needs from a policy (our engines' ``score``;
+:mod:`hgpo.integrations.verl_truth` builds one on verl's actor). Consecutive pairs share a
+prompt (each prompt with every action's response)."""
 
 
 class TruthChainSettings(Protocol):
@@ -245,6 +257,22 @@ class StepNodes:
     action: np.ndarray
 
 
+@dataclass(frozen=True)
+class TruthSteps:
+    """A batch of score-mode toy steps as the truth reads it, whoever played them.
+
+    batch: the estimators' input (its group, traj, step, reward, state, invalid, parent);
+    hidden: int64[n] the toy env's hidden state s_t before each step; action: int64[n] the
+    action id each response names (-1: none). Our trainer's rollout gives one
+    (:meth:`TruthMonitor.rollout_steps`), so does a verl batch
+    (:mod:`hgpo.integrations.verl_truth`); everything after scoring is shared.
+    """
+
+    batch: StepBatch
+    hidden: np.ndarray
+    action: np.ndarray
+
+
 class TruthMonitor:
     """The exact truth of the run's LLM policy and every estimator's error against it."""
 
@@ -283,9 +311,10 @@ class TruthMonitor:
         memory = EpisodeMemory([("", "")] * (t - len(real)) + real)  # older steps are not shown
         return toy_prompt(tt.family, tt.task_of_obs[o], tt.obs_text[o], tt.actions, memory, self.K)
 
-    def policy_table(self, engine: Any) -> np.ndarray:
+    def policy_table(self, scorer: Scorer) -> np.ndarray:
         """float64[n_rows, A] pi(. | t, c) of the current weights: every action's response
-        scored after every row's prompt (in batches), softmax at the rollout temperature."""
+        scored by ``scorer`` after every row's prompt (in batches of ``PROMPTS_PER_CALL``
+        prompts), softmax at the rollout temperature."""
         from hgpo.train.model import encode_prompt
 
         tok, cfg = self.tok, self.cfg
@@ -300,7 +329,7 @@ class TruthMonitor:
                 for t, c in zip(self.row_t[lo:hi], self.row_code[lo:hi], strict=True)
             ]
             flat_p = [p for p in prompts for _ in range(A)]
-            scores = engine.score(flat_p, resp * len(prompts))
+            scores = scorer(flat_p, resp * len(prompts))
             logits[lo:hi] = np.asarray(scores, dtype=np.float64).reshape(-1, A) / cfg.temperature
         z = np.exp(logits - logits.max(axis=1, keepdims=True))
         return z / z.sum(axis=1, keepdims=True)
@@ -325,56 +354,64 @@ class TruthMonitor:
         return LLMTruth(self.node_row, probs, V, Q, d, J, g, g_u, score_seconds,
                         time.perf_counter() - t0)  # fmt: skip
 
-    def policy_truth(self, engine: Any) -> LLMTruth:
-        """The exact truth of the engine's current weights."""
+    def policy_truth(self, scorer: Scorer) -> LLMTruth:
+        """The exact truth of the policy ``scorer`` scores (e.g. ``engine.score``)."""
         t0 = time.perf_counter()
-        probs = self.policy_table(engine)
+        probs = self.policy_table(scorer)
         return self.solve(probs, time.perf_counter() - t0)
 
     # -- the rollout batch in the chain --------------------------------------------------------
-    def step_nodes(self, roll: Any) -> StepNodes:
-        """Node, row and action of every step of ``roll`` (a score-mode toy rollout).
+    def action_ids(self, response_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """int64[n] the id of the action each response names (our parser), -1 where none."""
+        return np.array([
+            self.text.action_id(parse_action(self.tok.decode(list(r), skip_special_tokens=True))
+                                .action)
+            for r in response_ids
+        ], dtype=np.int64)  # fmt: skip
+
+    def rollout_steps(self, roll: Any) -> TruthSteps:
+        """The :class:`TruthSteps` of our trainer's score-mode rollout ``roll``."""
+        return TruthSteps(roll.step_batch(), np.asarray(roll.hidden, dtype=np.int64),
+                          self.action_ids(roll.response_ids))  # fmt: skip
+
+    def step_nodes(self, steps: TruthSteps) -> StepNodes:
+        """Node, row and action of every step of ``steps`` (score-mode toy steps).
 
         Raises:
-            ValueError when a step is not in the chain (another env, K or task set).
+            ValueError when a step names no action or is not in the chain (another env, K or
+            task set).
         """
         env, K = self.env, self.K
-        n = len(roll.step)
-        P = np.empty(n, dtype=np.int64)
-        hidden = np.asarray(roll.hidden, dtype=np.int64)
+        step, hidden, action = steps.batch.step, steps.hidden, steps.action
+        if (action < 0).any():
+            raise ValueError("truth: a step's response names no action (score mode lists them all)")
         obs = env.obs_of_state[hidden]
-        action = np.array([
-            self.text.action_id(parse_action(self.tok.decode(r, skip_special_tokens=True)).action)
-            for r in roll.response_ids
-        ], dtype=np.int64)  # fmt: skip
-        back = _context_rows(roll, K)
-        for i in range(n):
-            past = back[i]
+        P = np.empty(step.size, dtype=np.int64)
+        for i, past in enumerate(_context_rows(steps.batch, K)):
             code = encode_context(obs[past], action[past], int(obs[i]), K=K, n_obs=env.n_obs,
                                   n_actions=env.n_actions)  # fmt: skip
             P[i] = code // env.n_obs
-        if (action < 0).any():
-            raise ValueError("truth: a step's response names no action (score mode lists them all)")
-        node = lookup_nodes(self._index, np.asarray(roll.step, dtype=np.int64), hidden, P)
+        node = lookup_nodes(self._index, step, hidden, P)
         if (node < 0).any():
             i = int(np.flatnonzero(node < 0)[0])
-            raise ValueError(f"truth: step {i} (t={roll.step[i]}, hidden={hidden[i]}) is not in "
+            raise ValueError(f"truth: step {i} (t={step[i]}, hidden={hidden[i]}) is not in "
                              "the chain (different env, tasks or K?)")  # fmt: skip
         return StepNodes(node, self.node_row[node], action)
 
     # -- every estimator against the truth -----------------------------------------------------
-    def estimator_metrics(self, truth: LLMTruth, roll: Any, nodes: StepNodes) -> dict[str, float]:
-        """``truth/<estimator>/<metric>`` of every registered estimator on ``roll``."""
-        batch = roll.step_batch()
+    def estimator_metrics(
+        self, truth: LLMTruth, steps: TruthSteps, nodes: StepNodes
+    ) -> dict[str, float]:
+        """``truth/<estimator>/<metric>`` of every registered estimator on ``steps``."""
+        batch = steps.batch
         A_true = truth.Q[nodes.node, nodes.action] - truth.V[nodes.node]
-        group = np.asarray(roll.group, dtype=np.int64)
+        group = batch.group
         # the key is (task, z, a): an estimator's mean at (z, a) may depend on the group's task
-        traj = np.asarray(roll.traj, dtype=np.int64)
-        hidden = np.asarray(roll.hidden, dtype=np.int64)
+        traj, hidden = batch.traj, steps.hidden
         if batch.branches is not None:  # a branch's task is its root's start state
             task_of_row = hidden[batch.branches.virtual_rows[batch.traj_index, 0]]
         else:
-            first = np.asarray(roll.step) == 0
+            first = batch.step == 0
             task = np.zeros(int(traj.max()) + 1, dtype=np.int64)
             task[traj[first]] = hidden[first]
             task_of_row = task[traj]
@@ -384,7 +421,7 @@ class TruthMonitor:
         # each key weighs its exact visit probability d(z) pi(a | z) (summed over tasks)
         weight = truth.d[nodes.node[first_of]] * truth.probs[nodes.row[first_of],
                                                              nodes.action[first_of]]  # fmt: skip
-        n_traj = len(set(roll.traj))
+        n_traj = int(np.unique(traj).size)
         base = self.cfg.estimator_config().replace(norm="mean")
         out: dict[str, float] = {}
         for name in ESTIMATORS:
@@ -408,9 +445,14 @@ class TruthMonitor:
     def measure(self, roll: Any, engine: Any) -> dict[str, float]:
         """The iteration's truth metrics: the exact truth of the weights that played ``roll``
         (call it before the update), the chain's size and times, every estimator's errors."""
+        return self.measure_steps(self.rollout_steps(roll), engine.score)
+
+    def measure_steps(self, steps: TruthSteps, scorer: Scorer) -> dict[str, float]:
+        """:meth:`measure` for any player: ``steps`` and the ``scorer`` of the weights that
+        played them (call it before the update)."""
         t0 = time.perf_counter()
-        truth = self.policy_truth(engine)
-        nodes = self.step_nodes(roll)
+        nodes = self.step_nodes(steps)  # a batch outside the chain fails before any scoring
+        truth = self.policy_truth(scorer)
         out = {
             "truth/J": truth.J,
             "truth/nodes": float(self.chain.n_nodes),
@@ -419,18 +461,16 @@ class TruthMonitor:
             "truth/time_solve": truth.solve_seconds,
             "truth/batch_steps_coverage": float(np.unique(nodes.node).size / self.chain.n_nodes),
         }
-        out.update(self.estimator_metrics(truth, roll, nodes))
+        out.update(self.estimator_metrics(truth, steps, nodes))
         out["truth/time"] = time.perf_counter() - t0
         return out
 
 
-def _context_rows(roll: Any, K: int) -> list[np.ndarray]:
+def _context_rows(batch: StepBatch, K: int) -> list[np.ndarray]:
     """Per row, the rows of its last min(K, t) steps, oldest first: the rows before it in its
     trajectory, read across the branch point for a branch (hgpo.branched_batch.lookback_rows)."""
-    steps = np.asarray(roll.step, dtype=np.int64)
-    if not roll.n_branches:
-        starts = np.flatnonzero(steps == 0)
-        start = starts[np.searchsorted(starts, np.arange(steps.size), side="right") - 1]
-        return [np.arange(max(s, i - K), i) for i, s in enumerate(start)]
-    back = lookback_rows(roll.step_batch(), K)  # back[k, i]: the row of s_{t-k}
-    return [back[min(K, int(t)) : 0 : -1, i] for i, t in enumerate(steps)]
+    if batch.branches is None:
+        start = batch.traj_start[batch.traj_index]
+        return [np.arange(max(int(s), i - K), i) for i, s in enumerate(start)]
+    back = lookback_rows(batch, K)  # back[k, i]: the row of s_{t-k}
+    return [back[min(K, int(t)) : 0 : -1, i] for i, t in enumerate(batch.step)]

@@ -228,11 +228,11 @@ def test_truth_reads_a_branch_context_across_its_branch_point(tiny, branched):
     tok, _ = tiny
     cfg = _cfg()
     mon = TruthMonitor(cfg, tok)
-    nodes = mon.step_nodes(branched)
+    nodes = mon.step_nodes(mon.rollout_steps(branched))
     for i, t in enumerate(branched.step):
         text = mon.prompt(int(t), int(mon.row_code[nodes.row[i]]))
         assert branched.prompt_ids[i] == encode_prompt(tok, text, cfg.max_prompt_tokens), i
     # every estimator against a stand-in truth (scoring the whole chain takes too long here)
     probs = np.full((mon.row_code.size, mon.env.n_actions), 1.0 / mon.env.n_actions)
-    m = mon.estimator_metrics(mon.solve(probs), branched, nodes)
+    m = mon.estimator_metrics(mon.solve(probs), mon.rollout_steps(branched), nodes)
     assert all(np.isfinite(m[f"truth/{e}/mse_all"]) for e in ESTIMATORS)

@@ -103,7 +103,7 @@ def test_exact_truth_agrees_with_monte_carlo_returns_and_rollout_prompts(tiny_ll
     tok, engine = tiny_llm
     cfg = _cfg()
     mon = TruthMonitor(cfg, tok)
-    truth = mon.policy_truth(engine)
+    truth = mon.policy_truth(engine.score)
     envs = EnvSet(cfg, "train", 160)
     try:
         torch.manual_seed(0)
@@ -116,12 +116,13 @@ def test_exact_truth_agrees_with_monte_carlo_returns_and_rollout_prompts(tiny_ll
     ret = np.bincount(np.asarray(roll.traj), weights=r * cfg.gamma**step)
     z = (ret.mean() - truth.J) / (ret.std(ddof=1) / np.sqrt(ret.size))
     assert abs(z) < 4, (ret.mean(), truth.J, z)
-    nodes = mon.step_nodes(roll)
+    steps = mon.rollout_steps(roll)
+    nodes = mon.step_nodes(steps)
     for i in range(len(roll)):
         text = mon.prompt(int(step[i]), int(mon.row_code[nodes.row[i]]))
         assert roll.prompt_ids[i] == encode_prompt(tok, text, cfg.max_prompt_tokens)
     # the figures of every estimator come out for this batch
-    m = mon.estimator_metrics(truth, roll, nodes)
+    m = mon.estimator_metrics(truth, steps, nodes)
     assert {f"truth/{e}/grad_cos" for e in ESTIMATORS} <= set(m)
     assert m["truth/oracle/coverage"] > 0.5 and np.isfinite(m["truth/hgpo/bias2"])
 
