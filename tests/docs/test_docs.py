@@ -58,9 +58,7 @@ def _commands(lines: list[str]) -> list[str]:
 def test_readme_test_command_is_what_ci_runs() -> None:
     """The README's test command is .ci/run's commands, in order (setup lines aside)."""
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    body = [
-        s for s in ci if s.strip() and not s.startswith(("#", "set ", "cd ", "export CI="))
-    ]
+    body = [s for s in ci if s.strip() and not s.startswith(("#", "set ", "cd ", "export CI="))]
     readme = (ROOT / "README.md").read_text().splitlines()
     line = next(s for s in readme if s.startswith("pip install torch=="))
     assert _commands([line]) == _commands(body)
