@@ -14,16 +14,21 @@ Qwen2.5-Instruct template differs for the trainer's one-user-turn prompts, its d
 turn (:data:`QWEN25_DEFAULT_SYSTEM`), is added where prompt lengths are counted.
 
 The paper's prompts are those the trainer builds: ``run_episodes`` in score mode over the
-benchmark's own env (ALFWorld: the test games; WebShop: the generated catalog) with a seeded
-random scorer that never buys (so a WebShop episode lasts the 50 steps asked), K = 2 and 4,
-recorded at every step; steps 1 and 50 are compared, and the longest of the 50 is measured.
+benchmark's own envs (:data:`TASKS`: 8 of the trainer's default generated ALFWorld games, 4
+goals of the default WebShop catalog) with a seeded random scorer that never buys (so a WebShop
+episode lasts the 50 steps asked; the paper's stop at 15), K = 2 and 4, every prompt recorded.
+The templates are compared at steps 1 and 50; the lengths are the longest prompt at step 1, at
+step 50 and at any step (``-s`` prints the table).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,7 +42,6 @@ from hgpo.train.episodes import Play, response_text, run_episodes  # noqa: E402
 from hgpo.train.model import check_thinking_switch, encode_prompt, load_tokenizer, stop_ids  # noqa: E402
 from hgpo.train.tiny import CHATML_TEMPLATE, QWEN3_CHAT_TEMPLATE  # noqa: E402
 from hgpo.train.train_config import PRESETS, TrainConfig, resolve  # noqa: E402
-from tests.train.conftest import GAMES  # noqa: E402
 
 ENV_VAR = "HGPO_QWEN3_TOKENIZER"
 FETCH = (
@@ -109,56 +113,91 @@ def qwen25_ours(tmp_path_factory):
 
 
 class Scorer:
-    """A score-mode engine with seeded random scores that never picks "click[buy now]" (so a
-    WebShop episode runs all its steps); it keeps every (prompts, responses) call."""
+    """A score-mode engine with seeded random scores that never picks a response holding
+    ``never`` ("buy now" on WebShop: its episodes then run all their steps). It keeps, per call,
+    each prompt with its candidates."""
 
-    def __init__(self, tok, seed: int = 0) -> None:
-        self.tok, self.rng, self.calls = tok, np.random.default_rng(seed), []
+    def __init__(self, tok, never: str | None, seed: int = 0) -> None:
+        self.tok, self.never, self.calls = tok, never, []
+        self.rng = np.random.default_rng(seed)
 
     def score(self, prompts, responses):
-        self.calls.append((prompts, responses))
-        texts = [self.tok.decode(r, skip_special_tokens=True) for r in responses]
-        return [-1e9 if "buy now" in t else float(self.rng.normal()) for t in texts]
+        groups: list[tuple[list[int], list[list[int]]]] = []
+        for p, r in zip(prompts, responses, strict=True):
+            if not groups or groups[-1][0] is not p:  # score_and_sample repeats the same list
+                groups.append((p, []))
+            groups[-1][1].append(r)
+        self.calls.append(groups)
+        scores = self.rng.normal(size=len(responses))
+        if self.never:
+            for j, r in enumerate(responses):
+                if self.never in self.tok.decode(r, skip_special_tokens=True):
+                    scores[j] = -1e9
+        return scores.tolist()
 
     def generated_logprobs(self):
         return None
 
 
 class Recording:
-    """An EnvSet that keeps the text of every prompt it builds."""
+    """An EnvSet that keeps the text of every prompt it builds, per slot."""
 
-    def __init__(self, envs) -> None:
-        self.envs, self.texts = envs, []
+    def __init__(self, envs, slots: int) -> None:
+        self.envs, self.texts = envs, [[] for _ in range(slots)]
 
     def prompt(self, i, obs, info):
         text = self.envs.prompt(i, obs, info)
-        self.texts.append(text)
+        self.texts[i].append(text)
         return text
 
     def __getattr__(self, name):
         return getattr(self.envs, name)
 
 
-def _play(env: str, k: int, tok):
-    """One 50-step score-mode episode of ``env`` with memory K = ``k``, as the trainer plays it:
-    (prompt texts of steps 1..50, the Rollout, the scorer, the actions sent)."""
-    extra = {"alfworld_games_dir": str(GAMES)} if env == "alfworld" else {}
-    cfg = TrainConfig(env=env, max_steps=STEPS, history_length=k, env_workers=1, **extra)
-    envs = Recording(EnvSet(cfg, "train", 1))
-    scorer = Scorer(tok)
+TASKS = {"alfworld": list(range(0, 512, 64)), "webshop": [0, 1, 2, 3]}
+"""The tasks played: 8 of the trainer's default 512 generated ALFWorld games (seed 0), 4 WebShop
+goals of the default generated catalog."""
+
+
+@dataclass
+class Played:
+    """One score-mode batch of episodes: per slot its prompt texts and the actions sent."""
+
+    texts: list[list[str]]
+    actions: list[list[str]]
+    roll: Any
+    scorer: Scorer
+
+    def rows(self):
+        """(slot, step from 1, row of the Rollout) of every step."""
+        pairs = zip(self.roll.traj, self.roll.step, strict=True)
+        return [(tr, st + 1, j) for j, (tr, st) in enumerate(pairs)]
+
+    def at(self, step: int) -> list[str]:
+        """The prompt texts of every slot that played step ``step``."""
+        return [t[step - 1] for t in self.texts if len(t) >= step]
+
+
+def _play(env: str, k: int, tok) -> Played:
+    """Score-mode episodes of ``env`` (:data:`TASKS`, up to 50 steps) with memory K = ``k``, as
+    the trainer plays them, through ``tok``."""
+    tasks = TASKS[env]
+    cfg = TrainConfig(env=env, max_steps=STEPS, history_length=k, env_workers=1)
+    envs = Recording(EnvSet(cfg, "train", len(tasks)), len(tasks))
+    scorer = Scorer(tok, "buy now" if env == "webshop" else None)
     torch.manual_seed(0)
     try:
         play = Play(1, 1.0, 1.0, 64, NO_LIMIT, STEPS, action_mode="score")
-        roll = run_episodes(envs, scorer, tok, [0], play)
-        actions = [a for _, a in envs.memory(0).records]
+        roll = run_episodes(envs, scorer, tok, tasks, play)
+        actions = [[a for _, a in envs.memory(i).records] for i in range(len(tasks))]
     finally:
         envs.close()
-    return envs.texts, roll, scorer, actions
+    return Played(envs.texts, actions, roll, scorer)
 
 
 @pytest.fixture(scope="module")
-def episodes(qwen3_ours):
-    """(env, K) -> what :func:`_play` returns."""
+def episodes(qwen3_ours) -> dict[tuple[str, int], Played]:
+    """(env, K) -> the episodes :func:`_play` played (through Qwen3's tokenizer, our template)."""
     return {(env, k): _play(env, k, qwen3_ours) for env in ("alfworld", "webshop") for k in (2, 4)}
 
 
@@ -168,26 +207,33 @@ def _render(tok, text: str, thinking: bool | None) -> str:
     return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kw)
 
 
-def test_the_paper_episodes_run_fifty_steps(episodes):
-    for (env, k), (texts, roll, _, _) in episodes.items():
-        assert len(texts) == STEPS and len(roll) == STEPS, (env, k)
-        assert f"You are now at step {STEPS} " in texts[-1], (env, k)
-        assert f"the most recent {k} observ" in texts[-1], (env, k)
-        assert "Prior to this step" not in texts[0], (env, k)
+def test_the_paper_episodes_reach_step_fifty(episodes):
+    for (env, k), played in episodes.items():
+        assert len(played.roll) == sum(map(len, played.texts)), (env, k)
+        assert played.at(STEPS), (env, k)  # some episode lasted all 50 steps
+        if env == "webshop":
+            assert len(played.at(STEPS)) == len(TASKS[env])  # the scorer never buys
+        for text in played.at(STEPS):
+            assert f"You are now at step {STEPS} " in text, (env, k)
+            assert f"the most recent {k} observ" in text, (env, k)
+        assert not any("Prior to this step" in t for t in played.at(1)), (env, k)
 
 
 @pytest.mark.parametrize("step", [1, STEPS])
 def test_our_qwen3_template_renders_what_the_real_one_does(episodes, qwen3_real, qwen3_ours, step):
-    """Strings and token ids, thinking not given, off and on; and the trainer's recorded prompt
-    (thinking off, the default) is the real template's."""
-    for (env, k), (texts, roll, _, _) in episodes.items():
-        text = texts[step - 1]
-        for thinking in UNCUT_FLAGS:
-            ours, real = _render(qwen3_ours, text, thinking), _render(qwen3_real, text, thinking)
-            assert ours == real, (env, k, step, thinking)
-        assert roll.prompt_ids[step - 1] == encode_prompt(qwen3_real, text, NO_LIMIT, False)
-        on = encode_prompt(qwen3_real, text, NO_LIMIT, True)
-        assert on == encode_prompt(qwen3_ours, text, NO_LIMIT, True), (env, k, step)
+    """Strings and token ids, thinking not given, off and on; and the trainer's recorded prompts
+    (thinking off, the default) are the real template's."""
+    for (env, k), played in episodes.items():
+        for text in played.at(step):
+            for thinking in UNCUT_FLAGS:
+                ours = _render(qwen3_ours, text, thinking)
+                assert ours == _render(qwen3_real, text, thinking), (env, k, step, thinking)
+            on = encode_prompt(qwen3_real, text, NO_LIMIT, True)
+            assert on == encode_prompt(qwen3_ours, text, NO_LIMIT, True), (env, k, step)
+        for slot, st, row in played.rows():
+            if st == step:
+                text = played.texts[slot][st - 1]
+                assert played.roll.prompt_ids[row] == encode_prompt(qwen3_real, text, NO_LIMIT)
 
 
 @pytest.mark.parametrize("step", [1, STEPS])
@@ -195,12 +241,12 @@ def test_our_qwen25_template_renders_chatml(episodes, qwen25_ours, qwen3_real, s
     """Our Qwen2.5 template renders the user turn and the assistant opening exactly as Qwen3's
     real template does with thinking on (the two agree on a one-user-turn prompt), and ignores
     the thinking switch (the trainer refuses it for this template)."""
-    for (env, k), (texts, _, _, _) in episodes.items():
-        text = texts[step - 1]
-        want = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-        for thinking in UNCUT_FLAGS:
-            assert _render(qwen25_ours, text, thinking) == want, (env, k, step, thinking)
-        assert _render(qwen3_real, text, True) == want
+    for (env, k), played in episodes.items():
+        for text in played.at(step):
+            want = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+            for thinking in UNCUT_FLAGS:
+                assert _render(qwen25_ours, text, thinking) == want, (env, k, step, thinking)
+            assert _render(qwen3_real, text, True) == want
     with pytest.raises(ValueError, match="enable_thinking: must be false for this model"):
         check_thinking_switch(qwen25_ours, True)
     check_thinking_switch(qwen3_real, True)
@@ -237,48 +283,56 @@ def test_stop_ids_and_think_action_parsing_round_trip(which, request):
 
 
 def test_score_mode_candidates_tokenise_as_the_trainer_records_them(episodes, qwen3_real):
-    """Each candidate response is its text's tokens plus eos; the recorded response is the chosen
-    candidate; prompt + response tokens are what the real tokenizer makes of the whole text
-    (no merge across the boundary); decoding gives back the action the env received."""
+    """Each candidate response is its text's tokens plus eos; the recorded response is one of the
+    candidates of its prompt; prompt + response tokens are what the real tokenizer makes of the
+    whole text (no merge across the boundary); decoding gives back the action the env received."""
     end = qwen3_real.eos_token_id
-    for (env, k), (texts, roll, scorer, actions) in episodes.items():
-        assert len(scorer.calls) == STEPS
-        for t, (prompts, responses) in enumerate(scorer.calls):
-            assert all(p == roll.prompt_ids[t] for p in prompts)
-            texts_r = [qwen3_real.decode(r, skip_special_tokens=True) for r in responses]
-            for r, text in zip(responses, texts_r, strict=True):
-                assert r == [*qwen3_real(text, add_special_tokens=False)["input_ids"], end]
-                assert text == response_text(parse_action(text, env).action), (env, text)
-            assert roll.response_ids[t] in responses
-            chosen = qwen3_real.decode(roll.response_ids[t], skip_special_tokens=True)
-            assert chosen == response_text(actions[t]), (env, k, t)
-            whole = _render(qwen3_real, texts[t], False) + chosen + "<|im_end|>"
-            ids = qwen3_real(whole, add_special_tokens=False)["input_ids"]
-            assert ids == roll.prompt_ids[t] + roll.response_ids[t], (env, k, t)
+    for (env, k), played in episodes.items():
+        candidates = {}
+        for t, groups in enumerate(played.scorer.calls):
+            for prompt, responses in groups:
+                candidates[(t + 1, tuple(prompt))] = responses
+                for r in responses:
+                    text = qwen3_real.decode(r, skip_special_tokens=True)
+                    assert r == [*qwen3_real(text, add_special_tokens=False)["input_ids"], end]
+                    assert text == response_text(parse_action(text, env).action), (env, text)
+        for slot, step, row in played.rows():
+            prompt, response = played.roll.prompt_ids[row], played.roll.response_ids[row]
+            assert response in candidates[(step, tuple(prompt))], (env, k, slot, step)
+            chosen = qwen3_real.decode(response, skip_special_tokens=True)
+            assert chosen == response_text(played.actions[slot][step - 1]), (env, k, slot, step)
+            whole = _render(qwen3_real, played.texts[slot][step - 1], False) + chosen
+            ids = qwen3_real(whole + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            assert ids == prompt + response, (env, k, slot, step)
 
 
-def _prompt_tokens(preset: str, texts: list[str], qwen3_real, qwen25_ours) -> list[int]:
-    """Each prompt's length in the preset model's tokens and its real chat format (Qwen2.5:
-    with the default system turn its published template adds)."""
-    cfg = resolve(preset=preset)
-    if "Qwen3" in cfg.model:
-        return [len(encode_prompt(qwen3_real, t, NO_LIMIT, cfg.enable_thinking)) for t in texts]
+def _lengths(texts: list[str], qwen25: bool, thinking: bool, qwen3_real, qwen25_ours) -> list[int]:
+    """Each prompt's length in tokens in Qwen2.5's (with the default system turn its published
+    template adds) or Qwen3's tokenizer and chat format."""
+    if not qwen25:
+        return [len(encode_prompt(qwen3_real, t, NO_LIMIT, thinking)) for t in texts]
     system = len(qwen25_ours(QWEN25_DEFAULT_SYSTEM, add_special_tokens=False)["input_ids"])
     return [system + len(encode_prompt(qwen25_ours, t, NO_LIMIT)) for t in texts]
 
 
 def prompt_length_table(episodes, qwen3_real, qwen25_ours) -> list[dict]:
-    """One row per paper preset: its max_prompt_tokens and the prompt lengths it meets."""
-    rows = []
+    """One row per paper preset: its max_prompt_tokens and the longest prompt it meets at step 1,
+    at step 50 and at any step, in its model's tokenizer and chat format."""
+    rows, seen = [], {}
     for name in PRESETS:
         if name == "tiny":
             continue
         cfg = resolve(preset=name)
-        texts = episodes[(cfg.env, cfg.history_length)][0]
-        n = _prompt_tokens(name, texts, qwen3_real, qwen25_ours)
-        rows.append(
-            dict(preset=name, limit=cfg.max_prompt_tokens, step1=n[0], step50=n[-1], longest=max(n))
-        )
+        fmt = (cfg.env, cfg.history_length, "Qwen3" not in cfg.model, cfg.enable_thinking)
+        if fmt not in seen:
+            played = episodes[fmt[:2]]
+            n = partial(_lengths, qwen25=fmt[2], thinking=fmt[3], qwen3_real=qwen3_real,
+                        qwen25_ours=qwen25_ours)  # fmt: skip
+            every = n([t for slot in played.texts for t in slot])
+            seen[fmt] = (max(n(played.at(1))), max(n(played.at(STEPS))), max(every))
+        step1, step50, longest = seen[fmt]
+        rows.append(dict(preset=name, limit=cfg.max_prompt_tokens, step1=step1, step50=step50,
+                         longest=longest))  # fmt: skip
     return rows
 
 
@@ -290,4 +344,4 @@ def test_no_preset_truncates_the_paper_prompts(episodes, qwen3_real, qwen25_ours
         print(f"{r['preset']:<24}{r['limit']:>18}{r['step1']:>8}{r['step50']:>9}{r['longest']:>9}")
     for r in rows:
         assert r["longest"] <= r["limit"], f"{r['preset']} cuts its prompts: {r}"
-        assert 0 < r["step1"] < r["step50"], r  # the history makes step 50's prompt longer
+        assert 0 < max(r["step1"], r["step50"]) <= r["longest"], r
