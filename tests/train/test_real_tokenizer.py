@@ -42,6 +42,7 @@ from hgpo.train.episodes import Play, response_text, run_episodes  # noqa: E402
 from hgpo.train.model import check_thinking_switch, encode_prompt, load_tokenizer, stop_ids  # noqa: E402
 from hgpo.train.tiny import CHATML_TEMPLATE, QWEN3_CHAT_TEMPLATE  # noqa: E402
 from hgpo.train.train_config import PRESETS, TrainConfig, resolve  # noqa: E402
+from hgpo.train.warmstart import expert_plans, expert_samples  # noqa: E402
 
 ENV_VAR = "HGPO_QWEN3_TOKENIZER"
 FETCH = (
@@ -304,6 +305,26 @@ def test_score_mode_candidates_tokenise_as_the_trainer_records_them(episodes, qw
             whole = _render(qwen3_real, played.texts[slot][step - 1], False) + chosen
             ids = qwen3_real(whole + "<|im_end|>", add_special_tokens=False)["input_ids"]
             assert ids == prompt + response, (env, k, slot, step)
+
+
+@pytest.mark.parametrize("env", ["alfworld", "webshop"])
+def test_warm_start_samples_tokenise_as_score_mode_candidates(env, qwen3_real):
+    """The warm start's expert samples (prompt, response) through the real tokenizer: each
+    response is the score-mode candidate of the expert's action, and prompt + response tokens
+    are what the tokenizer makes of the whole text."""
+    cfg = TrainConfig(env=env, env_workers=1, max_prompt_tokens=NO_LIMIT)
+    tasks = [0, 64]
+    samples, won = expert_samples(cfg, qwen3_real, tasks)
+    plans = expert_plans(cfg, tasks)
+    steps = [(i, t) for t in range(max(map(len, plans))) for i in range(2) if t < len(plans[i])]
+    assert won == 1.0 and len(samples) == len(steps)
+    end = qwen3_real.eos_token_id
+    for (prompt, response), (i, t) in zip(samples, steps, strict=True):
+        want = response_text(plans[i][t])
+        assert response == [*qwen3_real(want, add_special_tokens=False)["input_ids"], end]
+        assert parse_action(qwen3_real.decode(response, skip_special_tokens=True), env).valid
+        whole = qwen3_real.decode(prompt) + want + "<|im_end|>"
+        assert qwen3_real(whole, add_special_tokens=False)["input_ids"] == prompt + response
 
 
 def _lengths(texts: list[str], qwen25: bool, thinking: bool, qwen3_real, qwen25_ours) -> list[int]:
