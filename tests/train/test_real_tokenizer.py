@@ -84,7 +84,9 @@ def _tokenizer_dir() -> Path:
 @pytest.fixture(scope="module")
 def qwen3_real():
     """Qwen3's tokenizer with its own chat template."""
-    return load_tokenizer(str(_tokenizer_dir()))
+    tok = load_tokenizer(str(_tokenizer_dir()))
+    assert (tok.vocab_size, len(tok)) == (151_643, 151_669)  # BPE tokens, + 26 added ones
+    return tok
 
 
 @pytest.fixture(scope="module")
