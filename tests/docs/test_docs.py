@@ -41,3 +41,24 @@ def test_the_timed_commands_are_the_readmes() -> None:
 
 def test_machine_names_cores() -> None:
     assert re.fullmatch(r"\d+ cores \(.+\)", readme_timings.machine())
+
+
+def _commands(lines: list[str]) -> list[str]:
+    """Shell commands of ``lines`` (split at ``&&``), pip's ``-q`` and ``python -m`` dropped."""
+    out = []
+    for line in lines:
+        for cmd in line.split("&&"):
+            cmd = cmd.strip().removeprefix("python -m ")
+            if cmd.startswith("pip install"):
+                cmd = cmd.replace(" -q", "")
+            out.append(cmd)
+    return out
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    """The README's test command is .ci/run's commands, in order (setup lines aside)."""
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    body = [s for s in ci if s.strip() and not s.startswith(("#", "set ", "cd ", "export CI="))]
+    readme = (ROOT / "README.md").read_text().splitlines()
+    line = next(s for s in readme if s.startswith("pip install torch=="))
+    assert _commands([line]) == _commands(body)
