@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentenvs import prompts
-from agentenvs.adapters import Benchmark
+from agentenvs.adapters import Benchmark, unique_actions
 from agentenvs.batched import TextEnv
 from agentenvs.factories import alfworld_factory, alfworld_games
 from agentenvs.memory import EpisodeMemory
@@ -65,6 +65,14 @@ def _prompt(
     return prompts.alfworld_prompt(task, obs, admissible, memory, k)
 
 
+def _candidates(admissible: Sequence[str], task: str = "") -> list[str]:
+    """Score mode's candidates: the admissible actions the prompt lists, each once. The
+    reference's list leaves out 'help' (:func:`agentenvs.prompts.format_alfworld_actions`), so
+    score mode must not choose it: an action the prompt never showed, whose long help text would
+    then sit in the memory."""
+    return [a for a in unique_actions(admissible, task) if a != "help"]
+
+
 def _parse(text: str, info: dict[str, Any]) -> ParsedAction:
     return parse_action(text, "alfworld", info.get("admissible_actions"))
 
@@ -103,6 +111,7 @@ ALFWORLD = Benchmark(
     key=_same,
     prompt=_prompt,
     parse=_parse,
+    candidates=_candidates,
     templates=(prompts.ALFWORLD_TEMPLATE, prompts.ALFWORLD_TEMPLATE_NO_HIS),
     sample_text=(
         "You arrive at fridge 1. The fridge 1 is closed. You open the fridge 1. In it, you see "

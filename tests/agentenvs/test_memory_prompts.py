@@ -119,3 +119,15 @@ def test_webshop_prompts_exact():
     ) in his
     m.store("x" * 20000, "click[y]")
     assert "Prior to this step" not in webshop_prompt("g", "o", [], m, 2)
+
+
+def test_alfworld_score_mode_candidates_are_the_listed_actions():
+    """Score mode chooses among the actions the prompt lists: the reference's list drops
+    'help', so the candidates do too (before, score mode could choose 'help', never shown)."""
+    from agentenvs.registry import benchmark
+
+    admissible = ["go to desk 1", "help", "look", "go to desk 1", "inventory"]
+    cands = benchmark("alfworld").candidates(admissible, "")
+    assert cands == ["go to desk 1", "look", "inventory"]
+    listed = format_alfworld_actions(admissible)
+    assert all(f"'{c}'" in listed for c in cands) and "'help'" not in listed
