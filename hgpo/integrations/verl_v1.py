@@ -103,7 +103,9 @@ def _wrap_method(original: Callable[..., Any], ours: Callable[[Any], str | None]
         got = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
         )
-        token = _HELD.set((list(batch.keys), list(got["extra_fields"].tolist())))
+        # (as verl's own reads of it, trainer_base.py:1909: got["extra_fields"] is a
+        # tensordict LinkedList without .tolist(); pop gives the NonTensorStack)
+        token = _HELD.set((list(batch.keys), list(got.pop("extra_fields").tolist())))
         try:
             return original(self, batch, metrics)
         finally:

@@ -1,0 +1,240 @@
+"""The whole v1 chain of verl 0.9.1 on CPU against our trainer's own numbers.
+
+verl side, real code wherever it runs on CPU: a real TransferQueue (controller and one storage
+unit as Ray actors of a local ``ray.init``), verl's ``AgentLoopWorkerTQ._run_prompt`` (the
+``rollout.n`` sessions of a prompt, each ``_run_agent_loop``: the hydra-built
+:class:`~hgpo.integrations.verl_loop.StepwiseAgentLoop`, then ``_agent_loop_postprocess``,
+which stores every output under ``{uid}_{session}_{index}``) on a worker object built without
+its Ray actor, a scripted server manager in the place of the rollout servers, verl's
+the batch as its ``ReplayBuffer._materialize_batch`` lists it, and verl's ``PPOTrainer._compute_advantage`` (wrapped
+by :mod:`hgpo.integrations.verl_v1`) unbound, on an object holding only the config it reads. The
+advantages are read back from the queue, where verl's method wrote them.
+
+Our side: the trainer's :func:`hgpo.train.episodes.run_episodes` on the same scripted actions
+(one lockstep batch), its ``Rollout.step_batch()``, :func:`hgpo.compute_advantages` with the
+trainer's ``TrainConfig.estimator_config()``, the step advantage broadcast to its response
+tokens. The two must be equal, bit for bit, token by token.
+
+The env slips (``slip=0.3``), so the sessions of a task differ; each session of the loop is
+seeded as the trainer's slot of that episode (``session_slot`` mapped to the slot number),
+since the loop's own seeding (a hash of the trajectory id) draws other streams than the
+trainer's batch by design.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("verl")
+pytest.importorskip("ray")
+pytest.importorskip("transfer_queue")
+pytest.importorskip("tokenizers")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:.*engine is not available:UserWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from hgpo import compute_advantages  # noqa: E402
+from hgpo.integrations import verl as hv  # noqa: E402
+from hgpo.integrations import verl_loop as vl  # noqa: E402
+from hgpo.train.tiny import train_tokenizer  # noqa: E402
+from hgpo.train.train_config import resolve  # noqa: E402
+from hgpo.train.trainer import tiny_corpus  # noqa: E402
+from tests.integrations.scripted import (  # noqa: E402
+    PROMPT_LEN,
+    RESPONSE_LEN,
+    SAMPLING,
+    ScriptedServer,
+    scripted_text,
+    trainer_rollout,
+)
+
+ENV = "toy:keydoor:size=4,slip=0.3"
+TASKS, N = (0, 3), 3
+MAX_STEPS = 8
+RAY_CPUS = 2
+"""Logical CPUs of the local Ray: TransferQueue's controller and its one storage unit ask one
+each (``@ray.remote(num_cpus=1)``); with fewer, ``tq.init`` waits for ever."""
+
+
+@pytest.fixture(scope="module")
+def queue():
+    """A local Ray and a real TransferQueue for this module (closed, and Ray shut down, after)."""
+    import ray
+    import transfer_queue as tq
+
+    if ray.is_initialized():
+        pytest.skip("a Ray connection is already open in this process")
+    ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False, logging_level="ERROR")
+    try:
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+        yield tq
+    finally:
+        try:
+            tq.close()
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return train_tokenizer(tmp_path_factory.mktemp("tok"), tiny_corpus(ENV), 1024)
+
+
+def uid_of(task: int) -> str:
+    return f"uid-{task}"  # (verl's ReplayBuffer takes the uid as the key's text before '_')
+
+
+def trainer_slots() -> dict[str, int]:
+    """traj_uid -> the slot of that episode in the trainer's batch (tasks x N, task-major)."""
+    return {f"{uid_of(t)}_{m}": i * N + m for i, t in enumerate(TASKS) for m in range(N)}
+
+
+def verl_config(estimator: str, options: dict, cfg) -> OmegaConf:
+    """What the worker and the trainer read of verl's config (the trainer's gamma and lambda)."""
+    return OmegaConf.create(
+        {
+            "trainer": {"use_v1": True},
+            "data": {},
+            "actor_rollout_ref": {
+                "rollout": {
+                    "n": N,
+                    "prompt_length": PROMPT_LEN,
+                    "response_length": RESPONSE_LEN,
+                    "agent": {"default_agent_loop": vl.AGENT_NAME},
+                }
+            },
+            "algorithm": {
+                "adv_estimator": hv.verl_name(estimator),
+                "gamma": cfg.gamma,
+                "lam": cfg.estimator_config().gae_lambda,
+                "use_kl_in_reward": False,
+                "norm_adv_by_std_in_grpo": True,
+                "hgpo": options,
+            },
+        }
+    )
+
+
+def worker(config, tok, server):
+    """verl's v1 agent-loop worker without its Ray actor: the attributes its methods read."""
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+    w = object.__new__(AgentLoopWorkerTQ.__ray_actor_class__)
+    w.config, w.llm_client, w.tokenizer = config, server, tok
+    w.processor = w.hf_model_type = w.dataset_cls = None
+    w.tools, w.reward_loop_worker_handles, w.distillation_enabled = [], None, False
+    return w
+
+
+async def play_prompts(w, env: str) -> None:
+    """verl's ``_run_prompt`` of every task (its sessions run concurrently)."""
+    from verl.experimental.agent_loop.agent_loop import get_trajectory_info
+
+    info = await get_trajectory_info(1, list(range(len(TASKS))), False)
+    await asyncio.gather(
+        *(
+            w._run_prompt(
+                {
+                    "uid": uid_of(t),
+                    "agent_name": vl.AGENT_NAME,
+                    "extra_info": {"env": env, "split": "train", "task_id": t, "index": t},
+                    "raw_prompt": [],
+                    "global_steps": 1,
+                },
+                dict(SAMPLING),
+                trajectory=info[i],
+            )
+            for i, t in enumerate(TASKS)
+        )
+    )
+
+
+def stored_batch(queue):
+    """The batch of the stored outputs, as verl's ``ReplayBuffer._materialize_batch`` builds it
+    from the queue's listing (every key but the prompts' own status keys); each prompt's status
+    must be "finished" (all its sessions stored)."""
+    from transfer_queue import KVBatchMeta
+
+    listing = queue.kv_list("train")
+    listing = listing.get("train", listing)
+    status = {t: listing[uid_of(t)]["status"] for t in TASKS}
+    assert status == dict.fromkeys(TASKS, "finished"), status
+    keys = [k for k in listing if "_" in k]
+    return KVBatchMeta(partition_id="train", keys=keys, tags=[listing[k] for k in keys])
+
+
+def verl_advantages(queue, config, tok, env, monkeypatch):
+    """The v1 chain: rollout into the queue, the batch of the stored keys, verl's
+    _compute_advantage. Returns (the batch's keys, token advantages read back, prompt ids)."""
+    from verl.trainer.ppo.v1 import trainer_base
+
+    slots = trainer_slots()
+    monkeypatch.setattr(vl, "session_slot", lambda traj_uid: slots[traj_uid])
+    asyncio.run(play_prompts(worker(config, tok, ScriptedServer(tok, scripted_text)), env))
+    batch = stored_batch(queue)
+    # (PPOTrainer is abstract: its method, unbound, on an object with the config it reads)
+    out = trainer_base.PPOTrainer._compute_advantage(
+        types.SimpleNamespace(config=config), batch, {}
+    )
+    got = queue.kv_batch_get(
+        keys=out.keys, partition_id="train", select_fields=["advantages", "prompts"]
+    )
+    advantages = [a for a in got["advantages"].unbind(0)]
+    prompts = [p.tolist() for p in got["prompts"].unbind(0)]
+    queue.kv_clear(keys=list(out.keys), partition_id="train")
+    return list(out.keys), advantages, prompts
+
+
+def trainer_advantages(tok, env, estimator, cfg):
+    """Our trainer's path: (rollout, float32 token advantages per row)."""
+    options = {"history_length": cfg.history_length, "max_steps": MAX_STEPS, "env_workers": 1}
+    roll = trainer_rollout(tok, env, options, list(TASKS), N, scripted_text)
+    est = compute_advantages(estimator, roll.step_batch(), cfg.estimator_config())
+    tokens = [
+        torch.full((len(roll.response_ids[r]),), est.advantages[r], dtype=torch.float64).float()
+        for r in range(len(roll))
+    ]
+    return roll, tokens
+
+
+@pytest.mark.parametrize(("estimator", "K"), [("hgpo", 2), ("hgpo", 4), ("gigpo", 2)])
+def test_verl_v1_chain_gives_the_trainers_token_advantages(queue, tok, monkeypatch, estimator, K):
+    cfg = resolve(ENV, overrides={"history_length": K, "max_steps": MAX_STEPS, "env_workers": 1})
+    options = {"K": K} if estimator == "hgpo" else {}
+    config = verl_config(estimator, options, cfg)
+    # the trainer's EstimatorConfig is the one verl's call gives our estimator
+    assert hv.estimator_config(config.algorithm, cfg.gamma, config.algorithm.lam) == (
+        cfg.estimator_config()
+    )
+    # the loop's options as an agent-loop config file gives them (verl's worker instantiates
+    # the registry's entry with hydra)
+    from verl.experimental.agent_loop import agent_loop
+
+    entry = dict(agent_loop._agent_loop_registry[vl.AGENT_NAME])
+    entry["options"] = {"history_length": K, "max_steps": MAX_STEPS, "env_workers": 1}
+    monkeypatch.setitem(agent_loop._agent_loop_registry, vl.AGENT_NAME, entry)
+    keys, got, prompts = verl_advantages(queue, config, tok, ENV, monkeypatch)
+    roll, want = trainer_advantages(tok, ENV, estimator, cfg)
+
+    # row r of the trainer is (traj, step); verl's key is {uid}_{session}_{step}
+    slot_of = trainer_slots()
+    where = {(int(roll.traj[r]), int(roll.step[r])): r for r in range(len(roll))}
+    assert len(keys) == len(roll) and len(set(keys)) == len(keys)
+    for key, adv, prompt in zip(keys, got, prompts, strict=True):
+        traj_uid, step = key.rsplit("_", 1)
+        r = where[(slot_of[traj_uid], int(step))]
+        assert prompt == roll.prompt_ids[r]
+        assert adv.dtype == want[r].dtype and torch.equal(adv, want[r]), key
+    flat = torch.cat(want)
+    # the data are not degenerate: several returns, steps with and without a penalty
+    assert len(set(float(a[0]) for a in want)) > 2 and flat.abs().sum() > 0
+    assert any(roll.invalid) and not all(roll.invalid)
+    assert np.unique(roll.traj).size == len(TASKS) * N
