@@ -15,15 +15,18 @@ Our side: the trainer's :func:`hgpo.train.episodes.run_episodes` on the same scr
 trainer's ``TrainConfig.estimator_config()``, the step advantage broadcast to its response
 tokens. The two must be equal, bit for bit, token by token.
 
-The env slips (``slip=0.3``), so the sessions of a task differ; each session of the loop is
+The env slips (``slip=0.1``), so the sessions of a task differ; each session of the loop is
 seeded as the trainer's slot of that episode (``session_slot`` mapped to the slot number),
 since the loop's own seeding (a hash of the trajectory id) draws other streams than the
-trainer's batch by design.
+trainer's batch by design. The policy (:func:`policy`) follows the winning plan of
+``scripted.PLAN`` (a wall bump and a malformed answer in it), then random admissible actions;
+with the slips, some episodes win (return 10) and others do not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import types
 
 import numpy as np
@@ -48,17 +51,19 @@ from hgpo.train.tiny import train_tokenizer  # noqa: E402
 from hgpo.train.train_config import resolve  # noqa: E402
 from hgpo.train.trainer import tiny_corpus  # noqa: E402
 from tests.integrations.scripted import (  # noqa: E402
+    PLAN,
     PROMPT_LEN,
     RESPONSE_LEN,
     SAMPLING,
     ScriptedServer,
+    plan_text,
     scripted_text,
     trainer_rollout,
 )
 
-ENV = "toy:keydoor:size=4,slip=0.3"
+ENV = "toy:keydoor:size=4,slip=0.1"
 TASKS, N = (0, 3), 3
-MAX_STEPS = 8
+MAX_STEPS = 14
 RAY_CPUS = 2
 """Logical CPUs of the local Ray: TransferQueue's controller and its one storage unit ask one
 each (``@ray.remote(num_cpus=1)``); with fewer, ``tq.init`` waits for ever."""
@@ -86,6 +91,13 @@ def queue():
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
     return train_tokenizer(tmp_path_factory.mktemp("tok"), tiny_corpus(ENV), 1024)
+
+
+def policy(prompt_text: str) -> str:
+    """``plan_text`` for the steps of :data:`PLAN`, then ``scripted_text``."""
+    at = re.search(r"You are now at step (\d+)", prompt_text)
+    step = int(at.group(1)) if at else 1
+    return plan_text(prompt_text) if step <= len(PLAN) else scripted_text(prompt_text)
 
 
 def uid_of(task: int) -> str:
@@ -178,7 +190,7 @@ def verl_advantages(queue, config, tok, env, monkeypatch):
 
     slots = trainer_slots()
     monkeypatch.setattr(vl, "session_slot", lambda traj_uid: slots[traj_uid])
-    asyncio.run(play_prompts(worker(config, tok, ScriptedServer(tok, scripted_text)), env))
+    asyncio.run(play_prompts(worker(config, tok, ScriptedServer(tok, policy)), env))
     batch = stored_batch(queue)
     # (PPOTrainer is abstract: its method, unbound, on an object with the config it reads)
     out = trainer_base.PPOTrainer._compute_advantage(
@@ -196,7 +208,7 @@ def verl_advantages(queue, config, tok, env, monkeypatch):
 def trainer_advantages(tok, env, estimator, cfg):
     """Our trainer's path: (rollout, float32 token advantages per row)."""
     options = {"history_length": cfg.history_length, "max_steps": MAX_STEPS, "env_workers": 1}
-    roll = trainer_rollout(tok, env, options, list(TASKS), N, scripted_text)
+    roll = trainer_rollout(tok, env, options, list(TASKS), N, policy)
     est = compute_advantages(estimator, roll.step_batch(), cfg.estimator_config())
     tokens = [
         torch.full((len(roll.response_ids[r]),), est.advantages[r], dtype=torch.float64).float()
@@ -237,4 +249,7 @@ def test_verl_v1_chain_gives_the_trainers_token_advantages(queue, tok, monkeypat
     # the data are not degenerate: several returns, steps with and without a penalty
     assert len(set(float(a[0]) for a in want)) > 2 and flat.abs().sum() > 0
     assert any(roll.invalid) and not all(roll.invalid)
+    returns = {float(sum(roll.reward[r] for r in range(len(roll)) if roll.traj[r] == i))
+               for i in range(len(TASKS) * N)}  # fmt: skip
+    assert len(returns) > 1 and max(returns) > 0
     assert np.unique(roll.traj).size == len(TASKS) * N
