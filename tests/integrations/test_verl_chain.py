@@ -1,19 +1,22 @@
 """The whole v1 chain of verl 0.9.1 on CPU against our trainer's own numbers.
 
-verl side, real code wherever it runs on CPU: a real TransferQueue (controller and one storage
-unit as Ray actors of a local ``ray.init``), verl's ``AgentLoopWorkerTQ._run_prompt`` (the
-``rollout.n`` sessions of a prompt, each ``_run_agent_loop``: the hydra-built
-:class:`~hgpo.integrations.verl_loop.StepwiseAgentLoop`, then ``_agent_loop_postprocess``,
-which stores every output under ``{uid}_{session}_{index}``) on a worker object built without
-its Ray actor, a scripted server manager in the place of the rollout servers, verl's
-the batch as its ``ReplayBuffer._materialize_batch`` lists it, and verl's ``PPOTrainer._compute_advantage`` (wrapped
-by :mod:`hgpo.integrations.verl_v1`) unbound, on an object holding only the config it reads. The
-advantages are read back from the queue, where verl's method wrote them.
+verl side, verl's own code wherever it runs on CPU: a real TransferQueue (its controller and
+one storage unit as Ray actors of a local ``ray.init``); ``PPOTrainer._submit_batch_to_rollout``
+(the prompts' tags in the queue); the v1 worker's ``generate_sequences`` -> ``_run_prompt``
+(the ``rollout.n`` sessions of each prompt) -> ``_run_agent_loop`` (the hydra-built
+:class:`~hgpo.integrations.verl_loop.StepwiseAgentLoop`) -> ``_agent_loop_postprocess`` (every
+output stored under ``{uid}_{session}_{index}``), on a worker object built without its Ray
+actor, with a scripted server manager in the place of the rollout servers; the sync
+``ReplayBuffer.sample`` for the batch; ``PPOTrainer._compute_advantage`` (wrapped by
+:mod:`hgpo.integrations.verl_v1`). verl's methods run unbound (PPOTrainer is abstract) on an
+object holding only the attributes they read. The advantages are read back from the queue,
+where verl's method wrote them.
 
 Our side: the trainer's :func:`hgpo.train.episodes.run_episodes` on the same scripted actions
 (one lockstep batch), its ``Rollout.step_batch()``, :func:`hgpo.compute_advantages` with the
 trainer's ``TrainConfig.estimator_config()``, the step advantage broadcast to its response
-tokens. The two must be equal, bit for bit, token by token.
+tokens (float64, then float32: verl's token dtype). The two must be equal, bit for bit, token
+by token.
 
 The env slips (``slip=0.1``), so the sessions of a task differ; each session of the loop is
 seeded as the trainer's slot of that episode (``session_slot`` mapped to the slot number),
@@ -54,7 +57,6 @@ from tests.integrations.scripted import (  # noqa: E402
     PLAN,
     PROMPT_LEN,
     RESPONSE_LEN,
-    SAMPLING,
     ScriptedServer,
     plan_text,
     scripted_text,
@@ -64,6 +66,8 @@ from tests.integrations.scripted import (  # noqa: E402
 ENV = "toy:keydoor:size=4,slip=0.1"
 TASKS, N = (0, 3), 3
 MAX_STEPS = 14
+WAIT_S = 120.0
+"""Bound on the rollout and on the replay buffer's sampling (seconds)."""
 RAY_CPUS = 2
 """Logical CPUs of the local Ray: TransferQueue's controller and its one storage unit ask one
 each (``@ray.remote(num_cpus=1)``); with fewer, ``tq.init`` waits for ever."""
@@ -118,6 +122,11 @@ def verl_config(estimator: str, options: dict, cfg) -> OmegaConf:
             "actor_rollout_ref": {
                 "rollout": {
                     "n": N,
+                    # verl's worker builds its sampling_params from these (generate_sequences)
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                    "top_k": -1,
+                    "calculate_log_probs": True,
                     "prompt_length": PROMPT_LEN,
                     "response_length": RESPONSE_LEN,
                     "agent": {"default_agent_loop": vl.AGENT_NAME},
@@ -146,41 +155,45 @@ def worker(config, tok, server):
     return w
 
 
-async def play_prompts(w, env: str) -> None:
-    """verl's ``_run_prompt`` of every task (its sessions run concurrently)."""
-    from verl.experimental.agent_loop.agent_loop import get_trajectory_info
+def prompt_batch(env: str):
+    """The prompts as verl's trainer hands them on (``_next_train_batch``: the dataloader's
+    columns as a TensorDict, ``global_steps`` set), one per task, with fixed uids."""
+    from verl.utils import tensordict_utils as tu
 
-    info = await get_trajectory_info(1, list(range(len(TASKS))), False)
-    await asyncio.gather(
-        *(
-            w._run_prompt(
-                {
-                    "uid": uid_of(t),
-                    "agent_name": vl.AGENT_NAME,
-                    "extra_info": {"env": env, "split": "train", "task_id": t, "index": t},
-                    "raw_prompt": [],
-                    "global_steps": 1,
-                },
-                dict(SAMPLING),
-                trajectory=info[i],
-            )
-            for i, t in enumerate(TASKS)
-        )
+    rows = [{"env": env, "split": "train", "task_id": t, "index": t} for t in TASKS]
+    batch = tu.get_tensordict(
+        {
+            "uid": np.array([uid_of(t) for t in TASKS], dtype=object),
+            "agent_name": np.array([vl.AGENT_NAME] * len(TASKS), dtype=object),
+            "extra_info": np.array(rows, dtype=object),
+            "index": np.array(list(TASKS), dtype=object),
+            "raw_prompt": np.array([[] for _ in TASKS] + [None], dtype=object)[:-1],
+        }
     )
+    tu.assign_non_tensor_data(batch, "global_steps", 1)
+    return batch
 
 
-def stored_batch(queue):
-    """The batch of the stored outputs, as verl's ``ReplayBuffer._materialize_batch`` builds it
-    from the queue's listing (every key but the prompts' own status keys); each prompt's status
-    must be "finished" (all its sessions stored)."""
-    from transfer_queue import KVBatchMeta
+async def generate(w, batch) -> None:
+    """verl's worker ``generate_sequences`` (fire and forget), then its background tasks."""
+    w.background_tasks = set()
+    await w.generate_sequences(batch)
+    await asyncio.wait_for(asyncio.gather(*list(w.background_tasks)), timeout=WAIT_S)
 
-    listing = queue.kv_list("train")
-    listing = listing.get("train", listing)
-    status = {t: listing[uid_of(t)]["status"] for t in TASKS}
-    assert status == dict.fromkeys(TASKS, "finished"), status
-    keys = [k for k in listing if "_" in k]
-    return KVBatchMeta(partition_id="train", keys=keys, tags=[listing[k] for k in keys])
+
+def sample(config) -> object:
+    """verl's sync ``ReplayBuffer.sample`` of the stored groups (bounded: its poll waits for
+    ever when a group is missing)."""
+    import concurrent.futures
+
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    buffer = ReplayBuffer("sync", {}, None, "drop", {}, poll_interval=0.05)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        job = pool.submit(buffer.sample, global_steps=1, partition_id="train",
+                          batch_size=len(TASKS))  # fmt: skip
+        batch, _ = job.result(timeout=WAIT_S)
+    return batch
 
 
 def verl_advantages(queue, config, tok, env, monkeypatch):
@@ -190,12 +203,16 @@ def verl_advantages(queue, config, tok, env, monkeypatch):
 
     slots = trainer_slots()
     monkeypatch.setattr(vl, "session_slot", lambda traj_uid: slots[traj_uid])
-    asyncio.run(play_prompts(worker(config, tok, ScriptedServer(tok, policy)), env))
-    batch = stored_batch(queue)
-    # (PPOTrainer is abstract: its method, unbound, on an object with the config it reads)
-    out = trainer_base.PPOTrainer._compute_advantage(
-        types.SimpleNamespace(config=config), batch, {}
+    prompts = prompt_batch(env)
+    manager = types.SimpleNamespace(generate_sequences=lambda batch: None)
+    trainer = types.SimpleNamespace(
+        config=config, trainer_mode="sync", global_steps=1, agent_loop_manager=manager
     )
+    trainer_base.PPOTrainer._submit_batch_to_rollout(trainer, prompts)  # the prompts' tags
+    asyncio.run(generate(worker(config, tok, ScriptedServer(tok, policy)), prompts))
+    batch = sample(config)
+    # (PPOTrainer is abstract: its method, unbound, on an object with the config it reads)
+    out = trainer_base.PPOTrainer._compute_advantage(trainer, batch, {})
     got = queue.kv_batch_get(
         keys=out.keys, partition_id="train", select_fields=["advantages", "prompts"]
     )
