@@ -79,8 +79,8 @@ def queue():
     import ray
     import transfer_queue as tq
 
-    if ray.is_initialized():
-        pytest.skip("a Ray connection is already open in this process")
+    if ray.is_initialized():  # (a module that left its connection open)
+        pytest.fail("test_verl_chain starts its own local Ray; this process is still connected")
     ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False, logging_level="ERROR")
     try:
         tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
