@@ -18,8 +18,11 @@ tensors only: the outputs' ``extra_fields`` (where an agent loop puts ``anchor_o
 
 Any other estimator runs verl's code unchanged. ``trainer_base`` needs the TransferQueue package
 and is heavy, so the wrappers are put in when verl imports it (a ``sys.meta_path`` hook on that
-one module name), not at ``import verl``. NOT run against a real TransferQueue here (it is not
-installed on this project's machines): :func:`attach_v1_metadata` is tested, the wrapping not.
+one module name), not at ``import verl``.
+
+Tested on CPU against verl 0.9.1's real ``trainer_base`` and TransferQueue 0.1.11
+(tests/integrations/test_verl_chain.py: a real queue on a local Ray, verl's v1 worker code
+storing the stepwise loop's outputs, verl's ``_compute_advantage`` reading them back).
 """
 
 from __future__ import annotations
@@ -103,7 +106,9 @@ def _wrap_method(original: Callable[..., Any], ours: Callable[[Any], str | None]
         got = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
         )
-        token = _HELD.set((list(batch.keys), list(got["extra_fields"].tolist())))
+        # (as verl's own reads of it, trainer_base.py:1909: got["extra_fields"] is a
+        # tensordict LinkedList without .tolist(); pop gives the NonTensorStack)
+        token = _HELD.set((list(batch.keys), list(got.pop("extra_fields").tolist())))
         try:
             return original(self, batch, metrics)
         finally:

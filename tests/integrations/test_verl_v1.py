@@ -1,16 +1,14 @@
 """The metadata contract through verl 0.9's v1 trainer (hgpo.integrations.verl_v1).
 
-The v1 trainer needs the TransferQueue package, which this project's machines do not have:
-the wrappers run here on a stand-in ``trainer_base`` that makes verl's calls (its
-``_compute_advantage`` builds the DataProto from 'uid' and tensors only, then calls
-``compute_advantage_for_multi_trajectories``) and a stand-in queue; the advantages must equal,
-bit for bit, those of the same episodes given as a verl-agent-style DataProto.
+:func:`attach_v1_metadata` on its own; the import hook on verl's REAL ``trainer_base`` (it
+fires, the wrapped methods keep verl's signatures); verl's real ``_compute_advantage`` over an
+in-memory queue that returns rows in the real queue's format. The advantages must equal, bit
+for bit, those of the same episodes given as a verl-agent-style DataProto. The real
+TransferQueue runs in tests/integrations/test_verl_chain.py.
 """
 
 from __future__ import annotations
 
-import sys
-import textwrap
 import types
 
 import numpy as np
@@ -106,85 +104,120 @@ def test_bad_v1_metadata_is_named(hv):
         hv.compute_advantage(data, "hgpo", config=None)
 
 
-FAKE_TRAINER_BASE = textwrap.dedent(
-    """
-    # verl's v1 trainer_base, reduced to the calls that matter here
-    import transfer_queue as tq
-    from verl.trainer.ppo.ray_trainer import compute_advantage
+def real_trainer_base(hv):
+    """verl's real v1 trainer_base (it needs TransferQueue), imported after our module."""
+    pytest.importorskip("transfer_queue")
+    from verl.trainer.ppo.v1 import trainer_base
 
-    def compute_advantage_for_multi_trajectories(data, batch_keys, adv_estimator, gamma=1.0,
-                                                 lam=1.0, num_repeat=1,
-                                                 norm_adv_by_std_in_grpo=True, config=None):
-        return compute_advantage(data, adv_estimator=adv_estimator, gamma=gamma, lam=lam,
-                                 num_repeat=num_repeat,
-                                 norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, config=config)
-
-    class PPOTrainer:
-        def __init__(self, config):
-            self.config = config
-
-        def _compute_advantage(self, batch, metrics):
-            data = tq.make_dataproto(batch.keys)  # 'uid' and tensors only
-            return compute_advantage_for_multi_trajectories(
-                data, batch_keys=batch.keys, adv_estimator=self.config.algorithm.adv_estimator,
-                gamma=self.config.algorithm.gamma, config=self.config.algorithm)
-    """
-)
+    return trainer_base
 
 
-def test_the_v1_wrappers_fetch_extra_fields_and_pass_them_on(hv, tmp_path, monkeypatch):
-    """A stand-in trainer_base imported under a fresh name through the import hook: the hook
-    patches it once it has run; its _compute_advantage then gives the verl-agent batch's
-    advantages; verl's own estimators (grpo) take verl's path, untouched."""
+def test_the_hook_fires_on_verls_real_trainer_base_and_keeps_its_signatures(hv):
+    import inspect
+
+    from verl.trainer.ppo.v1 import utils as v1_utils
+
+    tb = real_trainer_base(hv)
+    method = tb.PPOTrainer._compute_advantage
+    multi = tb.compute_advantage_for_multi_trajectories
+    assert method.hgpo_original.__qualname__ == "PPOTrainer._compute_advantage"
+    assert multi.hgpo_original is v1_utils.compute_advantage_for_multi_trajectories
+    ours = inspect.signature(method, follow_wrapped=False)
+    theirs = inspect.signature(method.hgpo_original)
+    assert list(ours.parameters) == list(theirs.parameters) == ["self", "batch", "metrics"]
+    # every keyword of verl's call (trainer_base.py, _compute_advantage step 3) binds
+    inspect.signature(multi, follow_wrapped=False).bind(
+        None, batch_keys=[], adv_estimator="hgpo", gamma=1.0, lam=1.0, num_repeat=1,
+        norm_adv_by_std_in_grpo=True, config=None,
+    )  # fmt: skip
+    assert list(inspect.signature(multi.hgpo_original).parameters)[:3] == [
+        "data", "batch_keys", "adv_estimator",
+    ]  # fmt: skip
+
+
+class InMemoryQueue:
+    """The three TransferQueue calls of verl's _compute_advantage, on rows kept here in the
+    format the real queue returns (list_of_dict_to_tensordict: nested tensors, extra_fields a
+    NonTensorStack whose item is a tensordict LinkedList). The real queue runs in
+    tests/integrations/test_verl_chain.py."""
+
+    def __init__(self, keys, fields):
+        self.rows = dict(zip(keys, fields, strict=True))
+        self.asked, self.put = [], {}
+
+    def kv_batch_get(self, keys, partition_id, select_fields):
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        self.asked.append(tuple(select_fields))
+        rows = [{f: self.rows[k][f] for f in select_fields if f in self.rows[k]} for k in keys]
+        return list_of_dict_to_tensordict(rows)
+
+    def kv_batch_put(self, keys, partition_id, fields):
+        self.put = {"keys": list(keys), "fields": fields}
+        return types.SimpleNamespace(keys=list(keys), partition_id=partition_id)
+
+
+def queue_rows(ep, rows):
+    """What verl's v1 worker stores for these rows (the fields _compute_advantage reads)."""
+    data = make_dataproto(ep, rows)
+    keys, extra = v1_outputs(ep, rows)
+    fields = []
+    for r, (key, ef) in enumerate(zip(keys, extra, strict=True)):
+        n = int(data.batch["response_mask"][r].sum())
+        fields.append(
+            {
+                "uid": key.rsplit("_", 2)[0],
+                "response_mask": data.batch["response_mask"][r, :n],
+                "rm_scores": data.batch["token_level_rewards"][r, :n],
+                "extra_fields": ef,
+            }
+        )
+    return keys, fields
+
+
+def test_verls_real_compute_advantage_hands_our_estimator_the_metadata(hv, monkeypatch):
+    """verl's real PPOTrainer._compute_advantage (unbound: PPOTrainer is abstract) over an
+    in-memory queue: our estimator gets the outputs' extra_fields, and the advantages it writes
+    back equal those of the same episodes as a verl-agent DataProto; verl's own grpo takes
+    verl's path (no extra_fields fetch)."""
     from omegaconf import OmegaConf
 
-    from hgpo.integrations import verl_v1
-
+    tb = real_trainer_base(hv)
     ep = make_episodes(22)
     rows = rows_of(ep, "shuffled", 22)
-    keys, extra = v1_outputs(ep, rows)
-    asked = []
+    keys, fields = queue_rows(ep, rows)
+    queue = InMemoryQueue(keys, fields)
+    monkeypatch.setattr(tb, "tq", queue)
+    import transfer_queue
 
-    class Stack:
-        def __init__(self, items):
-            self.items = items
-
-        def tolist(self):
-            return list(self.items)
-
-    def kv_batch_get(keys, partition_id, select_fields):
-        asked.append((tuple(keys), partition_id, tuple(select_fields)))
-        by_key = dict(zip(v1_outputs(ep, rows)[0], extra, strict=True))
-        return {"extra_fields": Stack([by_key[k] for k in keys])}
-
-    fake_tq = types.ModuleType("transfer_queue")
-    fake_tq.kv_batch_get = kv_batch_get
-    fake_tq.make_dataproto = lambda keys: v1_dataproto(ep, rows)
-    monkeypatch.setitem(sys.modules, "transfer_queue", fake_tq)
-    name = "hgpo_fake_v1_trainer_base"
-    (tmp_path / f"{name}.py").write_text(FAKE_TRAINER_BASE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, name, raising=False)
-    verl_v1.on_import(
-        name, lambda m: verl_v1.patch_trainer_base(m, hv.our_name, hv.compute_advantage)
-    )
-    module = __import__(name)
-    assert module.PPOTrainer._compute_advantage.hgpo_original is not None
-
-    batch = types.SimpleNamespace(keys=keys, partition_id="train")
-    config = OmegaConf.create({"algorithm": {"adv_estimator": "hgpo", "gamma": GAMMA, "hgpo": {}}})
-    got = module.PPOTrainer(config)._compute_advantage(batch, {})
-    assert asked == [(tuple(keys), "train", ("extra_fields",))]
+    monkeypatch.setattr(transfer_queue, "kv_batch_get", queue.kv_batch_get)
+    config = OmegaConf.create(
+        {
+            "algorithm": {
+                "adv_estimator": "hgpo", "gamma": GAMMA, "lam": 1.0, "use_kl_in_reward": False,
+                "hgpo": {"K": 4},
+            },
+            "actor_rollout_ref": {"rollout": {"n": 1}},
+        }
+    )  # fmt: skip
+    batch = transfer_queue.KVBatchMeta(keys=keys, tags=[{}] * len(keys), partition_id="train")
+    trainer = types.SimpleNamespace(config=config)
+    tb.PPOTrainer._compute_advantage(trainer, batch, {})
+    assert ("extra_fields",) in queue.asked
     want = hv.compute_advantage(
-        make_dataproto(ep, rows, step_index=True), "hgpo", gamma=GAMMA, config=None
-    )
-    assert torch.equal(got.batch["advantages"], want.batch["advantages"])
+        make_dataproto(ep, rows, step_index=True), "hgpo", gamma=GAMMA, config=algo_config({"K": 4})
+    ).batch["advantages"]
+    got = queue.put["fields"]["advantages"].unbind(0)
+    assert len(got) == len(keys)
+    for r, adv in enumerate(got):
+        assert torch.equal(adv, want[r, : adv.numel()]), keys[r]
+    assert sum(float(a.abs().sum()) for a in got) > 0
 
     config.algorithm.adv_estimator = "grpo"  # verl's own: no fetch, verl's path
-    module.PPOTrainer(config)._compute_advantage(batch, {})
-    assert len(asked) == 1
+    queue.asked.clear()
+    tb.PPOTrainer._compute_advantage(trainer, batch, {})
+    assert ("extra_fields",) not in queue.asked
     with pytest.raises(RuntimeError, match=r"outside verl's PPOTrainer\._compute_advantage"):
-        module.compute_advantage_for_multi_trajectories(
+        tb.compute_advantage_for_multi_trajectories(
             v1_dataproto(ep, rows), batch_keys=keys, adv_estimator="hgpo"
         )
-    sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "name", None) != name]
