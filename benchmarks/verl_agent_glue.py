@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-MODES = {"alfworld": "mean_std_norm", "webshop": "mean_norm"}
+from benchmarks.make_verl_agent_golden import MODES  # the authors' mode per reference profile
 
 
 @dataclass(frozen=True)

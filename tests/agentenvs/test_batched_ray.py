@@ -109,7 +109,7 @@ def test_snapshots_travel_between_actors(ray_cluster):
 def test_missing_ray_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     monkeypatch.delitem(sys.modules, "agentenvs.ray_backend", raising=False)
-    with pytest.raises(ValueError, match=r"backend='ray'.*pip install 'hgpo\[ray\]'"):
+    with pytest.raises(ValueError, match=r"backend='ray'.*pip install -e \"\.\[ray\]\""):
         BatchedEnv(ToyEnv, 2, backend="ray")
     with pytest.raises(ValueError, match=r"^backend: must be one of .*, got 'threads'$"):
         BatchedEnv(ToyEnv, 2, backend="threads")
