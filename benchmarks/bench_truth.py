@@ -3,7 +3,7 @@ against hgpo.train.batched_score (prompts batched by length, shared prefixes com
 
     python -m benchmarks.bench_truth            # the whole chain of keydoor 4x4, K = 2
     python -m benchmarks.bench_truth --quick    # every 8th prompt of it
-    python -m benchmarks.bench_truth --threads 2
+    python -m benchmarks.bench_truth --quick --threads 2 --new-only
 
 The chain is the one ``--truth-every`` scores for ``--env`` with ``--history-length`` and
 ``--max-steps`` (keydoor 4x4, K = 2, horizon 20: 4,757 prompts x 5 actions), the model the
@@ -31,6 +31,7 @@ def _parser() -> ArgumentParser:
     p.add_argument("--max-steps", type=int, default=20, help="the chain runs to this horizon")
     p.add_argument("--quick", action="store_true", help="every 8th prompt of the chain only")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--new-only", action="store_true", help="time the new scorer only")
     return p
 
 
@@ -86,8 +87,14 @@ def main(argv: list[str] | None = None) -> int:
           f"thread(s); encoding all prompts took {enc_s:.1f} s")  # fmt: skip
     print(f"load average before: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} "
           f"({os.cpu_count()} CPUs)")  # fmt: skip
-    old, old_w, old_c = _timed(lambda: engine.score(P, R))
     new, new_w, new_c = _timed(lambda: engine.score_batched(P, R))
+    if args.new_only:
+        print(f"batched_score (new)    {n / new_w:8.1f} prompts/s wall ({new_w:6.1f} s)   "
+              f"{n / new_c:8.1f} prompts/CPU-s ({new_c:6.1f} s)")  # fmt: skip
+        load1 = os.getloadavg()
+        print(f"load average after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+        return 0
+    old, old_w, old_c = _timed(lambda: engine.score(P, R))
     diff = float(np.max(np.abs(np.asarray(old) - np.asarray(new))))
     for name, w, c in (("HFEngine.score (old)", old_w, old_c), ("batched_score (new)", new_w,
                                                                    new_c)):  # fmt: skip

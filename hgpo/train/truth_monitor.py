@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+from tqdm import tqdm
 
 from agentenvs.memory import EpisodeMemory
 from agentenvs.parser import parse_action
@@ -510,8 +511,6 @@ class TruthMonitor:
 
 def _progress(enabled: bool, total: int) -> Any:
     """A tqdm bar over the truth pass's prompts (a no-op bar when ``enabled`` is false)."""
-    from tqdm import tqdm
-
     return tqdm(total=total, desc="truth", unit="prompt", disable=not enabled, leave=False)
 
 
