@@ -1,24 +1,29 @@
 """Summed response log-probs of many (prompt, response) pairs, batched across prompts.
 
-:meth:`hgpo.train.hf_engine.HFEngine.score` runs one prompt at a time (its key/value cache
-then serves that prompt's candidates). That is two model calls per prompt, so on a small model
-per-call overhead, not arithmetic, sets the pace. :func:`batched_score` computes the same
-figures, to float32 rounding, with far fewer calls:
+:meth:`hgpo.train.hf_engine.HFEngine.score` runs one prompt at a time: one decoder pass over
+the prompt, one over its candidates after the prompt's key/value cache (copied per
+candidate). :func:`batched_score` computes the same figures, to float32 rounding, with fewer
+calls and fewer tokens through the model:
 
 1. pairs with consecutive equal prompts form one *run* (a prompt and its candidates);
-2. runs are ordered by prompt length (stable) and cut into batches of prompts of one length
-   (``pad_prompts=False``, no padding at all) or of neighbouring lengths, left-padded
-   (``pad_prompts=True``), each of at most ``max_tokens`` prompt tokens;
-3. one decoder pass over a batch's prompts fills the key/value cache; rows of the cache are
-   gathered per candidate (:meth:`Cache.reorder_cache` with repeated indices);
-4. one pass over all candidates (right-padded) after that cache; the log-prob of response
-   token j comes from position P - 1 + j (the prompt's last position for j = 0):
+2. runs are ordered by prompt length, then by tokens (neighbours share long prefixes), and cut
+   into batches of prompts of one length (``pad_prompts=False``) or of neighbouring lengths
+   (``pad_prompts=True``), within ``max_tokens`` (:func:`length_batches`);
+3. the batch's common prompt prefix (c tokens) goes through the decoder once, in one row, and
+   its cache is repeated for every row;
+4. one more pass over a *token tree* per row (:class:`_Tree`): the prompt's own suffix, the
+   candidates' common prefix (r tokens), then every candidate's own tail, right-padded, with
+   explicit positions and a 4D additive mask: a token sees the cached prefix, and in its row
+   the earlier tokens of segment 0 (prompt and shared prefix) and of its own tail.
 
-       score(x, y) = sum_j log softmax(head(h_{P-1+j}))[y_j]   (temperature 1).
+Token m of candidate y after prompt x (P tokens) is predicted by the hidden state at the
+position before it (the prompt's last for m = 0, the shared prefix's for m <= r, the tail's
+after that):
 
-Left padding is masked (attention mask over past and new columns, positions counted over the
-real tokens); right padding needs no mask (causal: a real token never attends to a later pad)
-and its log-probs are masked out of the sum.
+    score(x, y) = sum_m log softmax(head(h_{P-1+m}))[y_m]   (temperature 1),
+
+the same attention sets and positions as the one-prompt path, so the same numbers up to the
+order of float32 sums (about 1e-7 relative).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from torch import nn
 __all__ = ["MAX_TOKENS", "batched_score", "length_batches", "prompt_runs"]
 
 MAX_TOKENS = 8192
-"""Prompt tokens per decoder pass (and response tokens per candidate pass, with the cache)."""
+"""Tokens per batch: rows x longest prompt, and the sum over runs of prompt + candidates'
+tokens (the tree pass's size; its logits are candidates x longest response x vocabulary)."""
 
 
 def prompt_runs(prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
@@ -57,11 +63,10 @@ def length_batches(
     max_tokens: int,
     same_length: bool,
 ) -> list[list[int]]:
-    """Run indices in ``order`` (by prompt length, then tokens) cut into batches: each batch's padded prompt tokens
-    (its rows x its longest prompt) and candidate tokens (candidates x (longest prompt +
-    longest response)) stay within ``max_tokens`` (a batch holds at least one run);
-    ``same_length``: a batch holds prompts of one length only. ``widths[i]``: run i's
-    candidates x (its prompt + longest response) tokens."""
+    """Run indices in ``order`` (by prompt length, then tokens) cut into consecutive batches
+    within ``max_tokens``: rows x the batch's longest prompt, and the sum of ``widths`` (run
+    i's prompt + its candidates' tokens: its row of the tree) stay within it (a batch holds at
+    least one run); ``same_length``: a batch holds prompts of one length only."""
     out: list[list[int]] = []
     cur: list[int] = []
     width = 0
