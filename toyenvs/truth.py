@@ -57,7 +57,15 @@ DEFAULT_MAX_NODES = 5_000_000  # ~1 KB peak per node: about 5 GB at the limit
 
 
 class ChainTooLarge(ValueError):
-    """The reachable (state, context, t) chain exceeds the exact solver's size limit."""
+    """The reachable (state, context, t) chain exceeds the exact solver's size limit.
+
+    nodes: the nodes enumerated when it stopped (more than the limit; the whole chain is
+    larger still), t: the layer that crossed the limit, horizon: the env's horizon.
+    """
+
+    def __init__(self, message: str, nodes: int = 0, t: int = 0, horizon: int = 0) -> None:
+        super().__init__(message)
+        self.nodes, self.t, self.horizon = nodes, t, horizon
 
 
 def _check_gamma(gamma: float) -> float:
@@ -230,7 +238,10 @@ def enumerate_chain(
         if total > max_nodes:
             raise ChainTooLarge(
                 f"the reachable chain of {env.name} with K={K} exceeds max_nodes={max_nodes} "
-                f"(at t={t + 1} of {T}); use toyenvs.mc_ground_truth"
+                f"(at t={t + 1} of {T}); use toyenvs.mc_ground_truth",
+                nodes=int(total),
+                t=t + 1,
+                horizon=T,
             )
         if t < T - 1:
             layer_s.append(ns)

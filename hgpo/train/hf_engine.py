@@ -5,12 +5,13 @@ the GPU fallback when vLLM is not installed); :mod:`hgpo.train.vllm_engine` hold
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from hgpo.train.batched_score import batched_score
 from hgpo.train.model import inference_named_parameters, load_named, pack, stop_ids
 
 __all__ = ["HFEngine"]
@@ -118,6 +119,18 @@ class HFEngine:
         if was_training:
             self.model.train()
         return out
+
+    def score_batched(
+        self,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        on_prompts: Callable[[int], None] | None = None,
+    ) -> list[float]:
+        """:meth:`score`'s figures (to float32 rounding) with prompts batched by length and
+        shared prefixes computed once (:func:`hgpo.train.batched_score.batched_score`): the
+        exact truth's scorer."""
+        return batched_score(self.model, prompts, responses, self.tok.pad_token_id,
+                             self.device, on_prompts=on_prompts)  # fmt: skip
 
     def _score_shared(
         self, prompt: Sequence[int], responses: Sequence[Sequence[int]]

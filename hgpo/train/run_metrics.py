@@ -230,6 +230,7 @@ def merge_metrics(parts: list[RankFigures]) -> dict[str, Any]:
         "time/advantage": max(p.times.advantage for p in parts),
         "time/update": max(p.times.update for p in parts),
         "time/score": max(p.times.score for p in parts),
+        "time/truth": max(p.times.truth for p in parts),
     }
     gap_n = sum(p.lp_gap[1] for p in parts)
     if gap_n:  # the rollout engine's log-probs (vLLM) against the trainer's: the sync check

@@ -187,7 +187,12 @@ class Trainer:
                 "TrainConfig.truth_every needs one rank (it scores the whole chain on rank 0), "
                 f"got {self.world} ranks"
             )
-
+        if self.device.type == "cpu" and torch.get_num_threads() > 1:
+            log.info(
+                "truth: scoring on the CPU with %d torch threads; on a shared, loaded machine "
+                "OMP_NUM_THREADS=1 scores several times faster (python -m benchmarks.bench_truth "
+                "--threads N)", torch.get_num_threads(),
+            )  # fmt: skip
         return TruthMonitor(self.cfg, self.tok)
 
     def _grad_accum(self) -> int:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+from tqdm import tqdm
 
 from agentenvs.memory import EpisodeMemory
 from agentenvs.parser import parse_action
@@ -81,8 +82,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PROMPTS_PER_CALL = 128
-"""Prompts scored per engine call (each with all its actions' responses)."""
+PROMPTS_PER_CALL = 512
+"""Prompts scored per scorer call (each with all its actions' responses); the scorer batches
+them further (:func:`hgpo.train.batched_score.batched_score`, or verl's micro-batches)."""
 
 Scorer = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], Sequence[float]]
 """(prompt token ids, response token ids) pairs -> each response's summed log-probability at
@@ -119,11 +121,12 @@ def truth_chain(cfg: TruthChainSettings) -> Chain:
         tasks = tasks[: cfg.train_tasks]
     try:
         return enumerate_chain(env, cfg.history_length, tasks, cfg.truth_max_nodes)
-    except ChainTooLarge:
+    except ChainTooLarge as e:
         raise TrainConfigError(
             f"TrainConfig.truth_max_nodes={cfg.truth_max_nodes}: the reachable (t, hidden "
             f"state, context) chain of {cfg.env!r} with history_length={cfg.history_length} is "
-            f"larger; raise --truth-max-nodes, or shrink the env (size, horizon) or K"
+            f"larger (already {e.nodes:,} nodes by step {e.t} of its horizon {e.horizon}); "
+            "raise --truth-max-nodes, or shrink the env (size, horizon) or K"
         ) from None
 
 
@@ -294,6 +297,7 @@ class TruthMonitor:
         P = np.concatenate(self.chain.layer_P)
         self._index = build_node_index(self.node_t, np.concatenate(self.chain.layer_s), P)
         self.enumerate_seconds = time.perf_counter() - t0
+        self._nan_logged = False  # the reason for NaN bias2 is logged once a run
         log.info(
             "truth: chain of %d nodes, %d prompts (t, context), enumerated in %.2fs",
             self.chain.n_nodes, self.row_code.size, self.enumerate_seconds,
@@ -311,26 +315,37 @@ class TruthMonitor:
         memory = EpisodeMemory([("", "")] * (t - len(real)) + real)  # older steps are not shown
         return toy_prompt(tt.family, tt.task_of_obs[o], tt.obs_text[o], tt.actions, memory, self.K)
 
-    def policy_table(self, scorer: Scorer) -> np.ndarray:
-        """float64[n_rows, A] pi(. | t, c) of the current weights: every action's response
-        scored by ``scorer`` after every row's prompt (in batches of ``PROMPTS_PER_CALL``
-        prompts), softmax at the rollout temperature."""
+    def prompt_ids(self) -> list[list[int]]:
+        """Every row's prompt (t, c) as the rollout encodes it (chat template, cut from the
+        left to ``max_prompt_tokens``)."""
         from hgpo.train.model import encode_prompt
 
+        limit = self.cfg.max_prompt_tokens
+        return [encode_prompt(self.tok, self.prompt(int(t), int(c)), limit)
+                for t, c in zip(self.row_t, self.row_code, strict=True)]  # fmt: skip
+
+    def policy_table(self, scorer: Scorer) -> np.ndarray:
+        """float64[n_rows, A] pi(. | t, c) of the current weights: every action's response
+        scored by ``scorer`` after every row's prompt, softmax at the rollout temperature.
+
+        The prompts go to the scorer ordered by length, then by tokens (neighbours share long
+        prefixes and no padding: what :func:`hgpo.train.batched_score.batched_score` batches),
+        ``PROMPTS_PER_CALL`` at a time, under a progress bar (``--progress``)."""
         tok, cfg = self.tok, self.cfg
         resp = [tok(response_text(a), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
                 for a in self.text.actions]  # fmt: skip
         A = len(resp)
-        logits = np.empty((self.row_code.size, A))
-        for lo in range(0, self.row_code.size, PROMPTS_PER_CALL):
-            hi = min(lo + PROMPTS_PER_CALL, self.row_code.size)
-            prompts = [
-                encode_prompt(tok, self.prompt(int(t), int(c)), cfg.max_prompt_tokens)
-                for t, c in zip(self.row_t[lo:hi], self.row_code[lo:hi], strict=True)
-            ]
-            flat_p = [p for p in prompts for _ in range(A)]
-            scores = scorer(flat_p, resp * len(prompts))
-            logits[lo:hi] = np.asarray(scores, dtype=np.float64).reshape(-1, A) / cfg.temperature
+        prompts = self.prompt_ids()
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))
+        logits = np.empty((len(prompts), A))
+        with _progress(cfg.progress, len(prompts)) as bar:
+            for lo in range(0, len(order), PROMPTS_PER_CALL):
+                rows = order[lo : lo + PROMPTS_PER_CALL]
+                flat_p = [prompts[i] for i in rows for _ in range(A)]
+                scores = scorer(flat_p, resp * len(rows))
+                logits[rows] = np.asarray(scores, dtype=np.float64).reshape(-1, A)
+                bar.update(len(rows))
+        logits /= cfg.temperature
         z = np.exp(logits - logits.max(axis=1, keepdims=True))
         return z / z.sum(axis=1, keepdims=True)
 
@@ -421,6 +436,7 @@ class TruthMonitor:
         # each key weighs its exact visit probability d(z) pi(a | z) (summed over tasks)
         weight = truth.d[nodes.node[first_of]] * truth.probs[nodes.row[first_of],
                                                              nodes.action[first_of]]  # fmt: skip
+        self._explain_nan(key, group, task_of_row)
         n_traj = int(np.unique(traj).size)
         base = self.cfg.estimator_config().replace(norm="mean")
         out: dict[str, float] = {}
@@ -442,10 +458,37 @@ class TruthMonitor:
             out.update({f"truth/{name}/{k}": float(v) for k, v in figures.items()})
         return out
 
+    def _explain_nan(self, key: np.ndarray, group: np.ndarray, task: np.ndarray) -> None:
+        """Log once why bias2, variance and mse are NaN when no (task, z, a) key of the batch
+        was met by two rollout groups (coverage 0)."""
+        pairs = np.unique(np.stack([key, group], axis=1), axis=0)
+        if (np.bincount(pairs[:, 0]) >= 2).any() or self._nan_logged:
+            return
+        self._nan_logged = True
+        groups = np.unique(np.stack([task, group], axis=1), axis=0)
+        n_groups, n_tasks = np.unique(groups[:, 1]).size, np.unique(groups[:, 0]).size
+        why = (
+            f"each of the batch's {n_groups} rollout groups plays a different task (tasks are "
+            "drawn without repeats while --groups-per-iter <= the train tasks): set "
+            "--train-tasks below --groups-per-iter (e.g. --train-tasks 1)"
+            if n_tasks == n_groups
+            else f"its {n_groups} groups of {n_tasks} tasks met no (task, state, action) twice: "
+            "raise --group-size or --groups-per-iter"
+        )
+        log.warning(
+            "truth/<est>/bias2, variance and mse are NaN (coverage 0): 0 of %d batch steps have "
+            "their (task, state, action) met by two rollout groups, and %s",
+            key.size, why,
+        )  # fmt: skip
+
     def measure(self, roll: Any, engine: Any) -> dict[str, float]:
         """The iteration's truth metrics: the exact truth of the weights that played ``roll``
-        (call it before the update), the chain's size and times, every estimator's errors."""
-        return self.measure_steps(self.rollout_steps(roll), engine.score)
+        (call it before the update), the chain's size and times, every estimator's errors.
+
+        ``engine``: its ``score_batched`` (:class:`~hgpo.train.hf_engine.HFEngine`: prompts
+        batched, prefixes shared) where it has one, else its ``score``."""
+        scorer = getattr(engine, "score_batched", None) or engine.score
+        return self.measure_steps(self.rollout_steps(roll), scorer)
 
     def measure_steps(self, steps: TruthSteps, scorer: Scorer) -> dict[str, float]:
         """:meth:`measure` for any player: ``steps`` and the ``scorer`` of the weights that
@@ -464,6 +507,11 @@ class TruthMonitor:
         out.update(self.estimator_metrics(truth, steps, nodes))
         out["truth/time"] = time.perf_counter() - t0
         return out
+
+
+def _progress(enabled: bool, total: int) -> Any:
+    """A tqdm bar over the truth pass's prompts (a no-op bar when ``enabled`` is false)."""
+    return tqdm(total=total, desc="truth", unit="prompt", disable=not enabled, leave=False)
 
 
 def _context_rows(batch: StepBatch, K: int) -> list[np.ndarray]:

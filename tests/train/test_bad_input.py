@@ -151,6 +151,13 @@ TRUTH8 = ["--env", "toy:keydoor:size=8", "--action-mode", "score", "--truth-ever
             "history_length=2 scores 45,341 prompts x 5 actions (a chain of 69,548 nodes), "
             "every 1 iterations; raise --truth-max-prompts",
         ),
+        # issue 30: a chain over --truth-max-nodes, refused before the first iteration
+        (
+            [*TRUTH8, "--truth-max-nodes", "1000"],
+            "TrainConfig.truth_max_nodes=1000: the reachable (t, hidden state, context) chain "
+            "of 'toy:keydoor:size=8' with history_length=2 is larger (already 1,513 nodes by step 3 "
+            "of its horizon 40); raise --truth-max-nodes",
+        ),
     ],
 )
 def test_sizes_beyond_the_model_and_machine_are_refused(

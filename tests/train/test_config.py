@@ -94,6 +94,18 @@ def test_paper_presets_carry_the_paper_settings():
     assert w.estimator_config().K == 2
 
 
+def test_the_tiny_preset_keeps_a_toy_envs_horizon():
+    """Issue 30: the tiny preset's max_steps = 3 cut keydoor episodes (8+ steps to the goal)
+    silently; a toy env now keeps its horizon (the toy default 100 caps nothing), --max-steps
+    still cuts it, and ALFWorld and WebShop keep the preset's 3."""
+    toy = "toy:keydoor:size=4"
+    assert resolve(env=toy, preset="tiny").max_steps == 100
+    assert resolve(env=toy, preset="tiny", overrides={"max_steps": 5}).max_steps == 5
+    assert parse_args(["--preset", "tiny", "--env", toy, "--max-steps", "7"])[0].max_steps == 7
+    assert resolve(env="alfworld", preset="tiny").max_steps == 3
+    assert resolve(env="webshop", preset="tiny").max_steps == 3
+
+
 def test_cli_overrides_every_kind_of_field(tmp_path):
     cfg, _ = parse_args(
         [

@@ -127,6 +127,59 @@ def test_exact_truth_agrees_with_monte_carlo_returns_and_rollout_prompts(tiny_ll
     assert m["truth/oracle/coverage"] > 0.5 and np.isfinite(m["truth/hgpo/bias2"])
 
 
+def test_policy_table_puts_each_score_back_in_its_row_and_shows_progress(tiny_llm, capsys):
+    """The truth pass sends the prompts ordered by length then tokens, in calls of at most
+    PROMPTS_PER_CALL prompts; a scorer whose figure is a function of the pair gives every
+    row its own prompt's figures, and --progress shows a bar over the prompts (issue 30)."""
+    import hgpo.train.truth_monitor as tm
+
+    tok, _ = tiny_llm
+    mon = TruthMonitor(_cfg(progress=True), tok)
+    calls = []
+
+    def scorer(prompts, responses):
+        calls.append([len(p) for p in prompts])
+        return [float(sum(p) % 97) / 10 + len(r) / 7 + r[-2] / 50 for p, r in
+                zip(prompts, responses, strict=True)]  # fmt: skip
+
+    probs = mon.policy_table(scorer)
+    prompts = mon.prompt_ids()
+    resp = [tok(tm.response_text(a), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            for a in mon.text.actions]  # fmt: skip
+    for i in (0, len(prompts) // 2, len(prompts) - 1):
+        lg = np.array(scorer([prompts[i]] * len(resp), resp)) / mon.cfg.temperature
+        np.testing.assert_allclose(probs[i], np.exp(lg - lg.max()) / np.exp(lg - lg.max()).sum())
+    lens = [n for c in calls[:-3] for n in c]
+    assert lens == sorted(lens) and max(len(c) for c in calls[:-3]) <= tm.PROMPTS_PER_CALL * 5
+    assert f"truth:   0%|          | 0/{len(prompts)}" in capsys.readouterr().err  # the bar
+    quiet = TruthMonitor(_cfg(progress=False), tok)
+    np.testing.assert_array_equal(quiet.policy_table(scorer), probs)
+    assert "truth:" not in capsys.readouterr().err  # no bar without --progress
+
+
+def test_nan_bias2_is_explained_once(caplog):
+    """Coverage 0 because every group plays its own task: the log names the cause and the flag,
+    once a run; keys met by two groups log nothing."""
+    mon = TruthMonitor(_cfg(), tok=None)
+    key, group = np.array([0, 1, 2, 3]), np.array([0, 0, 1, 1])
+    with caplog.at_level("WARNING", logger="hgpo.train.truth_monitor"):
+        mon._explain_nan(key, group, np.array([5, 5, 6, 6]))
+        mon._explain_nan(key, group, np.array([5, 5, 6, 6]))
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "0 of 4 batch steps" in msgs[0]
+    assert "each of the batch's 2 rollout groups plays a different task" in msgs[0]
+    assert "--train-tasks below --groups-per-iter" in msgs[0]
+    caplog.clear()
+    other = TruthMonitor(_cfg(), tok=None)
+    with caplog.at_level("WARNING", logger="hgpo.train.truth_monitor"):
+        other._explain_nan(np.array([0, 0, 1]), np.array([0, 1, 1]), np.array([5, 5, 5]))
+        other._explain_nan(np.array([0, 1, 2]), np.array([0, 1, 1]), np.array([5, 5, 5]))
+    msgs = [r.getMessage() for r in caplog.records]
+    assert (
+        len(msgs) == 1 and "its 2 groups of 1 tasks met no (task, state, action) twice" in msgs[0]
+    )
+
+
 def test_truth_every_needs_score_mode_and_a_toy_env():
     with pytest.raises(ValueError, match="truth_every=1 needs action_mode='score'"):
         _cfg(action_mode="generate")
@@ -160,6 +213,7 @@ def test_truth_every_1_end_to_end(tmp_path):
     assert [row["iteration"] for row in rows] == [1, 2]
     for row in rows:
         assert row["truth/nodes"] > 0 and row["truth/time"] > 0
+        assert row["time/truth"] >= row["truth/time"]  # the phase joins time/* (issue 30)
         for est in ESTIMATORS:
             for metric in ("bias2", "variance", "mse", "sign", "grad_cos"):
                 assert f"truth/{est}/{metric}" in row
