@@ -145,6 +145,12 @@ class MemoryPlan:
             f"  {'total':<12} {self.total / GIB:8.2f} GiB  of {self.capacity / GIB:.1f} GiB "
             f"usable ({s.gpu_gib:g} GiB - {RESERVE_GIB:g} reserve): {verdict}"
         )
+        if self.fits and self.total > 0.9 * self.capacity:
+            lines.append(
+                "note: within 10% of the usable memory, closer than this estimate's accuracy: "
+                "a smaller --rollout-batch-size or --micro-batch-size (or --rollout-engine "
+                "vllm) leaves a margin"
+            )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
