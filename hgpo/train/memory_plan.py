@@ -12,6 +12,11 @@ A), N the ranks, z the ZeRO stage, b the bytes of the working dtype (2 bf16, 4 f
                                                          DeepSpeed keeps one (bf16, or z >= 1
                                                          in fp32), else m = 0; LoRA: 8 A
     reference    b P            (/ N at z = 3)           KL copy (kl_coef > 0, no LoRA)
+    zero bucket  r x 5e8        (z = 1 or 2)             DeepSpeed's gradient reduce bucket
+                                                         (reduce_bucket_size 5e8 elements;
+                                                         r = 4 at z = 1 or for fp32 adapters,
+                                                         else b); on a CPU only the
+                                                         min(5e8, T) elements written count
     critic       weights + gradients + optimizer of a second model (estimator gae)
     ZeRO-3 live  b (V h + 2 layer)                       gathered shards during a forward
     activations  n L E b (no checkpointing),  n L h b + n E b (gradient checkpointing:
@@ -62,6 +67,8 @@ RESERVE_GIB = 2.0
 VLLM_OVERHEAD_GIB = 2.0
 """Of vLLM's share, what is neither weights nor KV cache (its activations, CUDA graphs);
 an assumption, not a measurement."""
+REDUCE_BUCKET = 500_000_000
+"""DeepSpeed's default reduce_bucket_size (elements) under ZeRO-1/2 (deepspeed.runtime.zero.config)."""
 PRESET_GPUS = {"1.5b": 2, "7b": 4, "qwen3-1.7b": 2, "qwen3-4b": 4}
 """GPUs per paper preset size: the authors' scripts (verl-agent recipe/hgpo/run_qwen2.5_*_train.sh,
 trainer.n_gpus_per_node: 2 for 1.5B, 4 for 7B); the Qwen3 presets take those of the Qwen2.5
@@ -88,6 +95,8 @@ class PlanSettings:
     sequences_per_rank: int = 128
     """Episodes one rank steps at once (groups per rank x group size): vLLM's KV demand."""
     vllm_share: float = 0.35
+    cpu: bool = False
+    """Host memory of a CPU run: a buffer counts only as far as it is written (RSS)."""
 
 
 @dataclass(frozen=True)
@@ -206,9 +215,14 @@ def activation_items(shape: ModelShape, s: PlanSettings) -> list[Item]:
 
 
 def model_copy_items(shape: ModelShape, s: PlanSettings) -> list[Item]:
-    """The KL reference, the critic, ZeRO-3's gathered shards."""
+    """ZeRO-1/2's reduce bucket, the KL reference, the critic, ZeRO-3's gathered shards."""
     P, b, N, z = shape.params(), s.dtype_bytes, s.gpus, s.zero_stage
     out: list[Item] = []
+    if z in (1, 2):
+        T = shape.lora_params(s.lora_rank) if s.lora_rank else P
+        r = 4 if (z == 1 or s.lora_rank) else b
+        n = min(REDUCE_BUCKET, T) if s.cpu else REDUCE_BUCKET
+        out.append(Item("zero bucket", r * n, f"{r} x {_g(n)} (reduce_bucket_size)"))
     if s.reference and not s.lora_rank:
         div = N if z == 3 else 1
         out.append(Item("reference", b * P / div, f"{b} x {_g(P)} / {div} (KL copy)"))
@@ -311,5 +325,6 @@ def plan_for_config(
         rollout_batch=cfg.rollout_batch_size,
         sequences_per_rank=math.ceil(cfg.groups_per_iter / n) * cfg.group_size,
         vllm_share=cfg.vllm_gpu_memory_utilization,
+        cpu=cfg.device == "cpu",
     )
     return plan(shape, s, model=cfg.model)

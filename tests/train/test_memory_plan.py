@@ -153,3 +153,15 @@ def test_plan_prints_and_exits_without_building_a_model():
     assert r.returncode == 0, r.stderr
     assert "4 x 80 GiB, ZeRO-3" in r.stdout and ": fits" in r.stdout
     assert r.stdout.strip().endswith("False 0")
+
+
+def test_zero_1_2_reduce_bucket():
+    got = {z: _items(plan(TOY, PlanSettings(zero_stage=z, gpus=2))) for z in (0, 1, 2, 3)}
+    assert "zero bucket" not in got[0] and "zero bucket" not in got[3]
+    assert got[1]["zero bucket"] == 4 * 5e8  # ZeRO-1 stages an fp32 accumulator
+    assert got[2]["zero bucket"] == 2 * 5e8  # ZeRO-2: the bf16 working dtype
+    # on a CPU only the written part counts: the model's 364 parameters
+    cpu = _items(plan(TOY, PlanSettings(zero_stage=2, dtype_bytes=4, cpu=True)))
+    assert cpu["zero bucket"] == 4 * 364
+    lora = _items(plan(TOY, PlanSettings(zero_stage=2, lora_rank=1, cpu=True)))
+    assert lora["zero bucket"] == 4 * 128  # fp32 adapters
