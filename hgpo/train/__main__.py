@@ -18,6 +18,12 @@ from hgpo.train.train_config import TrainConfig, TrainConfigError, parse_args
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     cfg, ns = parse_args(argv)
+    for flag in ("plan_gpus", "plan_gpu_gib"):
+        if getattr(ns, flag) is not None and not ns.plan:
+            name = "--" + flag.replace("_", "-")
+            print(f"error: {name} does nothing without --plan; give --plan or leave {name} out",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     if ns.print_config:
         print(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
         return 0

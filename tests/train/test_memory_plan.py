@@ -165,3 +165,23 @@ def test_zero_1_2_reduce_bucket():
     assert cpu["zero bucket"] == 4 * 364
     lora = _items(plan(TOY, PlanSettings(zero_stage=2, lora_rank=1, cpu=True)))
     assert lora["zero bucket"] == 4 * 128  # fp32 adapters
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--plan-gpus", "2"], "--plan-gpus does nothing without --plan"),
+        (["--plan", "--plan-gpus", "0"], "--plan-gpus: must be >= 1, got 0"),
+        (["--plan", "--plan-gpu-gib", "nan"], "--plan-gpu-gib: must be a positive number"),
+    ],
+)
+def test_plan_flags_are_checked(argv, needle, capsys):
+    assert main(["--preset", "alfworld-1.5b-k2", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_plan_gpus_and_memory_flags_change_the_plan(capsys):
+    assert main(["--preset", "alfworld-1.5b-k2", "--plan", "--plan-gpus", "1",
+                 "--plan-gpu-gib", "24"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "1 x 24 GiB" in out and "does NOT fit" in out
