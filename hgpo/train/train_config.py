@@ -585,6 +585,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=list(PRESETS), default=None, help="named settings")
     p.add_argument("--config", default=None, help="a saved config.json to start from")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the expected memory per GPU (hgpo.train.memory_plan) and exit; no model is built",
+    )
+    p.add_argument(
+        "--plan-gpus",
+        type=int,
+        default=None,
+        help="GPUs of the --plan (default: the paper preset's, else 1)",
+    )
+    p.add_argument(
+        "--plan-gpu-gib", type=float, default=None, help="memory of one GPU in GiB for --plan (80)"
+    )
     # the deepspeed launcher appends --local_rank=N to the command (it sets LOCAL_RANK too)
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     add_flags(p, TrainConfig, help_format="{doc} (default {default!r}; env/preset may change it)")

@@ -1,0 +1,330 @@
+"""The memory plan of a training run: expected bytes per GPU (rank), and whether they fit.
+
+Pure arithmetic on the model's shape (:mod:`hgpo.train.model_shapes`) and the run's settings;
+``python -m hgpo.train --preset NAME --plan`` prints it and exits (no model is built). The
+items, per rank, with P the model's parameters, T the trainable ones (P, or the LoRA adapters'
+A), N the ranks, z the ZeRO stage, b the bytes of the working dtype (2 bf16, 4 fp32):
+
+    weights      b P            (/ N at z = 3)           the actor (LoRA: + 4 A, fp32 adapters)
+    gradients    b T            (/ N at z >= 2)          LoRA: 4 A
+    optimizer    (m + 8) T      (/ N at z >= 1)          AdamW's two fp32 moments (8 bytes) and
+                                                         the fp32 master copy m = 4 where
+                                                         DeepSpeed keeps one (bf16, or z >= 1
+                                                         in fp32), else m = 0; LoRA: 8 A
+    reference    b P            (/ N at z = 3)           KL copy (kl_coef > 0, no LoRA)
+    zero bucket  r x 5e8        (z = 1 or 2)             DeepSpeed's gradient reduce bucket
+                                                         (reduce_bucket_size 5e8 elements;
+                                                         r = 4 at z = 1 or for fp32 adapters,
+                                                         else b); on a CPU only the
+                                                         min(5e8, T) elements written count
+    critic       weights + gradients + optimizer of a second model (estimator gae)
+    ZeRO-3 live  b (V h + 2 layer)                       gathered shards during a forward
+    activations  n L E b (no checkpointing),  n L h b + n E b (gradient checkpointing:
+                 each layer's input, plus one layer recomputed in the backward)
+                 with n = micro_batch x (max_prompt + max_response) tokens and
+                 E = 8 h + 3 q + 3 k + 4 i (+ 2 q + 2 k with Qwen3's q/k norms) the elements
+                 one layer keeps per token for the backward (two RMSNorms ~4 h each; q, q after
+                 RoPE, attention output; k, k after RoPE, v; gate, up, SiLU, product); attention
+                 by SDPA (no T x T scores kept)
+    logits       micro x max_response x V x (c + 12)     response logits only (the trainer
+                 never forms the prompt's): fp32 logits, log-softmax and the entropy's
+                 exp / product (3 x 4 bytes), plus the bf16 head output (c = 2; c = 0 in fp32)
+    rollout      hf engine: its KV cache, rollout_batch x (max_prompt + max_response) x
+                 2 L k b bytes (+ b P for the full copy it samples from at z = 3);
+                 vllm engine: its share u x G of the GPU (weights, KV cache, its activations)
+
+and the total is checked against G - RESERVE_GIB. The estimates are upper bounds for the
+lengths (every sequence at the maximum); allocator fragmentation and temporaries outside
+this list (the optimizer step's fp32 copies, the score phase) are in the reserve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from hgpo.train.model_shapes import ModelShape, model_shape
+
+__all__ = [
+    "GIB",
+    "GPU_GIB",
+    "PRESET_GPUS",
+    "RESERVE_GIB",
+    "Item",
+    "MemoryPlan",
+    "PlanSettings",
+    "plan",
+    "plan_for_config",
+]
+
+GIB = 2**30
+GPU_GIB = 80.0
+"""One H100 80 GB (nominal; the paper's GPUs)."""
+RESERVE_GIB = 2.0
+"""Memory a rank cannot plan for: CUDA context, NCCL buffers, allocator fragmentation."""
+VLLM_OVERHEAD_GIB = 2.0
+"""Of vLLM's share, what is neither weights nor KV cache (its activations, CUDA graphs);
+an assumption, not a measurement."""
+REDUCE_BUCKET = 500_000_000
+"""DeepSpeed's default reduce_bucket_size (elements) under ZeRO-1/2 (deepspeed.runtime.zero.config)."""
+PRESET_GPUS = {"1.5b": 2, "7b": 4, "qwen3-1.7b": 2, "qwen3-4b": 4}
+"""GPUs per paper preset size: the authors' scripts (verl-agent recipe/hgpo/run_qwen2.5_*_train.sh,
+trainer.n_gpus_per_node: 2 for 1.5B, 4 for 7B); the Qwen3 presets take those of the Qwen2.5
+model of about their size (not from the paper)."""
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """The settings of a run that the plan reads."""
+
+    gpus: int = 1
+    gpu_gib: float = GPU_GIB
+    dtype_bytes: int = 2
+    zero_stage: int = 0
+    lora_rank: int = 0
+    reference: bool = True
+    critic: bool = False
+    gradient_checkpointing: bool = False
+    micro_batch: int = 4
+    prompt_tokens: int = 2048
+    response_tokens: int = 512
+    rollout_engine: str = "hf"
+    rollout_batch: int = 64
+    sequences_per_rank: int = 128
+    """Episodes one rank steps at once (groups per rank x group size): vLLM's KV demand."""
+    vllm_share: float = 0.35
+    cpu: bool = False
+    """Host memory of a CPU run: a buffer counts only as far as it is written (RSS)."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One line of the plan."""
+
+    name: str
+    bytes: float
+    formula: str
+
+
+@dataclass
+class MemoryPlan:
+    """The plan of one rank."""
+
+    model: str
+    shape: ModelShape
+    settings: PlanSettings
+    items: list[Item] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        """Bytes per rank."""
+        return sum(i.bytes for i in self.items)
+
+    @property
+    def capacity(self) -> float:
+        """Bytes a rank may plan for: G - RESERVE_GIB."""
+        return (self.settings.gpu_gib - RESERVE_GIB) * GIB
+
+    @property
+    def fits(self) -> bool:
+        """The total within the capacity."""
+        return self.total <= self.capacity
+
+    def get(self, name: str) -> float:
+        """Bytes of the item ``name`` (0 when the plan has none)."""
+        return sum(i.bytes for i in self.items if i.name == name)
+
+    def render(self) -> str:
+        """The printed plan."""
+        s = self.settings
+        head = (
+            f"memory plan: {self.model} ({self.shape.params() / 1e6:,.1f}M parameters), "
+            f"{s.gpus} x {s.gpu_gib:g} GiB, ZeRO-{s.zero_stage}, "
+            f"{'bf16' if s.dtype_bytes == 2 else 'fp32'}, "
+            f"{'LoRA rank ' + str(s.lora_rank) if s.lora_rank else 'full fine-tuning'}, "
+            f"rollout {s.rollout_engine}"
+        )
+        lines = [head, "per GPU:"]
+        lines += [f"  {i.name:<12} {i.bytes / GIB:8.2f} GiB  {i.formula}" for i in self.items]
+        verdict = "fits" if self.fits else "does NOT fit"
+        lines.append(
+            f"  {'total':<12} {self.total / GIB:8.2f} GiB  of {self.capacity / GIB:.1f} GiB "
+            f"usable ({s.gpu_gib:g} GiB - {RESERVE_GIB:g} reserve): {verdict}"
+        )
+        if self.fits and self.total > 0.9 * self.capacity:
+            lines.append(
+                "note: within 10% of the usable memory, closer than this estimate's accuracy: "
+                "a smaller --rollout-batch-size or --micro-batch-size (or --rollout-engine "
+                "vllm) leaves a margin"
+            )
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _g(x: float) -> str:
+    """A count in the formulas: 1.54e9, 4.4e6, 896."""
+    return f"{x:.3g}" if x >= 1e4 else f"{x:g}"
+
+
+def layer_activation_elements(shape: ModelShape) -> int:
+    """E: elements one decoder layer keeps per token for the backward (module docstring)."""
+    h, q, k, i = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate
+    e = 8 * h + 3 * q + 3 * k + 4 * i
+    return e + (2 * q + 2 * k if shape.qk_norm else 0)
+
+
+def state_items(shape: ModelShape, s: PlanSettings) -> list[Item]:
+    """Weights, gradients and optimizer states of the actor (module docstring)."""
+    P, b, z, N = shape.params(), s.dtype_bytes, s.zero_stage, s.gpus
+    w_div, g_div, o_div = (N if z == 3 else 1), (N if z >= 2 else 1), (N if z >= 1 else 1)
+    if s.lora_rank:
+        A = shape.lora_params(s.lora_rank)
+        return [
+            Item("weights", b * P / w_div + 4 * A, f"{b} x {_g(P)} / {w_div} + 4 x {_g(A)} (adapters)"),
+            Item("gradients", 4 * A / g_div, f"4 x {_g(A)} / {g_div} (adapters only)"),
+            Item("optimizer", 8 * A / o_div, f"8 x {_g(A)} / {o_div} (adapters only)"),
+        ]  # fmt: skip
+    m = 4 if (b == 2 or z >= 1) else 0
+    return [
+        Item("weights", b * P / w_div, f"{b} x {_g(P)} / {w_div}"),
+        Item("gradients", b * P / g_div, f"{b} x {_g(P)} / {g_div}"),
+        Item("optimizer", (m + 8) * P / o_div, f"({m} + 8) x {_g(P)} / {o_div}"),
+    ]
+
+
+def activation_items(shape: ModelShape, s: PlanSettings) -> list[Item]:
+    """The update's activations and response logits at one micro-batch."""
+    b, L, h = s.dtype_bytes, shape.layers, shape.hidden
+    n = s.micro_batch * (s.prompt_tokens + s.response_tokens)
+    E = layer_activation_elements(shape)
+    if s.gradient_checkpointing:
+        act = n * L * h * b + n * E * b
+        f = f"n L h b + n E b, n = {n}, E = {E} (checkpointing)"
+    else:
+        act = n * L * E * b
+        f = f"n L E b, n = {n}, E = {E}"
+    c = 2 if b == 2 else 0
+    logits = s.micro_batch * s.response_tokens * shape.vocab * (c + 12)
+    return [
+        Item("activations", act, f),
+        Item("logits", logits, f"{s.micro_batch} x {s.response_tokens} x {shape.vocab} x {c + 12}"),
+    ]
+
+
+def model_copy_items(shape: ModelShape, s: PlanSettings) -> list[Item]:
+    """ZeRO-1/2's reduce bucket, the KL reference, the critic, ZeRO-3's gathered shards."""
+    P, b, N, z = shape.params(), s.dtype_bytes, s.gpus, s.zero_stage
+    out: list[Item] = []
+    if z in (1, 2):
+        T = shape.lora_params(s.lora_rank) if s.lora_rank else P
+        r = 4 if (z == 1 or s.lora_rank) else b
+        n = min(REDUCE_BUCKET, T) if s.cpu else REDUCE_BUCKET
+        out.append(Item("zero bucket", r * n, f"{r} x {_g(n)} (reduce_bucket_size)"))
+    if s.reference and not s.lora_rank:
+        div = N if z == 3 else 1
+        out.append(Item("reference", b * P / div, f"{b} x {_g(P)} / {div} (KL copy)"))
+    if s.critic:
+        crit = sum(i.bytes for i in state_items(shape, dataclasses.replace(s, lora_rank=0)))
+        out.append(Item("critic", crit, "weights + gradients + optimizer of the critic"))
+    if z == 3:
+        live = b * (shape.vocab * shape.hidden + 2 * shape.layer_params())
+        out.append(Item("zero3 live", live, "b (V h + 2 layer): gathered shards"))
+    return out
+
+
+def rollout_items(shape: ModelShape, s: PlanSettings) -> tuple[list[Item], list[str]]:
+    """The rollout engine's memory, and notes on vLLM's KV cache."""
+    b, P = s.dtype_bytes, shape.params()
+    seq = s.prompt_tokens + s.response_tokens
+    kv_tok = shape.kv_bytes_per_token(b)
+    if s.rollout_engine == "vllm":
+        share = s.vllm_share * s.gpu_gib * GIB
+        kv_cap = share - b * P - VLLM_OVERHEAD_GIB * GIB
+        need = s.sequences_per_rank * seq * kv_tok
+        notes = [
+            f"vLLM KV cache: {max(kv_cap, 0) / GIB:.2f} GiB of its share (share - {b} P - "
+            f"{VLLM_OVERHEAD_GIB:g} GiB) = {max(kv_cap, 0) / kv_tok:,.0f} tokens at "
+            f"{kv_tok:,} bytes a token; the rank's {s.sequences_per_rank} episodes x {seq} "
+            f"tokens need {need / GIB:.2f} GiB"
+            + ("" if kv_cap >= need else " (more than it holds: vLLM queues them, slower)")
+        ]
+        if kv_cap <= 0:
+            notes.append(
+                "vLLM's share does not hold the weights: raise --vllm-gpu-memory-utilization"
+            )
+        f = f"{s.vllm_share:g} x {s.gpu_gib:g} GiB (gpu_memory_utilization)"
+        return [Item("vllm share", share, f)], notes
+    kv = s.rollout_batch * seq * kv_tok
+    items = [Item("kv cache", kv, f"{s.rollout_batch} x {seq} x {kv_tok} (hf generate)")]
+    if s.zero_stage == 3:
+        items.append(Item("rollout copy", b * P, f"{b} x {_g(P)} (full copy hf samples from)"))
+    return items, []
+
+
+def plan(shape: ModelShape, s: PlanSettings, model: str = "model") -> MemoryPlan:
+    """The memory plan of one rank (module docstring)."""
+    out = MemoryPlan(model, shape, s)
+    out.items += state_items(shape, s)
+    out.items += model_copy_items(shape, s)
+    out.items += activation_items(shape, s)
+    rollout, notes = rollout_items(shape, s)
+    out.items += rollout
+    out.notes += notes
+    return out
+
+
+def preset_gpus(preset: str | None) -> int:
+    """The GPUs of a paper preset (:data:`PRESET_GPUS`), 1 for any other run."""
+    if not preset:
+        return 1
+    for size, n in sorted(PRESET_GPUS.items(), key=lambda kv: -len(kv[0])):
+        if f"-{size}-" in preset:
+            return n
+    return 1
+
+
+def tiny_shape(cfg: Any) -> ModelShape:
+    """The tiny model's shape (hgpo.train.tiny.tiny_config; vocab = tiny_vocab, the tokenizer's
+    few added tokens left out)."""
+    h = cfg.tiny_hidden
+    heads = max(1, h // 64)
+    kv = max(1, heads // 2) if heads % 2 == 0 else heads
+    qwen3 = cfg.tiny_arch == "qwen3"
+    hd = 64 if qwen3 else h // heads
+    return ModelShape(
+        cfg.tiny_layers, h, 2 * h, heads, kv, hd, cfg.tiny_vocab, True, not qwen3, qwen3
+    )
+
+
+def plan_for_config(
+    cfg: Any, preset: str | None = None, gpus: int | None = None, gpu_gib: float | None = None
+) -> MemoryPlan:
+    """The plan of a TrainConfig (``--plan``): GPUs from ``gpus``, else the preset's.
+
+    Raises hgpo.train.model_shapes.ModelConfigError for a model whose config cannot be read.
+    """
+    n = gpus or preset_gpus(preset)
+    fp32 = cfg.precision == "fp32" or (cfg.precision == "auto" and cfg.device == "cpu")
+    shape = tiny_shape(cfg) if cfg.model == "tiny" else model_shape(cfg.model)
+    s = PlanSettings(
+        gpus=n,
+        gpu_gib=gpu_gib or GPU_GIB,
+        dtype_bytes=4 if fp32 else 2,
+        zero_stage=cfg.zero_stage,
+        lora_rank=cfg.lora_rank,
+        reference=cfg.kl_coef > 0,
+        critic=cfg.estimator == "gae",
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        micro_batch=cfg.micro_batch_size,
+        prompt_tokens=cfg.max_prompt_tokens,
+        response_tokens=cfg.max_response_tokens,
+        rollout_engine=cfg.rollout_engine,
+        rollout_batch=cfg.rollout_batch_size,
+        sequences_per_rank=math.ceil(cfg.groups_per_iter / n) * cfg.group_size,
+        vllm_share=cfg.vllm_gpu_memory_utilization,
+        cpu=cfg.device == "cpu",
+    )
+    return plan(shape, s, model=cfg.model)
