@@ -1,7 +1,7 @@
 """The whole v1 chain of verl 0.9.1 on CPU against our trainer's own numbers.
 
 verl side, verl's own code wherever it runs on CPU: a real TransferQueue (its controller and
-one storage unit as Ray actors of a local ``ray.init``); ``PPOTrainer._submit_batch_to_rollout``
+one storage unit as Ray actors on the test session's Ray cluster, tests/raycluster.py); ``PPOTrainer._submit_batch_to_rollout``
 (the prompts' tags in the queue); the v1 worker's ``generate_sequences`` -> ``_run_prompt``
 (the ``rollout.n`` sessions of each prompt) -> ``_run_agent_loop`` (the hydra-built
 :class:`~hgpo.integrations.verl_loop.StepwiseAgentLoop`) -> ``_agent_loop_postprocess`` (every
@@ -68,28 +68,22 @@ TASKS, N = (0, 3), 3
 MAX_STEPS = 14
 WAIT_S = 120.0
 """Bound on the rollout and on the replay buffer's sampling (seconds)."""
-RAY_CPUS = 2
-"""Logical CPUs of the local Ray: TransferQueue's controller and its one storage unit ask one
-each (``@ray.remote(num_cpus=1)``); with fewer, ``tq.init`` waits for ever."""
+# TransferQueue's controller and its one storage unit ask one logical CPU each
+# (``@ray.remote(num_cpus=1)``; with fewer, ``tq.init`` waits for ever): the session cluster
+# has 2 nodes x 2 CPUs.
 
 
 @pytest.fixture(scope="module")
-def queue():
-    """A local Ray and a real TransferQueue for this module (closed, and Ray shut down, after)."""
-    import ray
+def queue(ray_cluster):
+    """A real TransferQueue on the test session's Ray cluster (tests/raycluster.py, which the
+    Ray tests share: a second local Ray started here broke their cluster), closed after."""
     import transfer_queue as tq
 
-    if ray.is_initialized():  # (a module that left its connection open)
-        pytest.fail("test_verl_chain starts its own local Ray; this process is still connected")
-    ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False, logging_level="ERROR")
+    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
     try:
-        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
         yield tq
     finally:
-        try:
-            tq.close()
-        finally:
-            ray.shutdown()
+        tq.close()
 
 
 @pytest.fixture(scope="module")
