@@ -211,14 +211,16 @@ def exact_case(name: str, options: dict, layout: str, seed: int) -> tuple[int, i
     out = ray_trainer.compute_advantage(
         data, adv_estimator=verl_name(name), gamma=GAMMA, lam=LAM, config=algo_config(options)
     )
-    want = reference_tokens(ep, rows, name, options, data.batch["response_mask"])
+    want, _, _ = reference_tokens(ep, rows, name, options, data.batch["response_mask"])
     got, mask = out.batch["advantages"], data.batch["response_mask"]
     return int(mask.shape[0]), int(mask.sum()), int((got != want).sum())
 
 
-def reference_tokens(ep: Episodes, rows: list, name: str, options: dict, mask) -> Any:
-    """Our compute_advantages on the episodes' own StepBatch, as float32 token advantages in
-    the DataProto's row order."""
+def reference_tokens(
+    ep: Episodes, rows: list, name: str, options: dict, mask
+) -> tuple[Any, Any, np.ndarray]:
+    """Our compute_advantages on the episodes' own StepBatch: the float32 token advantages and
+    returns in the DataProto's row order, and the step advantages of the StepBatch."""
     import torch  # the [llm] extra, loaded once the flags are read
 
     order = first_seen(rows)  # the contract: trajectories in order of first appearance
@@ -227,8 +229,13 @@ def reference_tokens(ep: Episodes, rows: list, name: str, options: dict, mask) -
     cfg = EstimatorConfig(gamma=GAMMA, gae_lambda=LAM, **options)
     ref = compute_advantages(name, batch, cfg, values=values)
     start = {i: int(s) for i, s in zip(order, batch.traj_start, strict=True)}
-    at = [start[i] + t for i, t in rows]
-    return torch.tensor(ref.advantages[at], dtype=torch.float32)[:, None] * mask.float()
+    at = [start[i] + t for i, t in rows]  # the reference row of every DataProto row
+    mask = mask.float()
+    tokens = [
+        torch.tensor(col[at], dtype=torch.float32)[:, None] * mask
+        for col in (ref.advantages, ref.returns)
+    ]
+    return tokens[0], tokens[1], ref.advantages
 
 
 def outcome_case(name: str, seed: int) -> float:

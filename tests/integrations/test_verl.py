@@ -30,15 +30,14 @@ from benchmarks.verl_parity import (  # noqa: E402
     LAM,
     OUTCOME,
     algo_config,
-    first_seen,
     make_dataproto,
     make_episodes,
     outcome_case,
     outcome_dataproto,
-    reference_batch,
+    reference_tokens,
     rows_of,
 )
-from hgpo import EstimatorConfig, compute_advantages  # noqa: E402
+from hgpo import EstimatorConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,21 +67,13 @@ def test_verl_compute_advantage_equals_ours_exactly(hv, ray_trainer, name, optio
     out = ray_trainer.compute_advantage(
         data, adv_estimator=hv.verl_name(name), gamma=GAMMA, lam=LAM, config=algo_config(options)
     )
-    order = first_seen(rows)  # the contract: trajectories in order of first appearance
-    batch = reference_batch(ep, order, options.get("include_actions", False))
-    values = np.array([v for i in order for v in ep.values[i]]) if name == "gae" else None
-    cfg = EstimatorConfig(gamma=GAMMA, gae_lambda=LAM, **options)
-    ref = compute_advantages(name, batch, cfg, values=values)
-    start = {i: int(s) for i, s in zip(order, batch.traj_start, strict=True)}
-    at = [start[i] + t for i, t in rows]  # the reference row of every DataProto row
     mask = data.batch["response_mask"].float()
-    want_a = torch.tensor(ref.advantages[at], dtype=torch.float32)[:, None] * mask
-    want_r = torch.tensor(ref.returns[at], dtype=torch.float32)[:, None] * mask
+    want_a, want_r, ref_advantages = reference_tokens(ep, rows, name, options, mask)
     assert out.batch["advantages"].dtype == torch.float32
     assert torch.equal(out.batch["advantages"], want_a)
     assert torch.equal(out.batch["returns"], want_r)
     assert (out.batch["advantages"][mask == 0] == 0).all()
-    assert ref.advantages.std() > 0  # the case is not degenerate: a wrong order would show
+    assert ref_advantages.std() > 0  # the case is not degenerate: a wrong order would show
 
 
 def test_every_estimator_of_ours_is_registered_and_verls_are_untouched(hv):
