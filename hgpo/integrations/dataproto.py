@@ -198,15 +198,18 @@ def _actions(data: Any, n: int) -> np.ndarray:
     return state_ids([tokens[i][mask[i]].tobytes() for i in range(n)])
 
 
-def step_batch_from_dataproto(data: Any, *, include_actions: bool = False) -> StepRows:
+def step_batch_from_dataproto(
+    data: Any, *, include_actions: bool = False, tokens: tuple[str, ...] = TOKEN_KEYS
+) -> StepRows:
     """The ``StepBatch`` of a ``DataProto`` of agent steps (the contract in the module doc).
 
     Raises MissingMetadataError listing the keys it needs when any is missing (before any
     work), ValueError naming the key and the value for a bad entry, and StepBatch's own
     errors (prefixed with "DataProto -> StepBatch") for rows that do not form trajectories
     (a trajectory in two ``uid`` groups, a gap in ``step_index``, a repeated step).
+    ``tokens``: the ``batch`` tensors to require (:func:`check_metadata`).
     """
-    check_metadata(data, "step_batch_from_dataproto")
+    check_metadata(data, "step_batch_from_dataproto", tokens=tokens)
     non_tensor = data.non_tensor_batch
     n = int(data.batch["response_mask"].shape[0])
     group = state_ids(_column(non_tensor, "uid", n).tolist())

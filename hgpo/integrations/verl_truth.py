@@ -65,8 +65,8 @@ from typing import Any
 
 import numpy as np
 
-from hgpo import StepBatch, state_ids
 from hgpo.extras import MissingExtraError
+from hgpo.integrations.dataproto import step_batch_from_dataproto
 from hgpo.train.train_config import TrainConfig, TrainConfigError
 from hgpo.train.truth_monitor import Scorer, TruthMonitor, TruthSteps, truth_prompts
 
@@ -257,28 +257,13 @@ class VerlTruth:
                 f"{[*CONTRACT_KEYS, TRUTH_KEY]} (+ optional step_index, rewards, "
                 "is_action_valid) and batch responses, response_mask (+ token_level_rewards)"
             )
-        traj = state_ids(nt["traj_uid"])
-        if "step_index" in nt:
-            step = np.asarray(nt["step_index"], dtype=np.int64)
-        else:  # rows of a trajectory come in step order
-            step = np.zeros(traj.size, dtype=np.int64)
-            for t in np.unique(traj):
-                step[traj == t] = np.arange(int((traj == t).sum()))
-        order = np.lexsort((step, traj))
+        rows = step_batch_from_dataproto(data, tokens=("response_mask",))  # rewards checked above
+        order = rows.order
         mask = data.batch["response_mask"].bool()
         resp = data.batch["responses"]
         response_ids = [resp[i][mask[i]].tolist() for i in order.tolist()]
-        if "rewards" in nt:
-            reward = np.asarray(nt["rewards"], dtype=np.float64)
-        else:
-            reward = data.batch["token_level_rewards"].double().sum(-1).numpy()
-        valid = nt.get("is_action_valid")
-        invalid = None if valid is None else ~np.asarray(valid, dtype=bool)[order]
-        batch = StepBatch(group=state_ids(nt["uid"])[order], traj=traj[order], step=step[order],
-                          reward=reward[order], state=state_ids(nt["anchor_obs"])[order],
-                          invalid=invalid)  # fmt: skip
         hidden = np.asarray(nt[TRUTH_KEY], dtype=np.int64)[order]
-        return TruthSteps(batch, hidden, self.monitor.action_ids(response_ids))
+        return TruthSteps(rows.batch, hidden, self.monitor.action_ids(response_ids))
 
     def measure(self, data: DataProto, scorer: Scorer) -> dict[str, float]:
         """``truth/*`` of the batch ``data`` and the policy ``scorer`` scores (call it before
