@@ -93,6 +93,9 @@ class Benchmark:
     """The modules the preflight check asks for (those of the extras the env imports)."""
     snapshots: bool = True
     """Its envs snapshot and restore (branching rollouts)."""
+    own_horizon: bool = False
+    """Its envs end episodes at their own horizon: a preset's ``max_steps`` (the tiny preset's
+    3) does not cut them short, only ``--max-steps`` does (``hgpo.train.train_config.resolve``)."""
     exact_truth: bool = False
     """Its hidden states are known and enumerable (``--truth-every``, hgpo.train.truth_monitor)."""
     paper: bool = False

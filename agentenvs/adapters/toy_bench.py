@@ -74,6 +74,7 @@ def _check(env: str, where: str) -> None:
 
 TOY = Benchmark(
     name="toy",
+    own_horizon=True,
     # the toy env's own horizon ends its episodes; max_steps only caps it
     defaults={"max_steps": 100, "max_prompt_tokens": 2048, "mini_batch_size": 64, "val_tasks": 128},
     val_splits=("heldout",),

@@ -443,10 +443,6 @@ def _paper_presets() -> dict[str, dict[str, Any]]:
     return out
 
 
-OWN_HORIZON_BENCHMARKS = ("toy",)
-"""Benchmarks whose envs end their episodes at their own horizon: a preset's ``max_steps``
-(the tiny preset's 3) does not cut them short, only ``--max-steps`` does."""
-
 PRESETS: dict[str, dict[str, Any]] = {
     **_paper_presets(),
     "tiny": {
@@ -513,9 +509,12 @@ def _resolve(env: str | None, preset: str | None, overrides: dict[str, Any]) -> 
     env = env or overrides.get("env") or layer.get("env") or "alfworld"
     bench = benchmark(env, "TrainConfig.env")
     values: dict[str, Any] = {"env": env, **bench.defaults}
-    own_horizon = bench.name in OWN_HORIZON_BENCHMARKS  # only --max-steps cuts its episodes
-    values.update(
-        {k: v for k, v in layer.items() if k != "env" and not (own_horizon and k == "max_steps")}
+    values.update(  # a benchmark of its own horizon: only --max-steps cuts its episodes
+        {
+            k: v
+            for k, v in layer.items()
+            if k != "env" and not (bench.own_horizon and k == "max_steps")
+        }
     )
     values.update(overrides)
     values["env"] = env
