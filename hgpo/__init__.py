@@ -8,23 +8,38 @@ The core is pure numpy: build a :class:`StepBatch`, pick an estimator by name::
 
 from hgpo.batch import StateIndexer, StepBatch, state_ids
 from hgpo.config import EstimatorConfig, reference_config
-from hgpo.estimators import ESTIMATORS, Advantages, compute_advantages, get_estimator, step_returns
+from hgpo.estimator_registry import (
+    ESTIMATORS,
+    STEP_INPUTS,
+    EstimatorSpec,
+    compute_advantages,
+    estimator_reads,
+    get_estimator,
+    register_estimator,
+    unregister_estimator,
+)
+from hgpo.estimators import Advantages, step_returns
 from hgpo.keys import context_keys
 from hgpo.returns import discounted_returns, episode_returns
 
 __all__ = [
     "ESTIMATORS",
+    "STEP_INPUTS",
     "Advantages",
     "EstimatorConfig",
+    "EstimatorSpec",
     "StateIndexer",
     "StepBatch",
     "compute_advantages",
     "context_keys",
     "discounted_returns",
     "episode_returns",
+    "estimator_reads",
     "get_estimator",
     "reference_config",
+    "register_estimator",
     "state_ids",
     "step_returns",
+    "unregister_estimator",
 ]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""The advantage estimators: one signature, one registry, pure numpy.
+"""The built-in advantage estimators: one signature, pure numpy (the registry that names
+them is hgpo.estimator_registry).
 
 Every estimator is ``f(batch, config, values=None) -> Advantages``. Equation numbers are the
 HGPO paper's (hgpo-spec.md). Notation: step (i, t) of trajectory i in rollout group g, step
@@ -27,12 +28,9 @@ from hgpo.returns import (
 )
 
 __all__ = [
-    "ESTIMATORS",
     "Advantages",
     "check_inputs",
-    "compute_advantages",
     "gae",
-    "get_estimator",
     "gigpo",
     "grpo",
     "hgpo",
@@ -412,60 +410,3 @@ def gae(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None
     delta = r + cfg.gamma * V_next - V
     A = discounted_returns(batch, cfg.gamma * cfg.gae_lambda, delta)
     return Advantages(A, A + V)
-
-
-Estimator = Callable[[StepBatch, EstimatorConfig, "np.ndarray | None"], Advantages]
-
-ESTIMATORS: dict[str, Estimator] = {
-    "grpo": grpo,
-    "rloo": rloo,
-    "stepwise": stepwise,
-    "gigpo": gigpo,
-    "oracle": oracle,
-    "hgpo": hgpo,
-    "hgpo-nohog2": hgpo_nohog2,
-    "hgpo-uniform": hgpo_uniform,
-    "gae": gae,
-}
-
-
-READS_VALUES = ("gae",)
-"""The estimators that read ``values`` (a critic's V(s_t))."""
-
-
-def get_estimator(name: str) -> Estimator:
-    """The estimator registered under ``name``; ValueError listing the known names otherwise."""
-    try:
-        return ESTIMATORS[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown estimator {name!r}; known estimators: {', '.join(ESTIMATORS)}"
-        ) from None
-
-
-def compute_advantages(
-    name: str,
-    batch: StepBatch,
-    config: EstimatorConfig | None = None,
-    values: np.ndarray | None = None,
-    **options: Any,
-) -> Advantages:
-    """Run estimator ``name`` on ``batch``. ``options`` override fields of ``config`` (or of the
-    paper defaults); an unknown estimator or option, a batch that is not a StepBatch or a config
-    that is not an EstimatorConfig raises ValueError naming it, and so does an advantage past
-    float64's range (rewards so large that A = n / (n - 1) (R - mean) or GiGPO's sum of two
-    terms overflows)."""
-    fn = get_estimator(name)
-    cfg = config if config is not None else EstimatorConfig()
-    check_inputs(name, batch, cfg)
-    if values is not None and name not in READS_VALUES:
-        raise ValueError(
-            f"values: estimator {name!r} does not read state values (only "
-            f"{', '.join(READS_VALUES)} does); leave values out"
-        )
-    if options:
-        cfg = cfg.replace(**options)
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported just below
-        out = fn(batch, cfg, values)
-    check_finite(batch, out.advantages, "advantage", "for this estimator", f"estimator {name!r}: ")
-    return out

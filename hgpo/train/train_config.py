@@ -22,7 +22,7 @@ from agentenvs.adapters.toy_bench import is_toy  # noqa: F401 (re-exported: was 
 from agentenvs.ray_cluster import require_ray
 from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo.config import REFERENCE_ESTIMATORS, EstimatorConfig, reference_config
-from hgpo.estimators import ESTIMATORS
+from hgpo.estimator_registry import ESTIMATORS
 from hgpo.fields import add_flags, check_fields, field_bounds, field_types, in_section, sections
 from hgpo.fields import field_docs as dataclass_field_docs
 from hgpo.options import ArgumentParser, bad, parse_bool, parse_name_values
