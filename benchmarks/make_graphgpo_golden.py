@@ -278,7 +278,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    p = _parser()
+    args = p.parse_args(argv)
+    needed = ("core_graph.py", "core_gigpo.py", "verl/__init__.py")
+    missing = [name for name in needed if not (args.ref_dir / name).is_file()]
+    if missing:
+        p.error(f"--ref-dir {args.ref_dir}: no {', '.join(missing)}; copy them there as this "
+                "script's docstring says")  # fmt: skip
     import torch
 
     torch.set_num_threads(1)
