@@ -7,7 +7,9 @@ that numpy allocated (tracemalloc sees numpy's buffers), and the machine's load 
 each size (on a shared machine the CPU time is the fairer per-core figure). Everything runs on one core: the
 estimators are single-threaded numpy. The batch imitates ALFWorld: groups of 8 rollouts of
 50 steps, states drawn from a small per-phase alphabet so that contexts share prefixes and
-every level of the hierarchy has groups of several sizes.
+every level of the hierarchy has groups of several sizes. Each trajectory ends in a state of
+its last phase's alphabet (``next_state``, read by graphgpo only), so failed trajectories'
+last steps join the group's graph as the authors' rollouts do.
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ def synthetic_batch(
     reward = np.zeros(n)
     reward[t == traj_len - 1] = 10.0 * (rng.random(n_traj) < 0.4)
     invalid = rng.random(n) < 0.05
-    return StepBatch(traj // group_size, traj, t, reward, state, rng.integers(0, 6, n), invalid)
+    action = rng.integers(0, 6, n)
+    next_state = np.empty_like(state)
+    next_state[:-1] = state[1:]
+    next_state[traj_len - 1 :: traj_len] = ((traj_len - 1) // 5) * 4 + rng.integers(0, 4, n_traj)
+    return StepBatch(traj // group_size, traj, t, reward, state, action, invalid,
+                     next_state=next_state)  # fmt: skip
 
 
 def time_one(

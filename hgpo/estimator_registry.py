@@ -43,6 +43,7 @@ from hgpo.estimators import (
     step_returns,
     stepwise,
 )
+from hgpo.graphgpo import graphgpo
 from hgpo.returns import check_finite, check_step_values
 
 __all__ = [
@@ -407,6 +408,7 @@ def _register_builtins() -> None:
         ("hgpo-nohog2", hgpo_nohog2, ()),
         ("hgpo-uniform", hgpo_uniform, ()),
         ("gae", gae, ("values",)),
+        ("graphgpo", graphgpo, ()),
     ]
     for name, fn, reads in builtins:
         _REGISTRY._specs[name] = _make_spec(name, fn, reads, "hgpo")

@@ -30,6 +30,7 @@ from hgpo.returns import (
 __all__ = [
     "Advantages",
     "check_inputs",
+    "episode_advantage",
     "gae",
     "gigpo",
     "grpo",
@@ -120,6 +121,11 @@ def _episode_advantage(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarr
     if units is None:
         return vals, informative
     return vals[units], informative[units]
+
+
+episode_advantage = _episode_advantage
+"""Public name of :func:`_episode_advantage` (Eq. (1) per step, and whether its group is
+informative), for estimators in other modules (hgpo/graphgpo.py)."""
 
 
 def _levels(batch: StepBatch, cfg: EstimatorConfig, R: np.ndarray, K: int) -> Hierarchy:

@@ -199,7 +199,76 @@ def ref_episode(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[float], list[b
     return out, informative
 
 
+def ref_graph_distances(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[int], list[int]]:
+    """GraphGPO's d(s_t) and d(s'_t) per row, by hand: one dict graph per rollout group, edges
+    state -> next state (the next row's, the goal after a successful episode, else the
+    terminal next_state or, without it, a dead end of the row's own), breadth-first search
+    from the goal over the reversed edges, unreachable -> the group's largest distance + 1."""
+    goal = ("goal",)
+    virtual = _virtual(b)
+    edges: dict = defaultdict(set)
+    nxt: dict = {}
+    for rows in _trajectories(b):
+        tid = int(b.traj[rows[0]])
+        success = _total([float(b.reward[j]) for j in virtual[tid]]) > cfg.graph_success_return
+        g = int(b.group[rows[0]])
+        for k, row in enumerate(rows):
+            if k + 1 < len(rows):
+                v = ("s", int(b.state[rows[k + 1]]))
+            elif success:
+                v = goal
+            elif b.next_state is not None:
+                v = ("s", int(b.next_state[row]))
+            else:
+                v = ("dead end", row)
+            nxt[row] = v
+            edges[g].add((("s", int(b.state[row])), v))
+    dist: dict = {}
+    for g, es in edges.items():
+        reverse: dict = defaultdict(list)
+        for u, v in es:
+            reverse[v].append(u)
+        d = {goal: 0}
+        frontier = [goal]
+        while frontier:
+            new = []
+            for v in frontier:
+                for u in reverse[v]:
+                    if u not in d:
+                        d[u] = d[v] + 1
+                        new.append(u)
+            frontier = new
+        far = max(d.values())
+        for u, v in es:
+            dist[g, u] = d.get(u, far + 1)
+            dist[g, v] = d.get(v, far + 1)
+    d_state = [dist[int(b.group[i]), ("s", int(b.state[i]))] for i in range(b.n_steps)]
+    d_next = [dist[int(b.group[i]), nxt[i]] for i in range(b.n_steps)]
+    return d_state, d_next
+
+
+def ref_graphgpo(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[float], list[float]]:
+    """GraphGPO's (returns, advantages): R_t = 10 gamma^d(s'_t) (or ^(d(s'_t) - d(s_t) + 1))
+    less the penalty, normalised among the group's steps from the same state, plus the
+    weighted episode advantage."""
+    d_state, d_next = ref_graph_distances(b, cfg)
+    R = []
+    for i in range(b.n_steps):
+        e = d_next[i] - d_state[i] + 1 if cfg.graph_normalize_distance else d_next[i]
+        r = 10.0 * cfg.graph_gamma**e
+        if b.invalid is not None and b.invalid[i]:
+            r -= cfg.invalid_penalty
+        R.append(r)
+    keys = [(int(b.group[i]), int(b.state[i])) for i in range(b.n_steps)]
+    step = _group_norm(keys, R, cfg.norm, cfg.std, cfg.eps, leave_one_out=cfg.leave_one_out)
+    ep = ref_episode(b, cfg)[0]
+    w_s, w_e = cfg.graph_step_weight, cfg.graph_episode_weight
+    return R, [w_s * a + w_e * e for a, e in zip(step, ep, strict=True)]
+
+
 def ref_estimate(name: str, b: StepBatch, cfg: EstimatorConfig) -> list[float]:
+    if name == "graphgpo":
+        return ref_graphgpo(b, cfg)[1]
     if name == "grpo":
         return ref_episode(b, cfg)[0]
     if name == "rloo":

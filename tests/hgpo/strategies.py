@@ -60,3 +60,33 @@ def configs(draw) -> EstimatorConfig:
         omega=draw(st.sampled_from([1.0, 0.5])),
         leave_one_out=draw(st.booleans()),
     )
+
+
+@st.composite
+def graph_batches(draw, max_traj: int = 5, max_len: int = 6):
+    """[graphgpo] step batches (few states, so trajectories cross in the graph), half of them
+    with a next_state column whose terminal states are sometimes a state the group has seen
+    (reconnecting the graph) and sometimes a new one."""
+    b = draw(step_batches(max_traj=max_traj, max_len=max_len))
+    if draw(st.booleans()):
+        last = b.traj_start + b.traj_len - 1
+        terminal = draw(st.lists(st.integers(0, 3), min_size=b.n_traj, max_size=b.n_traj))
+        ns = np.empty_like(b.state)
+        ns[:-1] = b.state[1:]
+        ns[last] = terminal
+        b = StepBatch(b.group, b.traj, b.step, b.reward, b.state, b.action, b.invalid,
+                      next_state=ns)  # fmt: skip
+    return b
+
+
+@st.composite
+def graph_configs(draw) -> EstimatorConfig:
+    """[graphgpo] ``configs()`` with GraphGPO's own options drawn too."""
+    w_step, w_episode = draw(st.sampled_from([(1.0, 1.0), (1.0, 0.0), (0.0, 1.0), (0.5, 2.0)]))
+    return draw(configs()).replace(
+        graph_gamma=draw(st.sampled_from([0.1, 0.2, 0.95, 1.0, 0.0])),
+        graph_normalize_distance=draw(st.booleans()),
+        graph_success_return=draw(st.sampled_from([0.0, 1.0, -0.5])),
+        graph_step_weight=w_step,
+        graph_episode_weight=w_episode,
+    )

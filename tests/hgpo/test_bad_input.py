@@ -297,10 +297,16 @@ def test_group_estimators_are_right_over_the_whole_float64_range(estimator, big)
     np.testing.assert_allclose(got, want, rtol=1e-15)
     if estimator in ("grpo", "hgpo", "stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform"):
         np.testing.assert_array_equal(want, [1.0, -1.0])
-    mean = compute_advantages(estimator, pair([big, 0.0]), norm="mean").advantages
+    mean = compute_advantages(estimator, pair([big, 0.0]), norm="mean")
     if big < 1e308:  # rloo and gigpo double 1.7e308's deviation past float64
-        ref = compute_advantages(estimator, pair([1.0, 0.0]), norm="mean").advantages
-        np.testing.assert_allclose(mean, ref * big, rtol=1e-15)
+        ref = compute_advantages(estimator, pair([1.0, 0.0]), norm="mean")
+        if estimator == "graphgpo":  # its step term reads graph distances, not reward sizes
+            np.testing.assert_array_equal(mean.level_advantages[0], ref.level_advantages[0])
+            np.testing.assert_allclose(
+                mean.level_advantages[1], ref.level_advantages[1] * big, rtol=1e-15
+            )
+        else:
+            np.testing.assert_allclose(mean.advantages, ref.advantages * big, rtol=1e-15)
 
 
 def test_the_issue_case_with_the_default_eps():
@@ -309,3 +315,73 @@ def test_the_issue_case_with_the_default_eps():
         b = compute_advantages(estimator, pair([1e154, 0.0])).advantages
         np.testing.assert_array_equal(a, b)
         assert a[0] > 0.99 and a[1] < -0.99
+
+
+# --------------------------------------------------------------------------- graphgpo
+
+NEXT_STATE_TABLE = [
+        # batch(): trajectory 0 = rows 0, 1 (states 1, 2), trajectory 1 = row 2
+        (dict(next_state=[3, 5, 1]), r"^StepBatch\.next_state\[0\] is 3 but the next step of trajectory 0 \(row 1\) has state 2"),
+        (dict(next_state=[2, 5]), r"^StepBatch\.next_state has length 2, expected 3"),
+        (dict(next_state=["hall", "x", "y"]), r"^StepBatch\.next_state must hold integers, got <U4 values such as 'hall'.*StateIndexer"),
+        (dict(next_state=[2, 1.5, 0]), r"^StepBatch\.next_state must hold integers, got 1\.5"),
+        (dict(next_state=[2, None, 0]), r"^StepBatch\.next_state must hold integers, got None at \[1\]"),
+        (dict(next_state=[[2], [5], [1]]), r"^StepBatch\.next_state must be one-dimensional"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("over", "match"), NEXT_STATE_TABLE)
+def test_next_state_table(over, match):
+    with pytest.raises(ValueError, match=match):
+        batch(**over)
+    with pytest.raises(ValueError, match=match):
+        batch(parent=[-1, -1, -1], **over)
+
+
+def test_next_state_may_be_anything_after_a_last_step():
+    assert batch(next_state=[2, -7, 2**62]).next_state.tolist() == [2, -7, 2**62]
+
+
+@pytest.mark.parametrize(
+    ("terminal", "match"),
+    [
+        ([1], r"from_trajectories: terminal_states lists 1 states, expected 2 \(one per trajectory\)"),
+        ([1, "hall"], r"from_trajectories: terminal_states: StepBatch\.next_state must hold integers"),
+        ([1, 2.5], r"from_trajectories: terminal_states: StepBatch\.next_state must hold integers, got 2\.5"),
+    ],
+)  # fmt: skip
+def test_from_trajectories_terminal_states(terminal, match):
+    with pytest.raises(ValueError, match=match):
+        StepBatch.from_trajectories([0, 0], [[0.0, 1.0], [0.0]], [[1, 2], [1]],
+                                    terminal_states=terminal)  # fmt: skip
+
+
+GRAPH_NUMERIC = ("graph_gamma", "graph_success_return", "graph_step_weight",
+                 "graph_episode_weight")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("opts", "match"),
+    [
+        (dict(graph_gamma=1.5), r"^EstimatorConfig\.graph_gamma: must be a finite number in \[0\.0, 1\.0\], got 1\.5$"),
+        (dict(graph_gamma=-0.1), r"^EstimatorConfig\.graph_gamma: must be a finite number in \[0\.0, 1\.0\], got -0\.1$"),
+        (dict(graph_step_weight=-1.0), r"^EstimatorConfig\.graph_step_weight: must be a finite number in \[0\.0, 1000000\.0\], got -1\.0$"),
+        (dict(graph_episode_weight=1e7), r"^EstimatorConfig\.graph_episode_weight: must be a finite number in \[0\.0, 1000000\.0\], got 10000000\.0$"),
+        (dict(graph_success_return=1e13), r"^EstimatorConfig\.graph_success_return: must be a finite number in \[-1000000000000\.0, 1000000000000\.0\], got 10000000000000\.0$"),
+        (dict(graph_normalize_distance="no"), r"^EstimatorConfig\.graph_normalize_distance: must be true or false, got 'no'$"),
+    ]
+    + [(dict([(name, v)]), rf"^EstimatorConfig\.{name}: must be a finite number")
+       for name in GRAPH_NUMERIC for v in (math.inf, -math.inf, math.nan, "1", True)],
+)  # fmt: skip
+def test_graph_config_table(opts, match):
+    with pytest.raises(ValueError, match=match):
+        EstimatorConfig(**opts)
+
+
+def test_graphgpo_refuses_two_zero_weights_before_any_work():
+    with pytest.raises(
+        ValueError, match=r"^graphgpo: graph_step_weight and graph_episode_weight are both 0"
+    ):
+        compute_advantages("graphgpo", batch(), graph_step_weight=0.0, graph_episode_weight=0.0)
+    with pytest.raises(ValueError, match=r"estimator 'graphgpo': batch must be a StepBatch"):
+        compute_advantages("graphgpo", {"reward": [1.0]})

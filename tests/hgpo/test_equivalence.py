@@ -5,14 +5,17 @@ import pytest
 from hypothesis import given
 
 from hgpo import ESTIMATORS, compute_advantages, context_keys, step_returns
+from hgpo.graphgpo import graph_distances
 from tests.hgpo.reference_impl import (
     ref_context,
     ref_episode,
     ref_estimate,
+    ref_graph_distances,
+    ref_graphgpo,
     ref_levels,
     ref_returns,
 )
-from tests.hgpo.strategies import configs, step_batches
+from tests.hgpo.strategies import configs, graph_batches, graph_configs, step_batches
 
 GROUP_ESTIMATORS = [name for name in ESTIMATORS if name != "gae"]
 
@@ -55,3 +58,18 @@ def test_context_keys_are_exact(batch, cfg):
                 if ctx[i] is None or ctx[j] is None:
                     continue
                 assert (keys[k, i] == keys[k, j]) == (ctx[i] == ctx[j])
+
+
+@pytest.mark.parametrize("estimator", ["graphgpo"])  # (so HGPO_ESTIMATOR selects it)
+@given(batch=graph_batches(), cfg=graph_configs())
+def test_graphgpo_equals_reference(estimator, batch, cfg):
+    """GraphGPO's own options and the terminal states of next_state, on top of the generic
+    test above (which runs it with its default graph options on batches without next_state)."""
+    out = compute_advantages(estimator, batch, cfg)
+    R, adv = ref_graphgpo(batch, cfg)
+    np.testing.assert_allclose(out.returns, R, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(out.advantages, adv, rtol=1e-12, atol=1e-12)
+    d_state, d_next = ref_graph_distances(batch, cfg)
+    gd = graph_distances(batch, cfg.graph_success_return)
+    np.testing.assert_array_equal(gd.d_state, d_state)
+    np.testing.assert_array_equal(gd.d_next, d_next)

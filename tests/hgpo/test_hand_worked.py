@@ -161,3 +161,74 @@ def test_leave_one_out_levels():
     # GiGPO: the episode term is unchanged (6 for tau1), the step term leaves one out: 6 + 7.5
     g = compute_advantages("gigpo", BATCH, LOO).advantages
     assert g[1] == pytest.approx(13.5, rel=1e-14)
+
+
+# GraphGPO: one rollout group of three trajectories, graph_gamma = 0.5, norm = "mean".
+# States: 1 start, 2 hall, 3 fridge, 4 a corner where nothing happens, 5 a side room.
+#   tau1: s = [1, 2, 3], r = [0, 0, 10]: succeeds -> its last step leads to the goal *.
+#   tau2: s = [1, 4],    r = [0, 0], ends in 4 (next_state of its last row: 4).
+#   tau3: s = [1, 5],    r = [0, 0], ends in 2 (back in the hall).
+# Edges: 1->2, 2->3, 3->*; 1->4, 4->4; 1->5, 5->2. Distances to *: d(3) = 1, d(2) = 2,
+#   d(1) = 3 (1->2->3->*), d(5) = 3 (5->2), 4 only reaches itself: D = 3 -> d(4) = D + 1 = 4.
+# R = 10 * 0.5^d(s'): tau1 [d 2, 1, 0] -> [2.5, 5, 10]; tau2 [4, 4] -> [0.625, 0.625];
+#   tau3 [3, 2] -> [1.25, 2.5].
+# Same-state groups: state 1 = {2.5, 0.625, 1.25} = {60, 15, 30}/24, mean 35/24 ->
+#   [25/24, -20/24, -5/24]; every other state is alone -> 0.
+# Episode term: E = [10, 0, 0], mean 10/3 -> [20/3, -10/3, -10/3] = [160, -80, -80]/24.
+# A = step + episode: tau1 [185/24, 20/3, 20/3], tau2 [-100/24, -10/3], tau3 [-85/24, -10/3].
+GRAPH = StepBatch.from_trajectories(
+    groups=[0, 0, 0],
+    rewards=[[0, 0, 10], [0, 0], [0, 0]],
+    states=[[1, 2, 3], [1, 4], [1, 5]],
+    terminal_states=[9, 4, 2],  # tau1's 9 is never read: a successful episode ends at *
+)
+GRAPH_CFG = EstimatorConfig(graph_gamma=0.5, norm="mean")
+# rows: tau1 = 0, 1, 2; tau2 = 3, 4; tau3 = 5, 6
+
+
+def test_graphgpo_distances_returns_and_advantages():
+    out = compute_advantages("graphgpo", GRAPH, GRAPH_CFG)
+    np.testing.assert_array_equal(out.returns, [2.5, 5, 10, 0.625, 0.625, 1.25, 2.5])
+    np.testing.assert_allclose(
+        out.advantages,
+        [185 / 24, 20 / 3, 20 / 3, -100 / 24, -10 / 3, -85 / 24, -10 / 3],
+        rtol=1e-15,
+    )
+    np.testing.assert_allclose(out.level_advantages[0, [0, 3, 5]], [25 / 24, -20 / 24, -5 / 24])
+    assert out.diagnostics["graph"]["terminal"] == "next_state"
+
+
+def test_graphgpo_without_next_state_ends_failures_in_dead_ends():
+    # Without next_state tau3 no longer returns to the hall: 5 has no way out, so
+    # d(5) = D + 1 = 4 like d(4), and tau3's first step scores 10 * 0.5^4 = 0.625 like tau2's.
+    # State 1 = {2.5, 0.625, 0.625}, mean 1.25 -> [1.25, -0.625, -0.625].
+    b = StepBatch(GRAPH.group, GRAPH.traj, GRAPH.step, GRAPH.reward, GRAPH.state)
+    out = compute_advantages("graphgpo", b, GRAPH_CFG)
+    np.testing.assert_array_equal(out.returns, [2.5, 5, 10, 0.625, 0.625, 0.625, 0.625])
+    np.testing.assert_allclose(out.level_advantages[0, [0, 3, 5]], [1.25, -0.625, -0.625])
+    assert out.diagnostics["graph"]["terminal"] == "dead_end"
+
+
+def test_graphgpo_progress_penalty_and_success_threshold():
+    # graph_normalize_distance: R = 10 * 0.5^(d(s') - d(s) + 1):
+    #   tau1: 1->2 (3 -> 2), 2->3 (2 -> 1), 3->* (1 -> 0): exponent 0 each -> [10, 10, 10];
+    #   tau2: 1->4 (3 -> 4): 2 -> 2.5; 4->4: 1 -> 5;  tau3: 1->5 (3 -> 3): 1 -> 5; 5->2: 0 -> 10.
+    #   State 1 = {10, 2.5, 5}, mean 35/6 -> [25/6, -20/6, -5/6].
+    out = compute_advantages("graphgpo", GRAPH, GRAPH_CFG.replace(graph_normalize_distance=True))
+    np.testing.assert_array_equal(out.returns, [10, 10, 10, 2.5, 5, 5, 10])
+    np.testing.assert_allclose(out.level_advantages[0, [0, 3, 5]], [25 / 6, -20 / 6, -5 / 6])
+    # An invalid first step of tau2 loses invalid_penalty = 0.1 from its own return only:
+    # 0.625 - 0.1 = 0.525 (the return is not a sum of rewards to carry it back).
+    inv = StepBatch(GRAPH.group, GRAPH.traj, GRAPH.step, GRAPH.reward, GRAPH.state,
+                    invalid=[0, 0, 0, 1, 0, 0, 0], next_state=GRAPH.next_state)  # fmt: skip
+    out = compute_advantages("graphgpo", inv, GRAPH_CFG)
+    np.testing.assert_allclose(out.returns, [2.5, 5, 10, 0.525, 0.625, 1.25, 2.5], rtol=1e-15)
+    # graph_success_return = 10: tau1's return 10 does not exceed it, so no episode reaches
+    # the goal: D = 0, every node is at D + 1 = 1, every R = 5 and the step term is 0.
+    out = compute_advantages("graphgpo", GRAPH, GRAPH_CFG.replace(graph_success_return=10.0))
+    np.testing.assert_array_equal(out.returns, [5.0] * 7)
+    np.testing.assert_array_equal(out.level_advantages[0], 0.0)
+    # The weights: graph_episode_weight = 0 leaves the step term alone, scaled by its weight.
+    only = GRAPH_CFG.replace(graph_step_weight=2.0, graph_episode_weight=0.0)
+    a = compute_advantages("graphgpo", GRAPH, only).advantages
+    np.testing.assert_allclose(a[[0, 3, 5]], [50 / 24, -40 / 24, -10 / 24], rtol=1e-15)
