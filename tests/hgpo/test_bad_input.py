@@ -17,6 +17,7 @@ from hgpo.estimators import hgpo as hgpo_fn
 from hgpo.keys import hierarchy
 from hgpo.options import parse_name_values
 from hgpo.returns import discounted_returns, episode_returns, penalised_rewards
+from tests.hgpo.strategies import default_inputs
 
 
 def batch(**over):
@@ -292,14 +293,15 @@ def test_group_estimators_are_right_over_the_whole_float64_range(estimator, big)
     """The issue's case: with norm="mean_std" a reward of 1e155 or more gave [0, -0] (dev * dev
     overflowed); every group estimator now gives what it gives at reward 1. With eps = 0 the
     standardised advantages are scale-free; "mean" ones scale with the reward."""
-    want = compute_advantages(estimator, pair([1.0, 0.0]), eps=0.0).advantages
-    got = compute_advantages(estimator, pair([big, 0.0]), eps=0.0).advantages
+    kw = default_inputs(estimator, pair([1.0, 0.0]))  # (one-step trajectories: no EMPG bonus)
+    want = compute_advantages(estimator, pair([1.0, 0.0]), eps=0.0, **kw).advantages
+    got = compute_advantages(estimator, pair([big, 0.0]), eps=0.0, **kw).advantages
     np.testing.assert_allclose(got, want, rtol=1e-15)
     if estimator in ("grpo", "hgpo", "stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform"):
         np.testing.assert_array_equal(want, [1.0, -1.0])
-    mean = compute_advantages(estimator, pair([big, 0.0]), norm="mean").advantages
+    mean = compute_advantages(estimator, pair([big, 0.0]), norm="mean", **kw).advantages
     if big < 1e308:  # rloo and gigpo double 1.7e308's deviation past float64
-        ref = compute_advantages(estimator, pair([1.0, 0.0]), norm="mean").advantages
+        ref = compute_advantages(estimator, pair([1.0, 0.0]), norm="mean", **kw).advantages
         np.testing.assert_allclose(mean, ref * big, rtol=1e-15)
 
 
