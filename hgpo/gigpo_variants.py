@@ -35,17 +35,35 @@ _SLACK = 1e-9
 # --------------------------------------------------------------------------- similarity
 
 
-def _char_counts(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(int64[D, V] count of each character in each text, int64[D] lengths), V the distinct
-    characters of the texts."""
-    codes = [np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32) for t in texts]
-    lengths = np.fromiter((c.size for c in codes), np.int64, len(codes))
-    flat = np.concatenate(codes) if codes else np.zeros(0, np.uint32)
-    chars, dense = np.unique(flat, return_inverse=True)
-    row = np.repeat(np.arange(len(codes), dtype=np.int64), lengths)
-    counts = np.zeros((len(codes), max(chars.size, 1)), dtype=np.int64)
-    np.add.at(counts, (row, dense.reshape(-1)), 1)
-    return counts, lengths
+_BLOCK = 64  # rows of the (rows, D, V) character-count minimum computed at once
+
+
+def _candidates(codes: list[np.ndarray], thresh: float) -> list[list[int]]:
+    """For each text a of a group, the earlier texts b < a whose upper bound on difflib's
+    ratio(a, b) reaches thresh: difflib's own quick_ratio, 2 |multiset intersection of the
+    characters| / (|a| + |b|) >= ratio (Ratcliff-Obershelp's matches are common characters).
+
+    codes: the texts as arrays of code points. Computed for all pairs at once from the
+    character counts, in blocks of rows.
+    """
+    D = len(codes)
+    lengths = np.fromiter((c.size for c in codes), np.int64, D)
+    flat = np.concatenate(codes)
+    present = np.zeros(int(flat.max()) + 1 if flat.size else 1, dtype=np.bool_)
+    present[flat] = True  # the group's characters, ranked without a sort
+    dense = np.cumsum(present) - 1
+    V = max(int(dense[-1]) + 1, 1)
+    row = np.repeat(np.arange(D, dtype=np.int64), lengths)
+    counts = np.bincount(row * V + dense[flat], minlength=D * V).reshape(D, V)
+    out: list[list[int]] = []
+    for lo in range(0, D, _BLOCK):
+        hi = min(D, lo + _BLOCK)
+        common = np.minimum(counts[lo:hi, None, :], counts[None, :hi, :]).sum(axis=2)
+        bound = 2.0 * common / np.maximum(lengths[lo:hi, None] + lengths[None, :hi], 1)
+        ok = bound >= thresh - _SLACK
+        ok &= np.arange(hi)[None, :] < np.arange(lo, hi)[:, None]  # earlier texts only
+        out += [np.flatnonzero(r).tolist() if r.any() else [] for r in ok]
+    return out
 
 
 def _self_similar(x: str, thresh: float) -> bool:
@@ -70,38 +88,40 @@ def _greedy_literal(obs: Sequence[str], thresh: float) -> list[int]:
     return out
 
 
-def _greedy_distinct(distinct: list[str], thresh: float) -> list[int] | None:
+def _greedy_distinct(
+    distinct: list[str], codes: list[np.ndarray], thresh: float
+) -> list[int] | None:
     """The greedy clusters of a group's distinct observations (in order of first occurrence),
     or None when some x starting a cluster has ratio(x, x) < thresh (then a later copy of x
     would not follow the first one: the caller runs the literal loop).
 
-    A pair goes to difflib only when its upper bound, difflib's own quick_ratio
-    2 |multiset intersection of the characters| / (|x| + |r|) >= ratio, reaches thresh; the
-    bound is computed for x against every representative at once from character counts.
+    A pair goes to difflib only when its upper bound (:func:`_candidates`) reaches thresh;
+    representatives are tried in order of creation, as in the authors' loop.
     """
-    counts, lengths = _char_counts(distinct)
-    reps: list[int] = []  # the representatives' positions in ``distinct``
-    matchers: list[SequenceMatcher] = []  # b = the representative: difflib caches b's index
-    out = []
+    candidates = _candidates(codes, thresh)
+    cluster_of: list[int] = []  # cluster of each distinct text so far
+    rep_of: list[int] = []  # each cluster's representative (a position in ``distinct``)
+    matchers: dict[int, SequenceMatcher] = {}  # b = the representative: difflib caches b
     for a, x in enumerate(distinct):
         cluster = -1
-        if reps:
-            common = np.minimum(counts[reps], counts[a]).sum(axis=1)
-            bound = 2.0 * common / np.maximum(lengths[reps] + lengths[a], 1)
-            for j in np.flatnonzero(bound >= thresh - _SLACK).tolist():
-                m = matchers[j]
-                m.set_seq1(x)
-                if m.ratio() >= thresh:
-                    cluster = j
-                    break
+        for b in candidates[a]:
+            j = cluster_of[b]
+            if rep_of[j] != b:
+                continue  # b joined a cluster: not a representative
+            m = matchers.get(b)
+            if m is None:
+                m = matchers[b] = SequenceMatcher(None, "", distinct[b])
+            m.set_seq1(x)
+            if m.ratio() >= thresh:
+                cluster = j
+                break
         if cluster < 0:
             if not _self_similar(x, thresh):
                 return None
-            cluster = len(reps)
-            reps.append(a)
-            matchers.append(SequenceMatcher(None, "", x))
-        out.append(cluster)
-    return out
+            cluster = len(rep_of)
+            rep_of.append(a)
+        cluster_of.append(cluster)
+    return cluster_of
 
 
 def similarity_clusters(batch: StepBatch, observations: Sequence[str], thresh: float) -> np.ndarray:
@@ -119,6 +139,10 @@ def similarity_clusters(batch: StepBatch, observations: Sequence[str], thresh: f
     sid_of: dict[str, int] = {}
     sid = np.fromiter((sid_of.setdefault(o, len(sid_of)) for o in observations), np.int64, n)
     texts = list(sid_of)
+    # code points, ranked over the batch's characters (small per-group count tables)
+    raw = [np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32) for t in texts]
+    _, dense = np.unique(np.concatenate(raw), return_inverse=True)
+    codes = np.split(dense.reshape(-1).astype(np.int64), np.cumsum([c.size for c in raw])[:-1])
     g, _ = dense_rank(batch.group)
     key, n_keys = dense_rank(g * len(texts) + sid)
     first = np.full(n_keys, n, dtype=np.int64)
@@ -132,7 +156,10 @@ def similarity_clusters(batch: StepBatch, observations: Sequence[str], thresh: f
     offset = 0
     for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
         keys = order[lo:hi]
-        labels = _greedy_distinct([texts[s] for s in sid[first[keys]]], thresh)
+        group_texts = sid[first[keys]].tolist()
+        labels = _greedy_distinct(
+            [texts[t] for t in group_texts], [codes[t] for t in group_texts], thresh
+        )
         if labels is None:  # pragma: no cover - needs a text whose ratio with itself < thresh
             literal.append(int(groups_of_keys[lo]))
             continue

@@ -311,3 +311,45 @@ def test_the_issue_case_with_the_default_eps():
         b = compute_advantages(estimator, pair([1e154, 0.0])).advantages
         np.testing.assert_array_equal(a, b)
         assert a[0] > 0.99 and a[1] < -0.99
+
+
+# --------------------------------------------------------------------------- empg / gigpo variants
+
+
+def _new_estimator_cases():
+    from hgpo.empg import empg
+    from hgpo.gigpo_variants import gigpo_similarity
+
+    b, cfg = batch(), EstimatorConfig()
+    return [
+        (lambda: compute_advantages("empg", b), r"^estimator 'empg' needs entropy: float64\[n\] >= 0"),
+        (lambda: empg(b, cfg), r"^estimator 'empg' needs entropy"),
+        (lambda: compute_advantages("empg", b, entropy=[0.0, -0.5, 1.0]), r"^empg: entropy\[1\] is -0\.5; an entropy is >= 0$"),
+        (lambda: empg(b, cfg, entropy=[0.0, -1.0, 0.0]), r"^empg: entropy\[1\] is -1\.0; an entropy is >= 0$"),
+        (lambda: compute_advantages("empg", b, entropy=[0.0, 1.0]), r"^empg: entropy: must be one value per step, shape \(3,\), got shape \(2,\)$"),
+        (lambda: compute_advantages("empg", b, entropy=[math.nan, 1.0, 1.0]), r"^empg: entropy\[0\] is nan; every value must be finite$"),
+        (lambda: compute_advantages("empg", b, entropy=["a", "b", "c"]), r"^empg: entropy: must be 3 real numbers, one per step, got dtype <U1$"),
+        (lambda: compute_advantages("gigpo_similarity", b), r"^estimator 'gigpo_similarity' needs observations: a sequence of n str"),
+        (lambda: gigpo_similarity(b, cfg), r"^estimator 'gigpo_similarity' needs observations: a sequence of 3 str"),
+        (lambda: compute_advantages("gigpo_similarity", b, observations=["a", "b"]), r"^gigpo_similarity: observations: must be one str per step, 3, got 2$"),
+        (lambda: compute_advantages("gigpo_similarity", b, observations=["a", 3, "c"]), r"^gigpo_similarity: observations\[1\] is 3; every observation must be a str$"),
+        (lambda: gigpo_similarity(b, cfg, observations=["a", None, "c"]), r"^gigpo_similarity: observations\[1\] is None; every observation must be a str$"),
+        (lambda: compute_advantages("gigpo_similarity", b, observations="abc"), r"^gigpo_similarity: observations: must be a sequence of 3 str, one per step, got str$"),
+        (lambda: compute_advantages("grpo", b, entropy=[0.0, 0.0, 0.0]), r"^entropy: estimator 'grpo' does not read the policy's entropy \(only empg does\); leave entropy out$"),
+        (lambda: compute_advantages("gigpo", b, observations=["a", "b", "c"]), r"^observations: estimator 'gigpo' does not read observations \(only gigpo_similarity does\)"),
+        (lambda: EstimatorConfig(gigpo_similarity_thresh=1.0), r"^EstimatorConfig\.gigpo_similarity_thresh: must be a finite number in \(0\.0, 1\.0\), got 1\.0$"),
+        (lambda: EstimatorConfig(gigpo_similarity_thresh=0.0), r"gigpo_similarity_thresh: must be a finite number in \(0\.0, 1\.0\), got 0\.0$"),
+        (lambda: EstimatorConfig(empg_k=math.inf), r"^EstimatorConfig\.empg_k: must be a finite number in \[0\.0, 50\.0\], got inf$"),
+        (lambda: EstimatorConfig(empg_k_future=-1.0), r"^EstimatorConfig\.empg_k_future: must be a finite number in \[0\.0, 50\.0\], got -1\.0$"),
+        (lambda: EstimatorConfig(empg_zeta=1e9), r"^EstimatorConfig\.empg_zeta: must be a finite number in \[0\.0, 100\.0\]"),
+        (lambda: EstimatorConfig(empg_eps=2.0), r"^EstimatorConfig\.empg_eps: must be a finite number in \[0\.0, 1\.0\], got 2\.0$"),
+        (lambda: EstimatorConfig(empg_final_norm="std"), r"^EstimatorConfig\.empg_final_norm: must be one of 'mean', 'none', got 'std'$"),
+        (lambda: EstimatorConfig(gigpo_dynamic_rescale="yes"), r"^EstimatorConfig\.gigpo_dynamic_rescale: must be true or false, got 'yes'$"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(_new_estimator_cases())))
+def test_empg_and_gigpo_variants_name_bad_input(case):
+    fn, message = _new_estimator_cases()[case]
+    with pytest.raises(ValueError, match=message):
+        fn()
