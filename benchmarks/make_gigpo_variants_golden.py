@@ -156,10 +156,9 @@ def random_case(rng: np.random.Generator, estimator: str) -> dict[str, Any]:
 
 
 def _config(case: dict[str, Any]):
-    """Our options for the case: verl-agent's preset (GRPO's for empg) and the case's."""
-    base = "grpo" if case["estimator"] == "empg" else "gigpo"
+    """Our options for the case: the estimator's verl-agent preset and the case's."""
     return reference_config(
-        base,
+        case["estimator"],
         env=case["env"],
         gamma=case["gamma"],
         gigpo_similarity_thresh=case["thresh"],

@@ -189,6 +189,11 @@ REFERENCE_ESTIMATORS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             ("hgpo", "hgpo-uniform", "hgpo-nohog2", "oracle", "stepwise"), _HGPO_REFERENCE
         ),
         "gigpo": MappingProxyType({"std": "sample"}),
+        # verl-agent's GiGPO with enable_similarity / after filter_group_data; EMPG (ARLArena)
+        # on verl-agent's GRPO: checked by benchmarks/make_gigpo_variants_golden.py
+        "gigpo_similarity": MappingProxyType({"std": "sample"}),
+        "gigpo_dynamic": MappingProxyType({"std": "sample"}),
+        "empg": MappingProxyType({"std": "sample"}),
         "grpo": MappingProxyType({"std": "sample"}),
         # verl's compute_rloo_outcome_advantage never divides by a std, whatever the env.
         "rloo": MappingProxyType({"std": "sample", "norm": "mean"}),
