@@ -110,6 +110,27 @@ class EstimatorConfig:
     the *other* members, A_k = (R_t - mean_{j in G_k, j != t} R_j) [/ (std_{G_k} + eps)]
     = n / (n - 1) (R_t - mean_{G_k} R) [/ ...], n = |G_k|; the std stays the whole group's.
     Episode-level groups are unchanged (the rloo estimator is GRPO's leave-one-out)."""
+    # --- empg / gigpo variants options
+    empg_k: float = setting(1.0, lo=0.0, hi=50.0)
+    """EMPG: k of the self-calibrating scale g(H) = exp(-k H_norm) / mean_batch exp(-k H_norm)."""
+    empg_k_future: float = setting(1.0, lo=0.0, hi=50.0)
+    """EMPG: k' of the future-clarity bonus f(H_{t+1}) = exp(-k' H_norm,t+1)."""
+    empg_zeta: float = setting(0.1, lo=0.0, hi=100.0)
+    """EMPG: zeta, the weight of the future-clarity bonus (0.1 in the authors' pseudocode)."""
+    empg_eps: float = setting(1e-8, lo=0.0, hi=1.0)
+    """EMPG: epsilon added to the entropy range (max - min) of the min-max normalisation and
+    to the batch mean of exp(-k H_norm) that g divides by (1e-8 in the authors' pseudocode)."""
+    empg_final_norm: str = setting("mean", choices=("mean", "none"))
+    """EMPG: final batch-level normalisation of A_mod: "mean" (subtract the batch mean over
+    steps, the authors' zero-mean normalisation) or "none"."""
+    gigpo_similarity_thresh: float = setting(0.95, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    """gigpo_similarity: two observations share a step group when difflib's
+    SequenceMatcher(None, obs, representative).ratio() >= this, in (0, 1) (verl-agent's
+    ``algorithm.gigpo.similarity_thresh``, default 0.95)."""
+    gigpo_dynamic_rescale: bool = False
+    """gigpo_dynamic: multiply the kept steps' advantages by n / n_kept, so that a mean over
+    all n steps equals the mean over the kept steps (the batch dynamic sampling would have
+    filled with kept groups only)."""
 
     # --- graphgpo options
     graph_gamma: float = setting(0.1, lo=0.0, hi=1.0)
@@ -189,6 +210,11 @@ REFERENCE_ESTIMATORS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             ("hgpo", "hgpo-uniform", "hgpo-nohog2", "oracle", "stepwise"), _HGPO_REFERENCE
         ),
         "gigpo": MappingProxyType({"std": "sample"}),
+        # verl-agent's GiGPO with enable_similarity / after filter_group_data; EMPG (ARLArena)
+        # on verl-agent's GRPO: checked by benchmarks/make_gigpo_variants_golden.py
+        "gigpo_similarity": MappingProxyType({"std": "sample"}),
+        "gigpo_dynamic": MappingProxyType({"std": "sample"}),
+        "empg": MappingProxyType({"std": "sample"}),
         "grpo": MappingProxyType({"std": "sample"}),
         # verl's compute_rloo_outcome_advantage never divides by a std, whatever the env.
         "rloo": MappingProxyType({"std": "sample", "norm": "mean"}),

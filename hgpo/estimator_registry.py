@@ -29,6 +29,7 @@ import numpy as np
 
 from hgpo.batch import StepBatch
 from hgpo.config import EstimatorConfig
+from hgpo.empg import empg
 from hgpo.estimators import (
     Advantages,
     check_inputs,
@@ -43,6 +44,7 @@ from hgpo.estimators import (
     step_returns,
     stepwise,
 )
+from hgpo.gigpo_variants import gigpo_dynamic, gigpo_similarity
 from hgpo.graphgpo import graphgpo
 from hgpo.returns import check_finite, check_step_values
 
@@ -409,6 +411,9 @@ def _register_builtins() -> None:
         ("hgpo-uniform", hgpo_uniform, ()),
         ("gae", gae, ("values",)),
         ("graphgpo", graphgpo, ()),
+        ("empg", empg, ("entropy",)),
+        ("gigpo_dynamic", gigpo_dynamic, ()),
+        ("gigpo_similarity", gigpo_similarity, ("observations",)),
     ]
     for name, fn, reads in builtins:
         _REGISTRY._specs[name] = _make_spec(name, fn, reads, "hgpo")

@@ -123,9 +123,10 @@ def _episode_advantage(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarr
     return vals[units], informative[units]
 
 
-episode_advantage = _episode_advantage
-"""Public name of :func:`_episode_advantage` (Eq. (1) per step, and whether its group is
-informative), for estimators in other modules (hgpo/graphgpo.py)."""
+def episode_advantage(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. (1), GRPO's episode advantage of every step: (float64[n] values, bool[n]
+    informative: the step's episode group is not degenerate). See ``_episode_advantage``."""
+    return _episode_advantage(batch, cfg)
 
 
 def _levels(batch: StepBatch, cfg: EstimatorConfig, R: np.ndarray, K: int) -> Hierarchy:

@@ -7,8 +7,10 @@ estimators in hgpo/ must equal these to 1e-12.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
+from difflib import SequenceMatcher
 from fractions import Fraction
 
 from hgpo import EstimatorConfig, StepBatch
@@ -266,9 +268,83 @@ def ref_graphgpo(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[float], list[
     return R, [w_s * a + w_e * e for a, e in zip(step, ep, strict=True)]
 
 
-def ref_estimate(name: str, b: StepBatch, cfg: EstimatorConfig) -> list[float]:
+def ref_empg(b: StepBatch, cfg: EstimatorConfig, entropy: list[float]) -> list[float]:
+    """EMPG from arXiv 2509.09265 Eq. 8 / S21-S23, step by step: min-max normalised entropy,
+    g = exp(-k H~) / (mean exp(-k H~) + eps), bonus zeta exp(-k' H~) of the next step of the
+    same trajectory, then the batch mean subtracted."""
+    n = b.n_steps
+    H = [float(h) for h in entropy]
+    lo, hi = min(H), max(H)
+    den = (hi - lo) + cfg.empg_eps
+    Hn = [(h - lo) / den if den > 0 else 0.0 for h in H]
+    e = [math.exp(-cfg.empg_k * h) for h in Hn]
+    mean_e = math.fsum(e) / n
+    g = [x / (mean_e + cfg.empg_eps) for x in e]
+    f = [math.exp(-cfg.empg_k_future * h) for h in Hn]
+    bonus = [0.0] * n
+    for rows in _trajectories(b):
+        for here, nxt in itertools.pairwise(rows):
+            bonus[here] = cfg.empg_zeta * f[nxt]
+    A_ep = ref_episode(b, cfg)[0]
+    A = [g[i] * A_ep[i] + bonus[i] for i in range(n)]
+    if cfg.empg_final_norm == "mean":
+        mean = math.fsum(A) / n
+        A = [a - mean for a in A]
+    return A
+
+
+def ref_similarity_clusters(b: StepBatch, observations: list[str], thresh: float) -> list:
+    """verl-agent's build_step_group(enable_similarity=True) as written: per rollout group, each
+    row in batch order joins the first cluster whose representative (first member) r has
+    SequenceMatcher(None, obs, r).ratio() >= thresh, else starts one. Returns (group, cluster)."""
+    reps: dict[int, list[str]] = defaultdict(list)
+    out = []
+    for row in range(b.n_steps):
+        g, x = int(b.group[row]), observations[row]
+        for j, r in enumerate(reps[g]):
+            if SequenceMatcher(None, x, r).ratio() >= thresh:
+                out.append((g, j))
+                break
+        else:
+            out.append((g, len(reps[g])))
+            reps[g].append(x)
+    return out
+
+
+def ref_dynamic_keep(b: StepBatch) -> list[bool]:
+    """verl-agent's filter_group_data: a rollout group stays unless all its episode rewards
+    (env rewards summed over the virtual trajectory, no penalty) are equal."""
+    virtual = _virtual(b)
+    totals: dict[int, list[float]] = defaultdict(list)
+    for rows in _trajectories(b):
+        tid = int(b.traj[rows[0]])
+        totals[int(b.group[rows[0]])].append(_total([float(b.reward[j]) for j in virtual[tid]]))
+    return [len(set(totals[int(b.group[row])])) > 1 for row in range(b.n_steps)]
+
+
+def ref_estimate(
+    name: str,
+    b: StepBatch,
+    cfg: EstimatorConfig,
+    entropy: list[float] | None = None,
+    observations: list[str] | None = None,
+) -> list[float]:
     if name == "graphgpo":
         return ref_graphgpo(b, cfg)[1]
+    if name == "empg":
+        return ref_empg(b, cfg, entropy)
+    if name == "gigpo_similarity":
+        keys = ref_similarity_clusters(b, observations, cfg.gigpo_similarity_thresh)
+        R = ref_returns(b, cfg)
+        step = _group_norm(keys, R, cfg.norm, cfg.std, cfg.eps, leave_one_out=cfg.leave_one_out)
+        ep = ref_episode(b, cfg)[0]
+        return [e + cfg.omega * a for e, a in zip(ep, step, strict=True)]
+    if name == "gigpo_dynamic":
+        keep = ref_dynamic_keep(b)
+        A = ref_estimate("gigpo", b, cfg)
+        n_kept = sum(keep)
+        scale = b.n_steps / n_kept if cfg.gigpo_dynamic_rescale and n_kept else 1.0
+        return [a * scale if k else 0.0 for a, k in zip(A, keep, strict=True)]
     if name == "grpo":
         return ref_episode(b, cfg)[0]
     if name == "rloo":

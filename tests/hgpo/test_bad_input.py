@@ -17,6 +17,7 @@ from hgpo.estimators import hgpo as hgpo_fn
 from hgpo.keys import hierarchy
 from hgpo.options import parse_name_values
 from hgpo.returns import discounted_returns, episode_returns, penalised_rewards
+from tests.hgpo.strategies import default_inputs
 
 
 def batch(**over):
@@ -292,14 +293,15 @@ def test_group_estimators_are_right_over_the_whole_float64_range(estimator, big)
     """The issue's case: with norm="mean_std" a reward of 1e155 or more gave [0, -0] (dev * dev
     overflowed); every group estimator now gives what it gives at reward 1. With eps = 0 the
     standardised advantages are scale-free; "mean" ones scale with the reward."""
-    want = compute_advantages(estimator, pair([1.0, 0.0]), eps=0.0).advantages
-    got = compute_advantages(estimator, pair([big, 0.0]), eps=0.0).advantages
+    kw = default_inputs(estimator, pair([1.0, 0.0]))  # (one-step trajectories: no EMPG bonus)
+    want = compute_advantages(estimator, pair([1.0, 0.0]), eps=0.0, **kw).advantages
+    got = compute_advantages(estimator, pair([big, 0.0]), eps=0.0, **kw).advantages
     np.testing.assert_allclose(got, want, rtol=1e-15)
     if estimator in ("grpo", "hgpo", "stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform"):
         np.testing.assert_array_equal(want, [1.0, -1.0])
-    mean = compute_advantages(estimator, pair([big, 0.0]), norm="mean")
+    mean = compute_advantages(estimator, pair([big, 0.0]), norm="mean", **kw)
     if big < 1e308:  # rloo and gigpo double 1.7e308's deviation past float64
-        ref = compute_advantages(estimator, pair([1.0, 0.0]), norm="mean")
+        ref = compute_advantages(estimator, pair([1.0, 0.0]), norm="mean", **kw)
         if estimator == "graphgpo":  # its step term reads graph distances, not reward sizes
             np.testing.assert_array_equal(mean.level_advantages[0], ref.level_advantages[0])
             np.testing.assert_allclose(
@@ -385,3 +387,45 @@ def test_graphgpo_refuses_two_zero_weights_before_any_work():
         compute_advantages("graphgpo", batch(), graph_step_weight=0.0, graph_episode_weight=0.0)
     with pytest.raises(ValueError, match=r"estimator 'graphgpo': batch must be a StepBatch"):
         compute_advantages("graphgpo", {"reward": [1.0]})
+
+
+# --------------------------------------------------------------------------- empg / gigpo variants
+
+
+def _new_estimator_cases():
+    from hgpo.empg import empg
+    from hgpo.gigpo_variants import gigpo_similarity
+
+    b, cfg = batch(), EstimatorConfig()
+    return [
+        (lambda: compute_advantages("empg", b), r"^estimator 'empg' needs entropy: float64\[n\] >= 0"),
+        (lambda: empg(b, cfg), r"^estimator 'empg' needs entropy"),
+        (lambda: compute_advantages("empg", b, entropy=[0.0, -0.5, 1.0]), r"^empg: entropy\[1\] is -0\.5; an entropy is >= 0$"),
+        (lambda: empg(b, cfg, entropy=[0.0, -1.0, 0.0]), r"^empg: entropy\[1\] is -1\.0; an entropy is >= 0$"),
+        (lambda: compute_advantages("empg", b, entropy=[0.0, 1.0]), r"^empg: entropy: must be one value per step, shape \(3,\), got shape \(2,\)$"),
+        (lambda: compute_advantages("empg", b, entropy=[math.nan, 1.0, 1.0]), r"^empg: entropy\[0\] is nan; every value must be finite$"),
+        (lambda: compute_advantages("empg", b, entropy=["a", "b", "c"]), r"^empg: entropy: must be 3 real numbers, one per step, got dtype <U1$"),
+        (lambda: compute_advantages("gigpo_similarity", b), r"^estimator 'gigpo_similarity' needs observations: a sequence of n str"),
+        (lambda: gigpo_similarity(b, cfg), r"^estimator 'gigpo_similarity' needs observations: a sequence of 3 str"),
+        (lambda: compute_advantages("gigpo_similarity", b, observations=["a", "b"]), r"^gigpo_similarity: observations: must be one str per step, 3, got 2$"),
+        (lambda: compute_advantages("gigpo_similarity", b, observations=["a", 3, "c"]), r"^gigpo_similarity: observations\[1\] is 3; every observation must be a str$"),
+        (lambda: gigpo_similarity(b, cfg, observations=["a", None, "c"]), r"^gigpo_similarity: observations\[1\] is None; every observation must be a str$"),
+        (lambda: compute_advantages("gigpo_similarity", b, observations="abc"), r"^gigpo_similarity: observations: must be a sequence of 3 str, one per step, got str$"),
+        (lambda: compute_advantages("grpo", b, entropy=[0.0, 0.0, 0.0]), r"^entropy: estimator 'grpo' does not read the policy's entropy \(only empg does\); leave entropy out$"),
+        (lambda: compute_advantages("gigpo", b, observations=["a", "b", "c"]), r"^observations: estimator 'gigpo' does not read observations \(only gigpo_similarity does\)"),
+        (lambda: EstimatorConfig(gigpo_similarity_thresh=1.0), r"^EstimatorConfig\.gigpo_similarity_thresh: must be a finite number in \(0\.0, 1\.0\), got 1\.0$"),
+        (lambda: EstimatorConfig(gigpo_similarity_thresh=0.0), r"gigpo_similarity_thresh: must be a finite number in \(0\.0, 1\.0\), got 0\.0$"),
+        (lambda: EstimatorConfig(empg_k=math.inf), r"^EstimatorConfig\.empg_k: must be a finite number in \[0\.0, 50\.0\], got inf$"),
+        (lambda: EstimatorConfig(empg_k_future=-1.0), r"^EstimatorConfig\.empg_k_future: must be a finite number in \[0\.0, 50\.0\], got -1\.0$"),
+        (lambda: EstimatorConfig(empg_zeta=1e9), r"^EstimatorConfig\.empg_zeta: must be a finite number in \[0\.0, 100\.0\]"),
+        (lambda: EstimatorConfig(empg_eps=2.0), r"^EstimatorConfig\.empg_eps: must be a finite number in \[0\.0, 1\.0\], got 2\.0$"),
+        (lambda: EstimatorConfig(empg_final_norm="std"), r"^EstimatorConfig\.empg_final_norm: must be one of 'mean', 'none', got 'std'$"),
+        (lambda: EstimatorConfig(gigpo_dynamic_rescale="yes"), r"^EstimatorConfig\.gigpo_dynamic_rescale: must be true or false, got 'yes'$"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(_new_estimator_cases())))
+def test_empg_and_gigpo_variants_name_bad_input(case):
+    fn, message = _new_estimator_cases()[case]
+    with pytest.raises(ValueError, match=message):
+        fn()
