@@ -49,6 +49,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages, estimator_reads
 from hgpo.extras import require_extras
 from hgpo.integrations import verl_v1
@@ -340,9 +342,10 @@ def _keep_step_entropy(original: Callable[..., Any]) -> Callable[..., Any]:
         if not reads_entropy(self.config.algorithm.adv_estimator):
             return out
         old = out[0] if isinstance(out, tuple) else out
-        old.non_tensor_batch[STEP_ENTROPY_KEY] = mean_over_response(
+        step = mean_over_response(
             old.batch["entropys"], batch.batch["response_mask"], "old_log_prob['entropys']"
         )
+        old.non_tensor_batch[STEP_ENTROPY_KEY] = np.array(step.tolist(), dtype=object)
         return out
 
     _compute_old_log_prob.hgpo_original = original  # type: ignore[attr-defined]

@@ -76,7 +76,9 @@ def attach_v1_metadata(
     if step_entropy is not None:
         if len(step_entropy) != n:
             raise ValueError(f"v1 metadata: {len(step_entropy)} step entropies for {n} keys")
-        data.non_tensor_batch[STEP_ENTROPY_KEY] = np.asarray(step_entropy, dtype=np.float64)
+        data.non_tensor_batch[STEP_ENTROPY_KEY] = np.array(
+            np.asarray(step_entropy, dtype=np.float64).tolist(), dtype=object
+        )
     traj, step = [], []
     for key in keys:
         parts = str(key).rsplit("_", 2)

@@ -180,9 +180,9 @@ def score_candidates(
     for rs in resp:
         s = torch.tensor(scores[k : k + len(rs)], dtype=torch.float64)
         k += len(rs)
-        logp = torch.log_softmax(s / temperature, 0)
-        j = int(torch.multinomial(logp.exp(), 1))
+        j = int(torch.multinomial(torch.softmax(s / temperature, 0), 1))
         out.append(rs[j])
+        logp = torch.log_softmax(s / temperature, 0)
         entropy.append(float(-(logp.exp() * logp).sum()))
     return Sampled(out, entropy)
 

@@ -163,10 +163,16 @@ def test_score_mode_entropy_comes_from_the_rollouts_candidates(tiny, reader):
 def test_a_values_reader_trains_a_critic_and_an_unknown_name_lists_the_registered():
     from tests.train.conftest import run_cli
 
-    assert uses_critic("gae") and not uses_critic("hgpo") and not uses_critic("test_reader")
+    assert uses_critic("gae") and not uses_critic("hgpo")
     register_estimator("test_critic", lambda b, c, values=None: values, reads=("values",))
     try:
         assert uses_critic("test_critic") and _cfg(estimator="test_critic").use_critic
+        # --resume: a change to or from a critic changes the optimizer state's shapes
+        from hgpo.train.rundir import _critic_change
+
+        assert _critic_change("gae", "hgpo") and _critic_change("hgpo", "test_critic")
+        assert not _critic_change("gae", "test_critic") and not _critic_change("hgpo", "grpo")
+        assert not _critic_change("gone", "hgpo")  # no longer registered: not known to have one
     finally:
         unregister_estimator("test_critic")
     r = run_cli(["--preset", "tiny", "--env", ENV, "--estimator", "nope"])  # refused at parse
