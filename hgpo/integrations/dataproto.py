@@ -19,8 +19,20 @@ key                       needed    meaning
 ========================  ========  ==========================================================
 
 Token tensors (``batch``): ``response_mask`` (padding = 0) and ``token_level_rewards`` always;
-``responses`` with ``include_actions`` (the action key is the step's unpadded response tokens);
-``values`` for gae (the critic's value at the step's first response token is V(s_t)).
+``responses`` with ``include_actions`` (the action key is the step's unpadded response tokens).
+
+The per-step inputs an estimator reads (``hgpo.estimator_reads``; :func:`step_inputs`), only for
+an estimator that reads them:
+
+- ``values`` (gae): ``batch['values']``, the critic's token values; the value at the step's first
+  response token is V(s_t);
+- ``entropy``: ``non_tensor_batch['step_entropy']`` (a float >= 0 per row, the policy's entropy
+  at the step), or, when absent, ``batch['entropys']`` (verl's token entropies of the
+  old-log-prob pass, ``compute_log_prob`` with ``calculate_entropy``) averaged over the step's
+  response tokens (``response_mask``): the mean token entropy of the step's response. Both at
+  once is an error (never one silently over the other). ``hgpo.integrations.verl`` fills
+  ``step_entropy`` from verl 0.9's old-log-prob pass, in either trainer;
+- ``observations``: ``non_tensor_batch['anchor_obs']``, each a str (the observation text).
 
 The rows need not be contiguous or in order (verl's ``balance_batch`` permutes them): they
 are sorted stably by (trajectory in order of first appearance, step) into a ``StepBatch``, and
@@ -44,11 +56,18 @@ from hgpo import StepBatch, state_ids
 __all__ = [
     "NEEDED_KEYS",
     "OPTIONAL_KEYS",
+    "STEP_ENTROPY_KEY",
+    "SUPPLIED_INPUTS",
+    "TOKEN_ENTROPY_KEY",
     "TOKEN_KEYS",
     "MissingMetadataError",
     "StepRows",
     "check_metadata",
+    "check_step_inputs",
+    "mean_over_response",
+    "row_entropy",
     "step_batch_from_dataproto",
+    "step_inputs",
     "to_tokens",
 ]
 
@@ -58,6 +77,12 @@ OPTIONAL_KEYS: tuple[str, ...] = ("step_index", "rewards", "is_action_valid")
 """The ``non_tensor_batch`` keys read when present."""
 TOKEN_KEYS: tuple[str, ...] = ("response_mask", "token_level_rewards")
 """The ``batch`` tensors every estimator needs."""
+STEP_ENTROPY_KEY = "step_entropy"
+"""``non_tensor_batch`` key of the policy's entropy per step (an estimator that reads entropy)."""
+TOKEN_ENTROPY_KEY = "entropys"
+"""``batch`` key of verl's token entropies (``compute_log_prob``'s ``entropys``), the fallback."""
+SUPPLIED_INPUTS: tuple[str, ...] = ("values", "entropy", "observations")
+"""The per-step inputs (``hgpo.STEP_INPUTS``) a DataProto supplies (:func:`step_inputs`)."""
 
 
 class MissingMetadataError(KeyError):
@@ -246,3 +271,115 @@ def to_tokens(per_row: np.ndarray, response_mask: Any, like: Any) -> Any:
 
     values = torch.as_tensor(per_row, dtype=like.dtype, device=like.device)
     return values.unsqueeze(-1) * response_mask.to(like.dtype)
+
+
+# --------------------------------------------------------------------------- per-step inputs
+
+_ENTROPY_HINT = (
+    "hgpo.integrations.verl fills it from verl 0.9's old-log-prob pass "
+    "(RayPPOTrainer._compute_old_log_prob; the v1 trainer's TransferQueue 'entropy'), which "
+    "verl skips in bypass mode (algorithm.rollout_correction.bypass_mode: no entropy then); "
+    "elsewhere keep verl's 'entropys' in the batch (verl-agent's fit pops them after its "
+    "entropy metric) or set 'step_entropy'"
+)
+
+
+def check_step_inputs(data: Any, reads: tuple[str, ...], what: str) -> None:
+    """:class:`MissingMetadataError` unless ``data`` carries every per-step input in ``reads``
+    (the module docstring: ``values``, ``entropy``, ``observations``); checks keys only."""
+    unknown = [k for k in reads if k not in SUPPLIED_INPUTS]
+    if unknown:
+        raise ValueError(
+            f"{what}: reads {', '.join(unknown)}, which a DataProto does not carry (the verl "
+            f"integration supplies {', '.join(SUPPLIED_INPUTS)})"
+        )
+    tensors = _keys(getattr(data, "batch", None))
+    non_tensor = _keys(getattr(data, "non_tensor_batch", None))
+    if "values" in reads and "values" not in tensors:
+        raise MissingMetadataError(
+            f"{what}: reads state values, but the DataProto lacks batch 'values' (the critic's "
+            "token values; verl computes them with a critic: critic.enable=True)"
+        )
+    if "entropy" in reads:
+        have = [k for k in (STEP_ENTROPY_KEY, TOKEN_ENTROPY_KEY) if k in non_tensor | tensors]
+        if not have:
+            raise MissingMetadataError(
+                f"{what}: reads the policy's entropy, but the DataProto lacks non_tensor_batch "
+                f"{STEP_ENTROPY_KEY!r} (a float >= 0 per step) and batch "
+                f"{TOKEN_ENTROPY_KEY!r} (verl's token entropies); {_ENTROPY_HINT}"
+            )
+        if len(have) == 2:
+            raise ValueError(
+                f"{what}: the DataProto has both non_tensor_batch {STEP_ENTROPY_KEY!r} and batch "
+                f"{TOKEN_ENTROPY_KEY!r}; give one (the policy's entropy per step, or verl's "
+                "token entropies to average over each response)"
+            )
+    if "observations" in reads and "anchor_obs" not in non_tensor:
+        raise MissingMetadataError(
+            f"{what}: reads observations, but the DataProto lacks non_tensor_batch 'anchor_obs'"
+        )
+
+
+def mean_over_response(token_values: Any, response_mask: Any, what: str) -> np.ndarray:
+    """float64[n]: each row's token values averaged over its response tokens,
+    sum_j x[i, j] m[i, j] / sum_j m[i, j]; a row without a response token is a ValueError."""
+    mask = response_mask.double()
+    n = mask.sum(-1)
+    if (n == 0).any():
+        i = int((n == 0).nonzero()[0, 0])
+        raise ValueError(f"{what}: row {i} has no response token (response_mask is all 0)")
+    return ((token_values.double() * mask).sum(-1) / n).cpu().numpy()
+
+
+def _step_values(data: Any) -> np.ndarray:
+    """float64[n] V(s_t): the critic's value at each row's first response token."""
+    import torch
+
+    mask = data.batch["response_mask"]
+    first = mask.to(dtype=data.batch["values"].dtype).argmax(dim=-1)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    return data.batch["values"][rows, first].double().cpu().numpy()
+
+
+def row_entropy(data: Any) -> np.ndarray:
+    """float64[n] the policy's entropy per row of ``data`` (its row order): ``step_entropy``,
+    else the mean of ``entropys`` over the row's response tokens (the module docstring)."""
+    n = int(data.batch["response_mask"].shape[0])
+    if STEP_ENTROPY_KEY in data.non_tensor_batch:
+        col = _column(data.non_tensor_batch, STEP_ENTROPY_KEY, n)
+        for i, v in enumerate(col.tolist()):
+            if isinstance(v, bool) or not isinstance(v, int | float | np.number):
+                raise ValueError(
+                    f"non_tensor_batch[{STEP_ENTROPY_KEY!r}][{i}]: must be a number, got {v!r}"
+                )
+        return col.astype(np.float64)
+    return mean_over_response(
+        data.batch[TOKEN_ENTROPY_KEY], data.batch["response_mask"], f"batch[{TOKEN_ENTROPY_KEY!r}]"
+    )
+
+
+def _observations(data: Any, n: int) -> list[str]:
+    col = _column(data.non_tensor_batch, "anchor_obs", n).tolist()
+    for i, o in enumerate(col):
+        if not isinstance(o, str):
+            raise ValueError(
+                f"non_tensor_batch['anchor_obs'][{i}]: an estimator that reads observations "
+                f"needs the observation text (a str), got {type(o).__name__}"
+            )
+    return col
+
+
+def step_inputs(data: Any, rows: StepRows, reads: tuple[str, ...]) -> dict[str, Any]:
+    """The per-step inputs ``reads`` of an estimator (the module docstring), in the order of
+    ``rows.batch``, by keyword for ``hgpo.compute_advantages``. Call
+    :func:`check_step_inputs` first for the named errors of missing keys."""
+    n = int(data.batch["response_mask"].shape[0])
+    out: dict[str, Any] = {}
+    if "values" in reads:
+        out["values"] = _step_values(data)[rows.order]
+    if "entropy" in reads:
+        out["entropy"] = row_entropy(data)[rows.order]
+    if "observations" in reads:
+        obs = _observations(data, n)
+        out["observations"] = [obs[i] for i in rows.order.tolist()]
+    return out

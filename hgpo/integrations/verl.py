@@ -41,6 +41,7 @@ without the ``DataProto``) raises :class:`MissingMetadataError` naming the keys 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -48,13 +49,19 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
+import numpy as np
+
+from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages, estimator_reads
 from hgpo.extras import require_extras
 from hgpo.integrations import verl_v1
 from hgpo.integrations.dataproto import (
+    STEP_ENTROPY_KEY,
     MissingMetadataError,
     check_metadata,
+    check_step_inputs,
+    mean_over_response,
     step_batch_from_dataproto,
+    step_inputs,
     to_tokens,
 )
 
@@ -71,7 +78,10 @@ __all__ = [
     "compute_advantage",
     "estimator_config",
     "install",
+    "install_entropy_hook",
     "our_name",
+    "reads_entropy",
+    "sync",
     "verl_name",
 ]
 
@@ -169,35 +179,41 @@ def estimator_config(
 
 
 def our_name(adv_estimator: Any) -> str | None:
-    """Our estimator's name for a verl estimator name registered here, else None."""
+    """Our estimator's name for a verl estimator name registered here, else None. An
+    estimator registered after this module was imported (``hgpo.register_estimator``) is
+    registered in verl at the first call that does not find a name (:func:`sync`)."""
     name = getattr(adv_estimator, "value", adv_estimator)  # (an Enum member)
-    return _OURS.get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        return None
+    if _out_of_sync():
+        sync()
+    return _OURS.get(name)
 
 
-def _values(data: Any, order_rows: Any) -> Any:
-    """float64[n] V(s_t): the critic's value at each row's first response token."""
-    mask = data.batch["response_mask"]
-    first = mask.to(dtype=data.batch["values"].dtype).argmax(dim=-1)
-    import torch
-
-    rows = torch.arange(mask.shape[0], device=mask.device)
-    return data.batch["values"][rows, first].double().cpu().numpy()[order_rows]
+def reads_entropy(adv_estimator: Any) -> bool:
+    """Whether ``adv_estimator`` is one of ours that reads the policy's entropy."""
+    name = our_name(adv_estimator)
+    return name is not None and "entropy" in estimator_reads(name)
 
 
 def advantages_for(name: str, data: Any, cfg: EstimatorConfig) -> tuple[Any, Any]:
     """(advantages, returns) token tensors of our estimator ``name`` on a verl ``DataProto``.
 
-    The StepBatch comes from the metadata contract (MissingMetadataError listing the keys
-    when one is missing, before any work); the step advantages A and returns R go to the
-    tokens as ``A[row] * response_mask[row]``, in ``token_level_rewards``' dtype.
+    The StepBatch comes from the metadata contract, and the per-step inputs the estimator
+    reads (``hgpo.estimator_reads``: the critic's ``values``, the policy's ``entropy``, the
+    ``anchor_obs`` observations) from :func:`~hgpo.integrations.dataproto.step_inputs`
+    (MissingMetadataError listing the keys when one is missing, before any work); the step
+    advantages A and returns R go to the tokens as ``A[row] * response_mask[row]``, in
+    ``token_level_rewards``' dtype.
     """
-    needs_values = name == "gae"
+    reads = estimator_reads(name)
+    what = f"estimator {name!r}"
     tokens = ("response_mask", "token_level_rewards")
-    tokens += ("values",) * needs_values + ("responses",) * cfg.include_actions
-    check_metadata(data, f"estimator {name!r}", tokens=tokens)
+    tokens += ("values",) * ("values" in reads) + ("responses",) * cfg.include_actions
+    check_metadata(data, what, tokens=tokens)
+    check_step_inputs(data, reads, what)
     rows = step_batch_from_dataproto(data, include_actions=cfg.include_actions)
-    values = _values(data, rows.order) if needs_values else None
-    out = compute_advantages(name, rows.batch, cfg, values=values)
+    out = compute_advantages(name, rows.batch, cfg, **step_inputs(data, rows, reads))
     mask, like = data.batch["response_mask"], data.batch["token_level_rewards"]
     return (
         to_tokens(rows.to_rows(out.advantages), mask, like),
@@ -313,9 +329,68 @@ def install() -> None:
             module.compute_advantage = compute_advantage
 
 
+def _keep_step_entropy(original: Callable[..., Any]) -> Callable[..., Any]:
+    """verl 0.9's ``RayPPOTrainer._compute_old_log_prob``, which also, for our estimator that
+    reads entropy, puts each row's mean token entropy of that pass (its ``entropys`` averaged
+    over ``response_mask``) in ``non_tensor_batch['step_entropy']`` of its output: ``fit``
+    pops ``entropys`` after its metric, the non-tensor column reaches ``compute_advantage``
+    through ``batch.union``."""
+
+    @functools.wraps(original)
+    def _compute_old_log_prob(self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, batch, *args, **kwargs)
+        if not reads_entropy(self.config.algorithm.adv_estimator):
+            return out
+        old = out[0] if isinstance(out, tuple) else out
+        step = mean_over_response(
+            old.batch["entropys"], batch.batch["response_mask"], "old_log_prob['entropys']"
+        )
+        old.non_tensor_batch[STEP_ENTROPY_KEY] = np.array(step.tolist(), dtype=object)
+        return out
+
+    _compute_old_log_prob.hgpo_original = original  # type: ignore[attr-defined]
+    return _compute_old_log_prob
+
+
+def install_entropy_hook(trainer_cls: Any) -> None:
+    """Wrap ``trainer_cls._compute_old_log_prob`` (:func:`_keep_step_entropy`; idempotent)."""
+    current = trainer_cls._compute_old_log_prob
+    if getattr(current, "hgpo_original", None) is None:
+        trainer_cls._compute_old_log_prob = _keep_step_entropy(current)
+
+
+def sync() -> None:
+    """Bring verl's registry in line with ours: register the estimators registered since this
+    module was imported (the ``hgpo.estimators`` entry points are loaded at import;
+    ``register_estimator`` calls made later are registered here), and remove from verl's
+    ``ADV_ESTIMATOR_REGISTRY`` the names of ours that were unregistered since.
+    :func:`our_name` calls it when it does not find a name."""
+    from verl.trainer.ppo import core_algos
+
+    global REGISTERED
+    registry = core_algos.ADV_ESTIMATOR_REGISTRY
+    for key, fn in list(registry.items()):
+        gone = getattr(fn, "hgpo_estimator", None)
+        if gone is not None and gone not in ESTIMATORS:
+            del registry[key]
+    names, ours = _register(core_algos)
+    NAMES.clear()
+    NAMES.update(names)
+    _OURS.clear()
+    _OURS.update(ours)
+    REGISTERED = tuple(_OURS)
+
+
+def _out_of_sync() -> bool:
+    """Whether an estimator was registered or unregistered since the last registration."""
+    return any(n not in NAMES for n in ESTIMATORS) or any(n not in ESTIMATORS for n in NAMES)
+
+
 def verl_name(name: str) -> str:
     """The ``algorithm.adv_estimator`` value of our estimator ``name`` ("hgpo" -> "hgpo",
     "grpo" -> "hgpo.grpo"); ValueError listing ours for an unknown one."""
+    if _out_of_sync():
+        sync()
     try:
         return NAMES[name]
     except KeyError:
@@ -333,8 +408,12 @@ def _load() -> tuple[dict[str, str], dict[str, str]]:
 
     names, ours = _register(core_algos)
     install()
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    install_entropy_hook(RayPPOTrainer)
     verl_v1.on_import(
-        verl_v1.V1_MODULE, lambda m: verl_v1.patch_trainer_base(m, our_name, compute_advantage)
+        verl_v1.V1_MODULE,
+        lambda m: verl_v1.patch_trainer_base(m, our_name, compute_advantage, reads_entropy),
     )
     return names, ours
 

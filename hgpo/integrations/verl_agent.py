@@ -3,8 +3,9 @@
 The functions with exactly the signatures and outputs of verl-agent's (johnhaofu/verl-agent at
 commit 796ed31) live in :mod:`hgpo.integrations.verl_agent_advantage` and are re-exported
 here: ``compute_gigpo_outcome_advantage``, ``compute_hgpo_outcome_advantage``,
-``compute_grpo_outcome_advantage``, ``compute_rloo_outcome_advantage`` and
-``compute_step_advantage``. :func:`install` routes verl-agent's ``compute_advantage`` (the
+``compute_grpo_outcome_advantage``, ``compute_rloo_outcome_advantage``,
+``compute_step_advantage`` and ``compute_registry_advantage`` (any other registered
+estimator, with the per-step inputs it reads). :func:`install` routes verl-agent's ``compute_advantage`` (the
 trainer's ``ray_trainer.py``) to them, by the name in ``algorithm.adv_estimator``, for every
 estimator of ``hgpo.ESTIMATORS`` (:func:`routed_names`); the two-line change to a verl-agent
 checkout is in its docstring.
@@ -20,12 +21,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from hgpo import ESTIMATORS
+from hgpo import ESTIMATORS, estimator_reads
+from hgpo.integrations.dataproto import check_step_inputs, row_entropy
 from hgpo.integrations.verl_agent_advantage import (
     MODES,
     compute_gigpo_outcome_advantage,
     compute_grpo_outcome_advantage,
     compute_hgpo_outcome_advantage,
+    compute_registry_advantage,
     compute_rloo_outcome_advantage,
     compute_step_advantage,
     with_base_level,
@@ -39,6 +42,7 @@ __all__ = [
     "compute_gigpo_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_hgpo_outcome_advantage",
+    "compute_registry_advantage",
     "compute_rloo_outcome_advantage",
     "compute_step_advantage",
     "install",
@@ -58,31 +62,27 @@ TRAINER_MODULES = ("recipe.hgpo.hgpo_ray_trainer", "verl.trainer.ppo.ray_trainer
 """Where verl-agent defines ``compute_advantage`` (the HGPO recipe's trainer, its main one)."""
 
 _STEP_ESTIMATORS = ("hgpo", "gigpo", "stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform")
-_NOT_ROUTED = {
-    "gae": "it needs a critic value V(s_t) per step, verl-agent's critic gives token values",
-    "empg": "it needs the policy's entropy at every step, which verl-agent's batch does not carry",
-    "gigpo_similarity": (
-        "verl-agent's own gigpo does it (algorithm.gigpo.enable_similarity=True); its "
-        "anchor_obs need not be text"
-    ),
-    "gigpo_dynamic": (
-        "in verl-agent dynamic sampling is the rollout's algorithm.filter_groups.enable=True, "
-        "its batch holds only the kept groups: the estimator is gigpo"
-    ),
-}
+NOT_ROUTED_WHY = (
+    "it reads a critic value V(s_t) per step, and verl-agent's critic gives token values"
+)
+"""Why an estimator that reads state values (gae) is not routed."""
 
 
 def routed_names() -> dict[str, str]:
     """``algorithm.adv_estimator`` value -> registry estimator, after :func:`install`.
 
-    Every estimator of ``hgpo.ESTIMATORS`` under ``hgpo.<name>``, and under its plain name with
-    ``-`` as ``_`` where verl-agent has no estimator of that name; verl-agent's own "hgpo",
-    "gigpo", "grpo" and "rloo" are ours too (same signatures and outputs). Not routed: our
-    "gae" (see ``_NOT_ROUTED``) and verl-agent's token-level estimators (gae, remax,
-    reinforce_plus_plus(_baseline), grpo_passk), which keep verl-agent's code."""
+    Every estimator of ``hgpo.ESTIMATORS`` (users' and entry points' included) under
+    ``hgpo.<name>``, and under its plain name with ``-`` as ``_`` where verl-agent has no
+    estimator of that name; verl-agent's own "hgpo", "gigpo", "grpo" and "rloo" are ours too
+    (same signatures and outputs). Not routed: an estimator that reads state values, our
+    "gae" (:data:`NOT_ROUTED_WHY`), and verl-agent's token-level estimators (gae, remax,
+    reinforce_plus_plus(_baseline), grpo_passk), which keep verl-agent's code. An estimator
+    that reads the policy's entropy takes it from ``non_tensor_batch['step_entropy']`` or
+    ``batch['entropys']`` (see :func:`install`), one that reads observations from
+    ``anchor_obs``."""
     names = {"hgpo": "hgpo", "gigpo": "gigpo", "grpo": "grpo", "rloo": "rloo"}
     for name in ESTIMATORS:
-        if name in _NOT_ROUTED:
+        if "values" in estimator_reads(name):
             continue
         names[f"hgpo.{name}"] = name
         plain = name.replace("-", "_")
@@ -92,10 +92,11 @@ def routed_names() -> dict[str, str]:
 
 
 def _needed_keys(name: str, multi_turn: bool) -> tuple[list[str], list[str]]:
-    """(batch keys, non_tensor_batch keys) estimator ``name`` reads."""
+    """(batch keys, non_tensor_batch keys) estimator ``name`` reads (the policy's entropy is
+    checked on its own: :func:`hgpo.integrations.dataproto.check_step_inputs`)."""
     batch = ["token_level_rewards"] + (["loss_mask"] if multi_turn and name == "grpo" else [])
     non_tensor = ["uid", "traj_uid"]
-    if name in _STEP_ESTIMATORS:
+    if name not in ("grpo", "rloo"):  # the step-return estimators, and every other one
         batch.append("step_rewards")
         non_tensor.append("anchor_obs")
     return batch, non_tensor
@@ -119,6 +120,9 @@ def _check_keys(data: Any, shown: str, name: str, multi_turn: bool) -> None:
             f"adv_estimator={shown!r}: the batch lacks {', '.join(missing)}; it needs "
             f"{', '.join(needs)}{hint}"
         )
+    reads = estimator_reads(name)
+    if "entropy" in reads:
+        check_step_inputs(data, ("entropy",), f"adv_estimator={shown!r}")
 
 
 def _dispatch(name: str, data: Any, multi_turn: bool, norm_adv_by_std_in_grpo: Any,
@@ -149,7 +153,13 @@ def _dispatch(name: str, data: Any, multi_turn: bool, norm_adv_by_std_in_grpo: A
                      base_group=kwargs.get("hgpo_base_group", False))  # fmt: skip
     if name == "hgpo":
         return compute_hgpo_outcome_advantage(**common, **hgpo_opts)
-    return compute_step_advantage(name, **common, **hgpo_opts)
+    if name in _STEP_ESTIMATORS:
+        return compute_step_advantage(name, **common, **hgpo_opts)
+    entropy = row_entropy(data) if "entropy" in estimator_reads(name) else None
+    return compute_registry_advantage(
+        name, **common, history_length=hgpo_opts["history_length"], mode=hgpo_opts["mode"],
+        entropy=entropy,
+    )  # fmt: skip
 
 
 def _router(original: Callable[..., Any], response_mask_fn: Callable[[Any], Any] | None):
@@ -250,8 +260,12 @@ def _admitting_enum(enum: Any, routed: dict[str, str]) -> type:
 
 def _admit(mod: types.ModuleType, routed: dict[str, str]) -> None:
     enum = getattr(mod, "AdvantageEstimator", None)
-    if enum is not None and not getattr(enum, "hgpo_admits", False):
-        mod.AdvantageEstimator = _admitting_enum(enum, routed)
+    if enum is None or getattr(enum, "hgpo_routed", None) == routed:
+        return
+    original = getattr(enum, "hgpo_original", enum)  # (ours of an earlier install)
+    admitting = _admitting_enum(original, routed)
+    admitting.hgpo_original, admitting.hgpo_routed = original, dict(routed)
+    mod.AdvantageEstimator = admitting
 
 
 def install(module: types.ModuleType | str | None = None) -> list[types.ModuleType]:
@@ -272,6 +286,16 @@ def install(module: types.ModuleType | str | None = None) -> list[types.ModuleTy
     ``batch["step_rewards"]`` (only for HGPO / GiGPO), so ``algorithm.adv_estimator=stepwise``
     gets the HGPO recipe's inputs. Nothing else of the trainer changes.
 
+    The routes are fixed here: an estimator registered later (``hgpo.register_estimator``)
+    is routed by another install() (the ``hgpo.estimators`` entry points are loaded here). An
+    estimator that reads the policy's entropy needs it in the batch: verl-agent's ``fit``
+    computes token entropies with the old log-probs and drops them after its metric; delete
+    that line (``old_log_prob.batch.pop("entropys")``, verl-agent 796ed31
+    ``verl/trainer/ppo/ray_trainer.py`` line 1150, ``recipe/hgpo/hgpo_ray_trainer.py`` line
+    1237) so that ``batch['entropys']`` reaches the advantage step, where each step's entropy
+    is their mean over its response tokens (or set ``non_tensor_batch['step_entropy']``
+    yourself); without either it is a MissingMetadataError naming both keys.
+
     Returns the modules patched. An estimator name it does not know is a ValueError listing
     ours and verl-agent's; a batch without a key the estimator reads is a ValueError naming it.
     """
@@ -289,5 +313,9 @@ def install(module: types.ModuleType | str | None = None) -> list[types.ModuleTy
         fn = mod.compute_advantage
         if getattr(fn, "hgpo_routed", None) is None:
             mod.compute_advantage = _router(fn, getattr(mod, "compute_response_mask", None))
+        elif fn.hgpo_routed != routed_names():  # estimators registered since: route them too
+            mod.compute_advantage = _router(
+                fn.__wrapped__, getattr(mod, "compute_response_mask", None)
+            )
         _admit(mod, mod.compute_advantage.hgpo_routed)
     return mods

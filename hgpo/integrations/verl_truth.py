@@ -244,7 +244,8 @@ class VerlTruth:
         """The :class:`TruthSteps` of a verl step batch, rows put in (trajectory, step) order.
 
         Reward: ``rewards`` when given, else ``token_level_rewards`` summed over the row (the
-        contract). Raises ValueError listing the keys it needs, before any work.
+        contract); observations: ``anchor_obs`` (the ``observations`` input of an estimator
+        that reads them). Raises ValueError listing the keys it needs, before any work.
         """
         nt = data.non_tensor_batch
         missing = [k for k in (*CONTRACT_KEYS, TRUTH_KEY) if k not in nt]
@@ -263,7 +264,8 @@ class VerlTruth:
         resp = data.batch["responses"]
         response_ids = [resp[i][mask[i]].tolist() for i in order.tolist()]
         hidden = np.asarray(nt[TRUTH_KEY], dtype=np.int64)[order]
-        return TruthSteps(rows.batch, hidden, self.monitor.action_ids(response_ids))
+        observations = np.asarray(nt["anchor_obs"], dtype=object)[order].tolist()
+        return TruthSteps(rows.batch, hidden, self.monitor.action_ids(response_ids), observations)
 
     def measure(self, data: DataProto, scorer: Scorer) -> dict[str, float]:
         """``truth/*`` of the batch ``data`` and the policy ``scorer`` scores (call it before

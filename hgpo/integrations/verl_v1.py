@@ -16,6 +16,11 @@ tensors only: the outputs' ``extra_fields`` (where an agent loop puts ``anchor_o
   ``is_action_valid`` from each output's ``extra_fields``), then to call our
   ``compute_advantage``.
 
+For an estimator that reads the policy's entropy, the first wrapper also fetches the queue's
+``entropy`` (the token entropies verl's ``_compute_old_log_prob`` writes back, with
+``calculate_entropy``) and ``response_mask``, and ``step_entropy`` is each row's mean over its
+response tokens (none in bypass mode, which skips that pass: a MissingMetadataError).
+
 Any other estimator runs verl's code unchanged. ``trainer_base`` needs the TransferQueue package
 and is heavy, so the wrappers are put in when verl imports it (a ``sys.meta_path`` hook on that
 one module name), not at ``import verl``.
@@ -37,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.integrations.dataproto import MissingMetadataError
+from hgpo.integrations.dataproto import STEP_ENTROPY_KEY, MissingMetadataError, mean_over_response
 
 __all__ = ["V1_MODULE", "attach_v1_metadata", "on_import"]
 
@@ -46,12 +51,14 @@ FROM_EXTRA_FIELDS = ("anchor_obs", "rewards", "is_action_valid", "step_index")
 """The contract keys read from an output's ``extra_fields`` (``step_index`` there wins over the
 key's index)."""
 
-_HELD: contextvars.ContextVar[tuple[list[str], list[Any]] | None] = contextvars.ContextVar(
+_HELD: contextvars.ContextVar[tuple[list[str], list[Any], Any] | None] = contextvars.ContextVar(
     "hgpo_v1_metadata", default=None
 )
 
 
-def attach_v1_metadata(data: Any, keys: list[str], extra_fields: list[Any]) -> None:
+def attach_v1_metadata(
+    data: Any, keys: list[str], extra_fields: list[Any], step_entropy: Any = None
+) -> None:
     """Fill ``data.non_tensor_batch`` with the contract's keys of v1 outputs.
 
     keys: ``{uid}_{session}_{index}`` of every row (verl's TransferQueue keys, row order);
@@ -60,10 +67,18 @@ def attach_v1_metadata(data: Any, keys: list[str], extra_fields: list[Any]) -> N
     (a key some rows carry and others not is a ValueError naming it and a row without it).
     ``rewards`` is needed here (MissingMetadataError): the v1 agent loop copies the episode's
     reward to every output, so the token rewards' fallback would count it once per step.
+    step_entropy: float64[n] the policy's entropy per row (row order), set as
+    ``step_entropy`` when given.
     """
     n = len(keys)
     if len(extra_fields) != n:
         raise ValueError(f"v1 metadata: {len(extra_fields)} extra_fields for {n} keys")
+    if step_entropy is not None:
+        if len(step_entropy) != n:
+            raise ValueError(f"v1 metadata: {len(step_entropy)} step entropies for {n} keys")
+        data.non_tensor_batch[STEP_ENTROPY_KEY] = np.array(
+            np.asarray(step_entropy, dtype=np.float64).tolist(), dtype=object
+        )
     traj, step = [], []
     for key in keys:
         parts = str(key).rsplit("_", 2)
@@ -96,19 +111,48 @@ def attach_v1_metadata(data: Any, keys: list[str], extra_fields: list[Any]) -> N
         )
 
 
-def _wrap_method(original: Callable[..., Any], ours: Callable[[Any], str | None]) -> Callable:
+def _queue_step_entropy(tq: Any, batch: Any) -> np.ndarray:
+    """float64[n] each row's mean token entropy of the old-log-prob pass, from the queue's
+    ``entropy`` and ``response_mask`` (nested per row; padded as verl's own reads pad them)."""
+    try:
+        got = tq.kv_batch_get(
+            keys=batch.keys,
+            partition_id=batch.partition_id,
+            select_fields=["entropy", "response_mask"],
+        )
+        padded = got.to_padded_tensor()
+        entropy, mask = padded["entropy"], padded["response_mask"]
+    except (KeyError, RuntimeError, ValueError) as e:
+        raise MissingMetadataError(
+            "v1 metadata: the estimator reads the policy's entropy, but the TransferQueue has "
+            f"no 'entropy' for this batch ({type(e).__name__}: {e}); verl's "
+            "_compute_old_log_prob writes it, and skips it in bypass mode "
+            "(algorithm.rollout_correction.bypass_mode)"
+        ) from None
+    return mean_over_response(entropy, mask, "TransferQueue 'entropy'")
+
+
+def _wrap_method(
+    original: Callable[..., Any],
+    ours: Callable[[Any], str | None],
+    reads_entropy: Callable[[Any], bool] | None = None,
+) -> Callable:
     @functools.wraps(original)
     def _compute_advantage(self: Any, batch: Any, metrics: dict) -> Any:
-        if ours(self.config.algorithm.adv_estimator) is None:
+        adv_estimator = self.config.algorithm.adv_estimator
+        if ours(adv_estimator) is None:
             return original(self, batch, metrics)
         import transfer_queue as tq
 
         got = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
         )
+        entropy = None
+        if reads_entropy is not None and reads_entropy(adv_estimator):
+            entropy = _queue_step_entropy(tq, batch)
         # (as verl's own reads of it, trainer_base.py:1909: got["extra_fields"] is a
         # tensordict LinkedList without .tolist(); pop gives the NonTensorStack)
-        token = _HELD.set((list(batch.keys), list(got.pop("extra_fields").tolist())))
+        token = _HELD.set((list(batch.keys), list(got.pop("extra_fields").tolist()), entropy))
         try:
             return original(self, batch, metrics)
         finally:
@@ -131,7 +175,7 @@ def _wrap_multi(original: Callable[..., Any], ours: Callable[[Any], str | None],
                 "for our estimator outside verl's PPOTrainer._compute_advantage (which fetches "
                 "the outputs' extra_fields); call it from there, or attach_v1_metadata first"
             )
-        attach_v1_metadata(data, held[0], held[1])
+        attach_v1_metadata(data, held[0], held[1], held[2])
         return ca(data, adv_estimator=adv_estimator, **kwargs)
 
     compute_advantage_for_multi_trajectories.hgpo_original = original  # type: ignore[attr-defined]
@@ -139,12 +183,17 @@ def _wrap_multi(original: Callable[..., Any], ours: Callable[[Any], str | None],
 
 
 def patch_trainer_base(
-    module: Any, ours: Callable[[Any], str | None], compute_advantage: Callable
+    module: Any,
+    ours: Callable[[Any], str | None],
+    compute_advantage: Callable,
+    reads_entropy: Callable[[Any], bool] | None = None,
 ) -> None:
-    """Put the two wrappers into verl's ``trainer_base`` module (idempotent)."""
+    """Put the two wrappers into verl's ``trainer_base`` module (idempotent). reads_entropy:
+    whether an ``adv_estimator`` of ours reads the policy's entropy (then the first wrapper
+    fetches the queue's ``entropy`` too)."""
     cls = module.PPOTrainer
     if getattr(cls._compute_advantage, "hgpo_original", None) is None:
-        cls._compute_advantage = _wrap_method(cls._compute_advantage, ours)
+        cls._compute_advantage = _wrap_method(cls._compute_advantage, ours, reads_entropy)
     multi = module.compute_advantage_for_multi_trajectories
     if getattr(multi, "hgpo_original", None) is None:
         module.compute_advantage_for_multi_trajectories = _wrap_multi(

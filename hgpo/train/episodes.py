@@ -133,6 +133,16 @@ def response_text(action: str) -> str:
     return f"{SCORE_THINK}<action>{action}</action>"
 
 
+class Sampled(NamedTuple):
+    """action_mode="score": the sampled response of each prompt and the exact entropy of the
+    distribution it was sampled from."""
+
+    responses: list[list[int]]
+    entropy: list[float]
+    """Per prompt, H(pi) = -sum_a pi(a) log pi(a) in nats, pi = softmax(log p(response(a) |
+    prompt) / temperature) over its candidate actions a (float64)."""
+
+
 def score_and_sample(
     engine: Any,
     tok: Any,
@@ -142,6 +152,18 @@ def score_and_sample(
 ) -> list[list[int]]:
     """action_mode="score": one response per prompt, sampled among its candidates' responses
     with probability softmax(log pi(response | prompt) / temperature) (torch's global RNG)."""
+    return score_candidates(engine, tok, prompts, candidates, temperature).responses
+
+
+def score_candidates(
+    engine: Any,
+    tok: Any,
+    prompts: Sequence[Sequence[int]],
+    candidates: Sequence[Sequence[str]],
+    temperature: float,
+) -> Sampled:
+    """:func:`score_and_sample`, with the exact entropy of each step's candidate distribution
+    (:class:`Sampled`): the policy's entropy at a score-mode step."""
     import torch
 
     if not all(candidates):
@@ -154,13 +176,15 @@ def score_and_sample(
     flat_p = [p for p, rs in zip(prompts, resp, strict=True) for _ in rs]
     flat_r = [r for rs in resp for r in rs]
     scores = engine.score(flat_p, flat_r)
-    out, k = [], 0
+    out, entropy, k = [], [], 0
     for rs in resp:
         s = torch.tensor(scores[k : k + len(rs)], dtype=torch.float64)
         k += len(rs)
         j = int(torch.multinomial(torch.softmax(s / temperature, 0), 1))
         out.append(rs[j])
-    return out
+        logp = torch.log_softmax(s / temperature, 0)
+        entropy.append(float(-(logp.exp() * logp).sum()))
+    return Sampled(out, entropy)
 
 
 @dataclass(frozen=True)
@@ -194,6 +218,13 @@ class Rollout:
     """The rollout engine's log-probs of each response's tokens, where it reports them (vLLM)."""
     hidden: list[int] = field(default_factory=list)
     """Toy envs: the hidden state s_t before each step (-1 elsewhere); the exact truth needs it."""
+    observation: list[str] = field(default_factory=list)
+    """The observation text each step was taken from, as the env returned it (before the
+    memory and the prompt template): the ``observations`` input of an estimator."""
+    candidate_entropy: list[float | None] = field(default_factory=list)
+    """action_mode="score": the exact entropy of the policy over each step's candidate actions
+    (:class:`Sampled`); None per step in "generate" mode (the trainer's scoring pass computes
+    the mean token entropy there)."""
     success: list[bool] = field(default_factory=list)
     score: list[float] = field(default_factory=list)
     task_type: list[str] = field(default_factory=list)
@@ -273,6 +304,8 @@ class Rollout:
             self.key.append(rec.key)
             self.engine_logprobs.append(rec.engine_logprobs)
             self.hidden.append(rec.hidden)
+            self.observation.append(rec.observation)
+            self.candidate_entropy.append(rec.candidate_entropy)
 
     def step_batch(self) -> StepBatch:
         """The estimator input: state = id of the raw-observation key within this batch; a
@@ -304,6 +337,10 @@ class StepRecord:
     hidden: int = -1
     """The hidden state id of a toy env (agentenvs.toytext; -1 elsewhere), for the exact truth."""
     reward: float = 0.0
+    observation: str = ""
+    """The observation text the step was taken from, as the env returned it."""
+    candidate_entropy: float | None = None
+    """action_mode="score": the entropy of the policy over the step's candidates; else None."""
 
 
 @dataclass
@@ -338,9 +375,11 @@ def act(
         for i in live
     ]
     t = time.perf_counter()
+    entropy: list[float | None] = [None] * len(live)
     if play.action_mode == "score":
         cands = [envs.candidates(i, infos[i]) for i in live]
-        responses = score_and_sample(engine, tok, prompts, cands, play.temperature)
+        sampled = score_candidates(engine, tok, prompts, cands, play.temperature)
+        responses, entropy = sampled.responses, list(sampled.entropy)
         engine_lps = None
     else:
         responses = engine.generate(prompts, play.temperature, play.top_p, play.max_response_tokens)
@@ -360,6 +399,8 @@ def act(
                 invalid=not parsed.valid,
                 engine_logprobs=engine_lps[j] if engine_lps and keep else None,
                 hidden=int(infos[i].get("hidden_state", -1)),
+                observation=obs[i],
+                candidate_entropy=entropy[j],
             )
         )
         envs.remember(i, obs[i], parsed.action)

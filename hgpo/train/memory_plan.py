@@ -17,7 +17,8 @@ A), N the ranks, z the ZeRO stage, b the bytes of the working dtype (2 bf16, 4 f
                                                          r = 4 at z = 1 or for fp32 adapters,
                                                          else b); on a CPU only the
                                                          min(5e8, T) elements written count
-    critic       weights + gradients + optimizer of a second model (estimator gae)
+    critic       weights + gradients + optimizer of a second model (an estimator that reads
+                 state values: gae)
     ZeRO-3 live  b (V h + 2 layer)                       gathered shards during a forward
     activations  n L E b (no checkpointing),  n L h b + n E b (gradient checkpointing:
                  each layer's input, plus one layer recomputed in the backward)
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hgpo.train.model_shapes import ModelShape, model_shape
+from hgpo.train.train_config import uses_critic
 
 __all__ = [
     "GIB",
@@ -316,7 +318,7 @@ def plan_for_config(
         zero_stage=cfg.zero_stage,
         lora_rank=cfg.lora_rank,
         reference=cfg.kl_coef > 0,
-        critic=cfg.estimator == "gae",
+        critic=uses_critic(cfg.estimator),
         gradient_checkpointing=cfg.gradient_checkpointing,
         micro_batch=cfg.micro_batch_size,
         prompt_tokens=cfg.max_prompt_tokens,

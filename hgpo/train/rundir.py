@@ -16,8 +16,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
+from hgpo.estimator_registry import ESTIMATORS
 from hgpo.train import checkpoint as ckpt
-from hgpo.train.train_config import TrainConfig, TrainConfigError
+from hgpo.train.train_config import TrainConfig, TrainConfigError, uses_critic
 
 RUN_FILES = (
     "config.json", "metrics.jsonl", "resumes.jsonl", "checkpoints/", "tensorboard/",
@@ -31,8 +32,8 @@ RESUME_SHAPES = (
     "lora_targets", "zero_stage", "precision",
 )  # fmt: skip
 """Refused with --resume because they change the model's or the optimizer state's shapes (so
-the checkpoint cannot be loaded as it was saved); so is a change of estimator to or from gae
-(which has a critic)."""
+the checkpoint cannot be loaded as it was saved); so is a change of estimator to or from one
+that reads state values (gae: it has a critic)."""
 
 RESUME_ALLOWED = (
     # how long and how the run is watched
@@ -142,6 +143,16 @@ def resume_reference(cfg: RunDirSettings) -> tuple[TrainConfig, Path] | None:
     return None
 
 
+def _critic_change(was: Any, given: Any) -> bool:
+    """Whether a change of estimator from ``was`` to ``given`` adds or drops the critic (an
+    estimator no longer registered is not known to have one)."""
+
+    def critic(name: Any) -> bool:
+        return isinstance(name, str) and name in ESTIMATORS and uses_critic(name)
+
+    return critic(was) != critic(given)
+
+
 def check_resume(cfg: RunDirSettings) -> None:
     """--resume continues the run made with the checkpoint's settings: a flag that changes
     the model's shapes or what the run is (anything not in RESUME_ALLOWED) is refused, naming
@@ -155,7 +166,7 @@ def check_resume(cfg: RunDirSettings) -> None:
     for name, (was, given) in config_changes(old, cfg).items():
         if name in RESUME_ALLOWED:
             continue
-        shapes = name in RESUME_SHAPES or (name == "estimator" and "gae" in (was, given))
+        shapes = name in RESUME_SHAPES or (name == "estimator" and _critic_change(was, given))
         why = (
             "it changes the model's or the optimizer state's shapes"
             if shapes

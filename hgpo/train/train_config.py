@@ -33,12 +33,24 @@ from hgpo.train.tiny import ARCHS as TINY_ARCHS
 __all__ = [
     "PRESETS",
     "SECTIONS",
+    "TRAINER_INPUTS",
     "TrainConfig",
     "build_parser",
     "field_docs",
     "parse_args",
     "resolve",
+    "uses_critic",
 ]
+
+TRAINER_INPUTS = ("values", "entropy", "observations")
+"""The per-step inputs (hgpo.STEP_INPUTS) the trainer supplies to an estimator that reads them
+(hgpo.train.trainer.estimator_inputs)."""
+
+
+def uses_critic(estimator: str) -> bool:
+    """Whether a run of ``estimator`` trains a critic: it reads state values."""
+    return "values" in estimator_reads(estimator)
+
 
 ENVS = tuple(n for n, b in BENCHMARKS.items() if b.paper)
 """The benchmarks with the paper's presets (alfworld, webshop)."""
@@ -97,7 +109,9 @@ class TrainConfig:
     """Seed of task sampling, generation and model initialisation (tiny model)."""
     # --- estimator ----------------------------------------------------------------------------
     estimator: str = _estimator("hgpo")
-    """Advantage estimator by name (hgpo.ESTIMATORS); "gae" trains a critic."""
+    """Advantage estimator by name: any registered one (hgpo.ESTIMATORS: the built-in ones,
+    register_estimator's and the hgpo.estimators entry points'); one that reads state values
+    ("gae") trains a critic."""
     estimator_options: str = _estimator("")
     """Extra EstimatorConfig options, "name=value,name=value" (e.g. "norm=mean,alpha=0")."""
     reference_options: bool = _estimator(False)
@@ -160,7 +174,7 @@ class TrainConfig:
     lr: float = _ppo(1e-6, lo=0, lo_open=True)
     """Actor learning rate."""
     critic_lr: float = _ppo(1e-5, lo=0, lo_open=True)
-    """Critic learning rate (estimator "gae")."""
+    """Critic learning rate (an estimator that reads state values, e.g. "gae")."""
     weight_decay: float = _ppo(0.01, lo=0)
     """AdamW weight decay (actor and critic)."""
     clip_ratio: float = _ppo(0.2, lo=0, hi=1, lo_open=True, hi_open=True)
@@ -180,7 +194,7 @@ class TrainConfig:
     micro_batch_size: int = _ppo(4, lo=1, hi=4096)
     """Step samples per forward/backward on one rank."""
     value_clip: float = _ppo(0.2, lo=0)
-    """Critic value clip around the rollout-time value (gae)."""
+    """Critic value clip around the rollout-time value (a critic's run, e.g. gae)."""
     # --- LoRA --------------------------------------------------------------------------------------
     lora_rank: int = _lora(0, lo=0, hi=1_048_576)  # and <= the adapted layers' sizes
     """Rank of the LoRA adapters trained instead of the actor's weights (0 = off: full
@@ -269,11 +283,11 @@ class TrainConfig:
                 f"TrainConfig.estimator: unknown estimator {self.estimator!r}; known "
                 f"estimators: {', '.join(ESTIMATORS)}"
             )
-        unsupplied = [r for r in estimator_reads(self.estimator) if r != "values"]
-        if unsupplied:  # the trainer gives values (its critic) and nothing else yet
+        lacking = [k for k in estimator_reads(self.estimator) if k not in TRAINER_INPUTS]
+        if lacking:
             raise ValueError(
-                f"TrainConfig.estimator: {self.estimator!r} reads {', '.join(unsupplied)}, "
-                "which this trainer does not supply yet; choose another estimator"
+                f"TrainConfig.estimator: {self.estimator!r} reads {', '.join(lacking)}, which "
+                f"the trainer does not supply (it supplies {', '.join(TRAINER_INPUTS)})"
             )
         if self.dual_clip != 0 and self.dual_clip <= 1:
             raise bad("TrainConfig.dual_clip", "0 (off) or > 1", self.dual_clip)
@@ -371,8 +385,8 @@ class TrainConfig:
 
     @property
     def use_critic(self) -> bool:
-        """True when the estimator needs state values (gae)."""
-        return self.estimator == "gae"
+        """True when the estimator reads state values (gae): the run trains a critic."""
+        return uses_critic(self.estimator)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field."""
@@ -607,7 +621,18 @@ def build_parser() -> argparse.ArgumentParser:
     # the deepspeed launcher appends --local_rank=N to the command (it sets LOCAL_RANK too)
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     add_flags(p, TrainConfig, help_format="{doc} (default {default!r}; env/preset may change it)")
+    _list_estimators(p)
     return p
+
+
+def _list_estimators(parser: argparse.ArgumentParser) -> None:
+    """``--estimator``'s help lists the estimators registered now (entry points included)."""
+    action = next(a for a in parser._actions if a.dest == "estimator")
+    try:
+        names = ", ".join(ESTIMATORS)
+    except ValueError as e:  # a broken entry point: --help says so; a run stops on it
+        names = f"(the registry failed to load: {e})"
+    action.help = f"{action.help}; registered: {names}"
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Namespace]:

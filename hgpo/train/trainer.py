@@ -3,8 +3,9 @@
 One iteration: ``groups_per_iter`` tasks x ``group_size`` rollouts, split across ranks by whole
 rollout groups (every group lives on one rank, so each rank's advantages equal those of the
 whole batch: no group ever crosses ranks); every step is a training sample with its step's
-advantage on each response token; DeepSpeed holds the actor (and the critic for ``gae``; under
-ZeRO-3 the reference too, sharded, without optimizer).
+advantage on each response token; DeepSpeed holds the actor (and the critic for an estimator
+that reads state values, ``gae``; under ZeRO-3 the reference too, sharded, without optimizer).
+The estimator gets the per-step inputs it reads (:func:`estimator_inputs`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from agentenvs.registry import BENCHMARKS, benchmark
-from hgpo import Advantages, compute_advantages
+from hgpo import Advantages, compute_advantages, estimator_reads
 from hgpo.train import dist
 from hgpo.train.branched_play import BranchPlan, branch_figures, play_branched
 from hgpo.train.engines import build_engines, rollout_engine
@@ -57,6 +58,7 @@ from hgpo.train.update import (
     Targets,
     UpdateStats,
     count_minibatches,
+    mean_token_entropy,
     pad_rows,
     plan_epoch,
 )
@@ -299,14 +301,15 @@ class Trainer:
         return {**merge_metrics(parts), **truth} if self.rank == 0 else {}
 
     def _estimate(self, roll: Rollout, scored: Scored, it: int) -> Estimate:
-        """The configured estimator's advantages of the rollout's step batch (``gae``: on the
-        critic's values), and the targets the update fits (the returns too with a critic)."""
+        """The configured estimator's advantages of the rollout's step batch, on the per-step
+        inputs it reads (:func:`estimator_inputs`: the critic's values, the policy's entropy,
+        the observations), and the targets the update fits (the returns too with a critic)."""
         cfg = self.cfg
         est = compute_advantages(
             cfg.estimator,
             roll.step_batch(),
             cfg.estimator_config(),
-            values=scored.value_array(),
+            **estimator_inputs(cfg.estimator, roll, scored, cfg.action_mode),
         )
         adv = est.advantages
         if os.environ.get(NAN_ENV) == str(it):
@@ -403,9 +406,13 @@ class Trainer:
 
     @torch.no_grad()
     def _score(self, roll: Rollout) -> Scored:
-        """Old log-probs (actor), reference log-probs and values of every step sample."""
+        """Old log-probs (actor), reference log-probs and values of every step sample, and,
+        for an estimator that reads ``entropy`` in action_mode "generate", each response's
+        mean token entropy from the same forward (:func:`~hgpo.train.update.mean_token_entropy`:
+        per micro-batch, the [B, R, V] log-probs are never kept)."""
         cfg = self.cfg
-        old, ref, val = [], [], []
+        want_entropy = needs_token_entropy(cfg.estimator, cfg.action_mode)
+        old, ref, val, ent = [], [], [], []
         self.actor.module.eval()
         mb = cfg.micro_batch_size
         n_mb = math.ceil(len(roll) / mb)
@@ -415,12 +422,14 @@ class Trainer:
             extra = m * mb >= len(roll)  # a forward to keep in step, its result dropped
             sl = slice(0, 1) if extra else slice(m * mb, (m + 1) * mb)
             b = pack(roll.prompt_ids[sl], roll.response_ids[sl], self.tok.pad_token_id, self.device)
-            lp, _ = response_logprobs(self.actor.module, b)
+            lp, token_ent = response_logprobs(self.actor.module, b, with_entropy=want_entropy)
             rl = self._reference_logprobs(b) if cfg.kl_coef > 0 else None
             v = self.critic.module(b) if self.critic is not None else None
             if extra:
                 continue
             old.extend(lp.float().cpu())
+            if token_ent is not None:
+                ent.extend(mean_token_entropy(token_ent, b.response_mask).cpu().tolist())
             if rl is not None:
                 ref.extend(rl.float().cpu())
             if v is not None:
@@ -430,6 +439,7 @@ class Trainer:
             old,
             ref if cfg.kl_coef > 0 else None,
             val if self.critic is not None else None,
+            ent if want_entropy else None,
         )
 
     def _micro_step(
@@ -565,6 +575,54 @@ class Trainer:
         if self.logger is not None:
             self.logger.close()
         self.engine.close()
+
+
+def needs_token_entropy(estimator: str, action_mode: str) -> bool:
+    """Whether the scoring pass computes each response's mean token entropy: the estimator
+    reads ``entropy`` and the steps are free text (score mode has the exact entropy over the
+    candidates from the rollout)."""
+    return "entropy" in estimator_reads(estimator) and action_mode != "score"
+
+
+def step_entropy(roll: Rollout, scored: Scored, action_mode: str) -> np.ndarray:
+    """float64[n] the policy's entropy at every step, in nats: in action_mode "score" the exact
+    entropy of its distribution over the step's candidate actions at the rollout temperature
+    (``Rollout.candidate_entropy``); in "generate" the mean token entropy of the step's
+    response at temperature 1, the distribution of the PPO log-probs (``Scored.entropy``)."""
+    if action_mode == "score":
+        got = roll.candidate_entropy
+        if len(got) != len(roll) or any(h is None for h in got):
+            raise RuntimeError("step_entropy: a score-mode step without its candidate entropy")
+        return np.asarray(got, dtype=np.float64)
+    if scored.entropy is None:
+        raise RuntimeError("step_entropy: the scoring pass computed no token entropy")
+    return np.asarray(scored.entropy, dtype=np.float64)
+
+
+def estimator_inputs(
+    estimator: str, roll: Rollout, scored: Scored, action_mode: str
+) -> dict[str, Any]:
+    """The per-step inputs (``hgpo.STEP_INPUTS``) that ``estimator`` reads, by keyword for
+    ``compute_advantages``, and no others:
+
+    - ``values``: the critic's V(s_t) (:meth:`Scored.value_array`);
+    - ``entropy``: the policy's entropy at each step (:func:`step_entropy`);
+    - ``observations``: the observation text each step was taken from, as the env returned
+      it (``Rollout.observation``).
+    """
+    out: dict[str, Any] = {}
+    for key in estimator_reads(estimator):
+        if key == "values":
+            out["values"] = scored.value_array()
+        elif key == "entropy":
+            out["entropy"] = step_entropy(roll, scored, action_mode)
+        elif key == "observations":
+            out["observations"] = list(roll.observation)
+        else:  # refused by TrainConfig before any model is built (TRAINER_INPUTS)
+            raise TrainConfigError(
+                f"estimator {estimator!r} reads {key!r}, which the trainer lacks"
+            )
+    return out
 
 
 def due(every: int, it: int) -> bool:

@@ -24,15 +24,25 @@ LLM policy z_t = (t, hidden state s_t, c_t) is a finite Markov chain, the same c
        dJ/dl[(t, c), b] = sum_{z at (t, c)} gamma^t d_t(z) pi(b | t, c) A*(z, b);
 
 4. on the iteration's own rollout batch (a :class:`TruthSteps`, whoever played it) runs every
-   estimator of ``hgpo.ESTIMATORS`` (norm "mean", so advantages are in reward units; gae gets
-   the exact V as its critic, lambda = 1)
-   and logs against A*: bias^2, variance and MSE per (task, z, a) from pairs of independent
+   estimator of ``hgpo.ESTIMATORS`` (the built-in ones, register_estimator's, the entry
+   points'; norm "mean", so advantages are in reward units), each on the exact per-step
+   inputs it reads (:meth:`TruthMonitor.exact_inputs`): ``values`` the exact V(z_t) (its
+   critic; an estimator that reads values runs at gae_lambda = 1), ``entropy`` the exact
+   entropy of pi_theta(. | t, c) over the listed actions at the step's row, ``observations``
+   the observation text of each step, and logs against A*: bias^2, variance and MSE per (task, z, a) from pairs of independent
    rollout groups (:func:`cross_group_bias_variance`; keys weighted by their exact visit
    probability d(z) pi(a | z); ``coverage`` is the share of steps whose (task, z, a) two groups
    met: it needs at least two groups of a task per batch),
    the plain per-step MSE, sign agreement, and the cosine between the batch gradient
    (1 / n_traj) sum_t A_t (e_{a_t} - pi(. | x_t)) and the exact one, as
    ``truth/<estimator>/<metric>``.
+
+An estimator that raises on a batch: a built-in one, or the one the run trains, stops the run
+(its error is a bug or a bad batch, and a wrong figure is worse than none); another user's
+estimator (registered or from an installed package) is left out of that batch's figures,
+which then hold ``truth/<estimator>/failed = 1`` instead, and its error is logged once per
+distinct message: it never vanishes silently, and a plugin the run does not train cannot stop
+it.
 
 Free-text mode has no exact truth: its action space is every string (the chain of contexts is
 not finite) and pi(action | x) would be a sum over every think text that ends in that action.
@@ -55,6 +65,7 @@ from agentenvs.toytext import ToyText, parse_toy_spec, render, split_tasks, toy_
 from hgpo import ESTIMATORS, StepBatch, compute_advantages, estimator_reads
 from hgpo.branched_batch import lookback_rows
 from hgpo.compare import gradient_compare, sign_agreement
+from hgpo.estimator_registry import get_spec
 from hgpo.train.episodes import response_text
 from hgpo.train.train_config import TrainConfig, TrainConfigError
 from toyenvs.policy import decode_context, encode_context
@@ -266,7 +277,8 @@ class TruthSteps:
 
     batch: the estimators' input (its group, traj, step, reward, state, invalid, parent);
     hidden: int64[n] the toy env's hidden state s_t before each step; action: int64[n] the
-    action id each response names (-1: none). Our trainer's rollout gives one
+    action id each response names (-1: none); observations: the observation text of each step
+    (the ``observations`` input). Our trainer's rollout gives one
     (:meth:`TruthMonitor.rollout_steps`), so does a verl batch
     (:mod:`hgpo.integrations.verl_truth`); everything after scoring is shared.
     """
@@ -274,6 +286,7 @@ class TruthSteps:
     batch: StepBatch
     hidden: np.ndarray
     action: np.ndarray
+    observations: Sequence[str]
 
 
 class TruthMonitor:
@@ -298,6 +311,7 @@ class TruthMonitor:
         self._index = build_node_index(self.node_t, np.concatenate(self.chain.layer_s), P)
         self.enumerate_seconds = time.perf_counter() - t0
         self._nan_logged = False  # the reason for NaN bias2 is logged once a run
+        self._failures: set[tuple[str, str]] = set()  # (estimator, error) logged once a run
         log.info(
             "truth: chain of %d nodes, %d prompts (t, context), enumerated in %.2fs",
             self.chain.n_nodes, self.row_code.size, self.enumerate_seconds,
@@ -387,7 +401,7 @@ class TruthMonitor:
     def rollout_steps(self, roll: Any) -> TruthSteps:
         """The :class:`TruthSteps` of our trainer's score-mode rollout ``roll``."""
         return TruthSteps(roll.step_batch(), np.asarray(roll.hidden, dtype=np.int64),
-                          self.action_ids(roll.response_ids))  # fmt: skip
+                          self.action_ids(roll.response_ids), list(roll.observation))  # fmt: skip
 
     def step_nodes(self, steps: TruthSteps) -> StepNodes:
         """Node, row and action of every step of ``steps`` (score-mode toy steps).
@@ -439,11 +453,17 @@ class TruthMonitor:
         self._explain_nan(key, group, task_of_row)
         n_traj = int(np.unique(traj).size)
         base = self.cfg.estimator_config().replace(norm="mean")
+        inputs = self.exact_inputs(truth, steps, nodes)
         out: dict[str, float] = {}
         for name in ESTIMATORS:
-            ecfg = base.replace(gae_lambda=1.0) if name == "gae" else base
-            inputs = self._step_inputs(name, truth, steps, nodes)
-            adv = compute_advantages(name, batch, ecfg, **inputs).advantages
+            try:
+                adv = self._advantages(name, batch, base, inputs)
+            except Exception as exc:
+                if not self._may_fail(name):
+                    raise
+                self._log_failure(name, exc)
+                out[f"truth/{name}/failed"] = 1.0
+                continue
             bv = cross_group_bias_variance(key, group, adv - A_true, weight)
             cos, _ = gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
                                         truth.grad)  # fmt: skip
@@ -458,24 +478,51 @@ class TruthMonitor:
             out.update({f"truth/{name}/{k}": float(v) for k, v in figures.items()})
         return out
 
-    def _step_inputs(
-        self, name: str, truth: LLMTruth, steps: TruthSteps, nodes: StepNodes
-    ) -> dict[str, Any]:
-        """The per-step inputs estimator ``name`` reads (``hgpo.estimator_reads``), exact here:
-        values V(z_t); entropy the policy's entropy over the actions at z_t (nats); the
-        observation texts the prompts show."""
+    def exact_inputs(self, truth: LLMTruth, steps: TruthSteps, nodes: StepNodes) -> dict[str, Any]:
+        """Every per-step input an estimator may read (``hgpo.STEP_INPUTS``), exact:
+
+        - ``values``: V(z_t) of the chain (a perfect critic);
+        - ``entropy``: H(pi_theta(. | t, c_t)) = -sum_b pi(b | t, c_t) log pi(b | t, c_t) in
+          nats, over the listed actions at the rollout temperature (the policy's own entropy
+          at the step's prompt);
+        - ``observations``: the observation text of each step (:class:`TruthSteps`).
+        """
+        p = truth.probs
+        row_entropy = -np.sum(p * np.log(np.where(p > 0, p, 1.0)), axis=1)
+        return {
+            "values": truth.V[nodes.node],
+            "entropy": np.maximum(row_entropy, 0.0)[nodes.row],
+            "observations": list(steps.observations),
+        }
+
+    def _advantages(
+        self, name: str, batch: StepBatch, base: Any, inputs: dict[str, Any]
+    ) -> np.ndarray:
+        """Estimator ``name``'s advantages of ``batch`` on the inputs it reads (an estimator
+        that reads state values: gae_lambda = 1, the exact V as its critic)."""
         reads = estimator_reads(name)
-        out: dict[str, Any] = {}
-        if "values" in reads:
-            out["values"] = truth.V[nodes.node]
-        if "entropy" in reads:
-            p = truth.probs[nodes.row]
-            plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
-            out["entropy"] = np.maximum(-plogp.sum(axis=1), 0.0)
-        if "observations" in reads:
-            obs = self.env.obs_of_state[steps.hidden]
-            out["observations"] = [self.text.obs_text[int(o)] for o in obs]
-        return out
+        lacking = [k for k in reads if k not in inputs]
+        if lacking:
+            raise ValueError(f"it reads {', '.join(lacking)}, which the truth cannot supply")
+        cfg = base.replace(gae_lambda=1.0) if "values" in reads else base
+        return compute_advantages(name, batch, cfg, **{k: inputs[k] for k in reads}).advantages
+
+    def _may_fail(self, name: str) -> bool:
+        """A user's estimator the run does not train: its error leaves it out of the batch's
+        figures (``truth/<name>/failed``) instead of stopping the run."""
+        return name != self.cfg.estimator and not get_spec(name).builtin
+
+    def _log_failure(self, name: str, exc: BaseException) -> None:
+        """Log estimator ``name``'s error once per distinct message."""
+        msg = f"{type(exc).__name__}: {exc}"
+        if (name, msg) in self._failures:
+            return
+        self._failures.add((name, msg))
+        log.error(
+            "truth: estimator %r (%s) failed on this batch; its truth/%s/* figures are left "
+            "out (truth/%s/failed = 1): %s",
+            name, get_spec(name).origin, name, name, msg,
+        )  # fmt: skip
 
     def _explain_nan(self, key: np.ndarray, group: np.ndarray, task: np.ndarray) -> None:
         """Log once why bias2, variance and mse are NaN when no (task, z, a) key of the batch

@@ -18,18 +18,35 @@ class Scored:
     """Each step sample scored under the rollout's weights, before the update.
 
     old: the actor's per-token log-probs (float[R_i] per sample); ref: the reference's (None
-    without a KL term); values: the critic's V(s) (float[] per sample; None without a critic).
+    without a KL term); values: the critic's V(s) (float[] per sample; None without a critic);
+    entropy: the mean token entropy of each sample's response (None unless the estimator
+    reads ``entropy`` in action_mode "generate"; :func:`mean_token_entropy`).
     """
 
     old: list[torch.Tensor]
     ref: list[torch.Tensor] | None = None
     values: list[torch.Tensor] | None = None
+    entropy: list[float] | None = None
 
     def value_array(self) -> np.ndarray | None:
         """float64[n] state values for the estimator, or None without a critic."""
         if self.values is None:
             return None
         return np.array([float(v) for v in self.values], dtype=np.float64)
+
+
+def mean_token_entropy(entropy: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """float64[B]: each row's token entropies [B, R] averaged over its response tokens,
+
+        H_i = (1 / |y_i|) sum_{j < |y_i|} H(p_theta(. | x_i, y_i,<j)),
+
+    the ``entropy`` of a step for an estimator. A row without a response token has no mean: a
+    RuntimeError naming it (a sampled response has at least one token)."""
+    n = response_mask.sum(-1)
+    if (n == 0).any():
+        i = int(torch.nonzero(n == 0)[0, 0])
+        raise RuntimeError(f"mean token entropy: sample {i} has no response token")
+    return (entropy.double() * response_mask.double()).sum(-1) / n.double()
 
 
 @dataclass(frozen=True)

@@ -62,3 +62,30 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     readme = (ROOT / "README.md").read_text().splitlines()
     line = next(s for s in readme if s.startswith("pip install torch=="))
     assert _commands([line]) == _commands(body)
+
+
+def _section(text: str, heading: str) -> str:
+    """The text of the markdown section ``heading`` (up to the next heading of its level)."""
+    start = text.index(heading + "\n")
+    level = heading.split(" ")[0]
+    rest = text[start + len(heading) + 1 :]
+    nxt = re.search(rf"^{level} ", rest, flags=re.M)
+    return rest[: nxt.start()] if nxt else rest
+
+
+def test_the_own_estimator_example_runs_and_prints_what_it_says(capsys) -> None:
+    """docs/estimators.md, "Your own estimator": its first python block runs as written, and
+    each ``print(...)  # X`` line prints X."""
+    from hgpo import ESTIMATORS, unregister_estimator
+
+    section = _section((ROOT / "docs" / "estimators.md").read_text(), "## Your own estimator")
+    code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    wanted = re.findall(r"^print\(.*\)  # (.+)$", code, flags=re.M)
+    assert wanted, "the example prints nothing to check"
+    try:
+        exec(compile(code, "docs/estimators.md", "exec"), {})
+        assert capsys.readouterr().out.splitlines() == wanted
+    finally:
+        for name in ("entropy_scaled",):
+            if name in ESTIMATORS:
+                unregister_estimator(name)

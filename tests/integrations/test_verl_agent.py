@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 
 from benchmarks.make_verl_agent_golden import case_batch, classify, ours, rounding_decided  # noqa: E402
 from benchmarks.verl_agent_glue import MODES, authors_inputs, call_ours  # noqa: E402
-from hgpo import compute_advantages, reference_config  # noqa: E402
+from hgpo import compute_advantages, estimator_reads, reference_config  # noqa: E402
 from hgpo.integrations import verl_agent as va  # noqa: E402
 from tests.integrations import verl_agent_live as live  # noqa: E402
 
@@ -327,15 +327,24 @@ def _check_admits(AE, step_member: str) -> None:
     assert "stepwise" != AE.GRPO and AE.GAE == "gae" and AE.REMAX != "stepwise"  # noqa: SIM300
 
 
-def _data(args) -> types.SimpleNamespace:
+def _data(args, with_entropy: bool = False) -> types.SimpleNamespace:
+    """verl-agent's batch of ``args`` (with ``step_entropy`` for the estimators that read it)."""
     n, L = args["response_mask"].shape
-    return types.SimpleNamespace(
+    data = types.SimpleNamespace(
         batch={"token_level_rewards": args["token_level_rewards"],
                "step_rewards": args["step_rewards"], "responses": torch.zeros((n, L)),
                "attention_mask": torch.cat([torch.ones((n, 2)), args["response_mask"]], 1)},
         non_tensor_batch={"uid": args["index"], "traj_uid": args["traj_index"],
                           "anchor_obs": args["anchor_obs"]},
     )  # fmt: skip
+    if with_entropy:
+        data.non_tensor_batch["step_entropy"] = _entropy(n).astype(object)
+    return data
+
+
+def _entropy(n: int) -> np.ndarray:
+    """A step entropy per row (for the estimators that read it)."""
+    return (np.arange(n) % 3) * 0.5
 
 
 def _direct(name: str, args, opts) -> torch.Tensor:
@@ -349,7 +358,13 @@ def _direct(name: str, args, opts) -> torch.Tensor:
                      length_weight_alpha=1.0, base_group=opts["hgpo_base_group"])  # fmt: skip
     if name == "hgpo":
         return va.compute_hgpo_outcome_advantage(**args, **hgpo_opts)[0]
-    return va.compute_step_advantage(name, **args, **hgpo_opts)[0]
+    if name in ("stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform"):
+        return va.compute_step_advantage(name, **args, **hgpo_opts)[0]
+    entropy = (
+        _entropy(args["response_mask"].shape[0]) if "entropy" in estimator_reads(name) else None
+    )
+    return va.compute_registry_advantage(name, **args, history_length=opts["history_length"],
+                                         mode=opts["hgpo_mode"], entropy=entropy)[0]  # fmt: skip
 
 
 def test_install_routes_every_name_to_the_registry(args):
@@ -364,7 +379,7 @@ def test_install_routes_every_name_to_the_registry(args):
     for shown, name in routed.items():
         base = name in ("hgpo", "hgpo-uniform")
         opts = dict(history_length=3, hgpo_mode="mean_norm", hgpo_base_group=base)
-        data = mod.compute_advantage(_data(args), shown, gamma=0.95,
+        data = mod.compute_advantage(_data(args, with_entropy=True), shown, gamma=0.95,
                                      norm_adv_by_std_in_grpo=True, step_advantage_w=1.0,
                                      gigpo_mode="mean_std_norm", epsilon=1e-6, **opts)  # fmt: skip
         want = _direct(name, args, opts)

@@ -127,6 +127,63 @@ def test_exact_truth_agrees_with_monte_carlo_returns_and_rollout_prompts(tiny_ll
     assert m["truth/oracle/coverage"] > 0.5 and np.isfinite(m["truth/hgpo/bias2"])
 
 
+def test_every_estimator_gets_its_exact_inputs_and_a_failing_plugin_is_named(tiny_llm, caplog):
+    """A registered estimator reading values, entropy and observations gets the chain's exact
+    V at each step's node (gae_lambda = 1), the exact entropy of pi(. | t, c) at its row and
+    the observation texts; a user's estimator that raises is left out with truth/<est>/failed
+    = 1 and its error logged once; the one the run trains stops the run."""
+    from hgpo import register_estimator, step_returns, unregister_estimator
+    from hgpo.train.envs import EnvSet
+    from hgpo.train.episodes import Play, run_episodes
+
+    seen: dict = {}
+
+    def reader(batch, cfg, values=None, entropy=None, observations=None):
+        seen.update(values=values, entropy=entropy, observations=observations, lam=cfg.gae_lambda)
+        return step_returns(batch, cfg) - values
+
+    def boom(batch, cfg, values=None):
+        raise RuntimeError("a plugin's bug")
+
+    tok, engine = tiny_llm
+    cfg = _cfg(train_tasks=1)
+    mon = TruthMonitor(cfg, tok)
+    envs = EnvSet(cfg, "train", 8)
+    try:
+        torch.manual_seed(1)
+        play = Play(4, cfg.temperature, 1.0, 16, cfg.max_prompt_tokens, cfg.max_steps, "score")
+        roll = run_episodes(envs, engine, tok, [0, 0], play)
+    finally:
+        envs.close()
+    register_estimator("test_reader", reader, reads=("values", "entropy", "observations"))
+    register_estimator("test_boom", boom)
+    try:
+        steps = mon.rollout_steps(roll)
+        nodes = mon.step_nodes(steps)
+        truth = mon.policy_truth(engine.score_batched)
+        with caplog.at_level("ERROR", logger="hgpo.train.truth_monitor"):
+            m = mon.estimator_metrics(truth, steps, nodes)
+            mon.estimator_metrics(truth, steps, nodes)
+        np.testing.assert_array_equal(seen["values"], truth.V[nodes.node])
+        p = truth.probs[nodes.row]
+        np.testing.assert_allclose(seen["entropy"], -(p * np.log(p)).sum(axis=1), rtol=1e-12)
+        assert seen["lam"] == 1.0 and seen["observations"] == roll.observation
+        obs_text = [mon.text.obs_text[int(mon.env.obs_of_state[h])] for h in roll.hidden]
+        assert seen["observations"] == obs_text
+        assert np.isfinite(m["truth/test_reader/grad_cos"])
+        assert m["truth/test_boom/failed"] == 1.0
+        assert [k for k in m if k.startswith("truth/test_boom/")] == ["truth/test_boom/failed"]
+        msgs = [r.getMessage() for r in caplog.records]
+        assert len(msgs) == 1 and "estimator 'test_boom' (register_estimator) failed" in msgs[0]
+        assert "RuntimeError: a plugin's bug" in msgs[0]
+        trained = TruthMonitor(_cfg(train_tasks=1, estimator="test_boom"), tok)
+        with pytest.raises(RuntimeError, match="a plugin's bug"):
+            trained.estimator_metrics(truth, steps, nodes)
+    finally:
+        unregister_estimator("test_reader")
+        unregister_estimator("test_boom")
+
+
 def test_policy_table_puts_each_score_back_in_its_row_and_shows_progress(tiny_llm, capsys):
     """The truth pass sends the prompts ordered by length then tokens, in calls of at most
     PROMPTS_PER_CALL prompts; a scorer whose figure is a function of the pair gives every
