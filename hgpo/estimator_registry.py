@@ -44,6 +44,7 @@ from hgpo.estimators import (
     stepwise,
 )
 from hgpo.returns import check_finite, check_step_values
+from hgpo.threespo import threespo
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -407,6 +408,7 @@ def _register_builtins() -> None:
         ("hgpo-nohog2", hgpo_nohog2, ()),
         ("hgpo-uniform", hgpo_uniform, ()),
         ("gae", gae, ("values",)),
+        ("3spo", threespo, ()),
     ]
     for name, fn, reads in builtins:
         _REGISTRY._specs[name] = _make_spec(name, fn, reads, "hgpo")

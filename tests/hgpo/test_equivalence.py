@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from hgpo import ESTIMATORS, compute_advantages, context_keys, step_returns
 from tests.hgpo.reference_impl import (
@@ -12,7 +13,7 @@ from tests.hgpo.reference_impl import (
     ref_levels,
     ref_returns,
 )
-from tests.hgpo.strategies import configs, step_batches
+from tests.hgpo.strategies import configs, spo3_options, step_batches
 
 GROUP_ESTIMATORS = [name for name in ESTIMATORS if name != "gae"]
 
@@ -55,3 +56,16 @@ def test_context_keys_are_exact(batch, cfg):
                 if ctx[i] is None or ctx[j] is None:
                     continue
                 assert (keys[k, i] == keys[k, j]) == (ctx[i] == ctx[j])
+
+
+@given(batch=step_batches(), cfg=configs(), spo3=spo3_options(), many=st.booleans())
+def test_3spo_equals_reference_over_its_options(batch, cfg, spo3, many):
+    """3SPO with its own options drawn too (the test above runs its defaults); ``many``
+    repeats the batch's states so that counts pass xi and the truncation test bites."""
+    if many:
+        batch = type(batch)(batch.group, batch.traj, batch.step, batch.reward,
+                            batch.state % 2, batch.action, batch.invalid)  # fmt: skip
+    cfg = cfg.replace(**spo3)
+    fast = compute_advantages("3spo", batch, cfg).advantages
+    ref = np.asarray(ref_estimate("3spo", batch, cfg))
+    np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=1e-12)
