@@ -56,7 +56,7 @@ from hgpo.config import EstimatorConfig
 from hgpo.estimators import Advantages, check_inputs, level_diagnostics
 from hgpo.groups import dense_rank
 from hgpo.keys import hierarchy
-from hgpo.options import check_choice, check_int, check_number
+from hgpo.options import bad, check_choice, check_int
 from hgpo.returns import check_finite, discounted_returns
 
 __all__ = [
@@ -187,8 +187,12 @@ def rollout_allocation(score: np.ndarray, g_max: int) -> np.ndarray:
     """Eq. 3, n(s) = ceil(G_max S(s)) as int64 (0: the authors truncate there, 1: no
     alternative is tried)."""
     g_max = check_int("spo3_g_max", g_max, lo=1, hi=4096)
-    check_number("score", float(np.max(score, initial=0.0)), lo=0.0, hi=1.0)
-    return np.ceil(g_max * np.asarray(score, dtype=np.float64)).astype(np.int64)
+    arr = np.asarray(score, dtype=np.float64)
+    out = ~((arr >= 0.0) & (arr <= 1.0))  # (NaN too)
+    if out.any():
+        raise bad(f"score[{int(np.flatnonzero(out.ravel())[0])}]", "a state score in [0, 1]",
+                  float(arr.ravel()[out.ravel()][0]))  # fmt: skip
+    return np.ceil(g_max * arr).astype(np.int64)
 
 
 def shaped_rewards(

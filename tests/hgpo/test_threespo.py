@@ -136,3 +136,7 @@ def test_bad_calls_are_named_errors():
         state_visits(BATCH, "task")
     with pytest.raises(OptionError, match=r"spo3_g_max: must be an integer in 1..4096, got 0"):
         rollout_allocation(np.ones(2), 0)
+    with pytest.raises(
+        OptionError, match=r"score\[1\]: must be a state score in \[0, 1\], got 1.5"
+    ):
+        rollout_allocation(np.array([0.5, 1.5]), 8)
