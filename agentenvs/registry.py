@@ -1,7 +1,7 @@
 """The benchmarks by name, and the lookup of an ``--env`` string (see :mod:`agentenvs.adapters`).
 
 ``BENCHMARKS`` maps each name to its :class:`~agentenvs.adapters.Benchmark`, the way
-``hgpo.estimators.ESTIMATORS`` maps estimators; :func:`benchmark` resolves "alfworld",
+``hgpo.ESTIMATORS`` maps estimators; :func:`benchmark` resolves "alfworld",
 "webshop" and a spec such as "toy:keydoor:size=4" (to the toy adapter).
 """
 

@@ -7,7 +7,9 @@ that numpy allocated (tracemalloc sees numpy's buffers), and the machine's load 
 each size (on a shared machine the CPU time is the fairer per-core figure). Everything runs on one core: the
 estimators are single-threaded numpy. The batch imitates ALFWorld: groups of 8 rollouts of
 50 steps, states drawn from a small per-phase alphabet so that contexts share prefixes and
-every level of the hierarchy has groups of several sizes.
+every level of the hierarchy has groups of several sizes. Each trajectory ends in a state of
+its last phase's alphabet (``next_state``, read by graphgpo only), so failed trajectories'
+last steps join the group's graph as the authors' rollouts do.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import tracemalloc
 
 import numpy as np
 
-from hgpo import ESTIMATORS, EstimatorConfig, StepBatch, compute_advantages
+from hgpo import ESTIMATORS, EstimatorConfig, StepBatch, compute_advantages, estimator_reads
 from hgpo.options import ArgumentParser
 
 
@@ -37,23 +39,67 @@ def synthetic_batch(
     reward = np.zeros(n)
     reward[t == traj_len - 1] = 10.0 * (rng.random(n_traj) < 0.4)
     invalid = rng.random(n) < 0.05
-    return StepBatch(traj // group_size, traj, t, reward, state, rng.integers(0, 6, n), invalid)
+    action = rng.integers(0, 6, n)
+    next_state = np.empty_like(state)
+    next_state[:-1] = state[1:]
+    next_state[traj_len - 1 :: traj_len] = ((traj_len - 1) // 5) * 4 + rng.integers(0, 4, n_traj)
+    return StepBatch(traj // group_size, traj, t, reward, state, action, invalid,
+                     next_state=next_state)  # fmt: skip
+
+
+_PLACES = ("countertop", "cabinet", "drawer", "fridge", "shelf", "sinkbasin", "stoveburner",
+           "microwave", "garbagecan", "desk")  # fmt: skip
+_THINGS = ("apple", "mug", "knife", "plate", "spoon", "bread", "egg", "lettuce", "tomato",
+           "cellphone", "pen", "book", "vase", "soapbar", "towel")  # fmt: skip
+
+
+def observation_texts(batch: StepBatch, seed: int = 0) -> list[str]:
+    """ALFWorld-like observation texts, one per step: each (rollout group, state) has its own
+    text of about 150 characters (the task's place for the state's 5-step phase, and 4-7
+    things drawn for the state), so texts of a phase share their opening and differ in the
+    things, and no text recurs across rollout groups (no rollout group is another's task)."""
+    rng = np.random.default_rng(seed)
+    pairs = np.unique(np.stack([batch.group, batch.state], axis=1), axis=0)
+    text = {}
+    for g, s in pairs.tolist():
+        place = _PLACES[(s // 4 + g) % len(_PLACES)]
+        things = rng.choice(_THINGS, int(rng.integers(4, 8)), replace=False)
+        listed = ", ".join(f"a {t} {int(rng.integers(1, 4))}" for t in things)
+        text[g, s] = (
+            f"Task {g}: you arrive at {place} {s // 4 + 1}. On the {place}, you see {listed}."
+        )
+    return [text[g, s] for g, s in zip(batch.group.tolist(), batch.state.tolist(), strict=True)]
+
+
+def step_inputs(name: str, batch: StepBatch) -> dict[str, object]:
+    """The per-step inputs estimator ``name`` reads (``hgpo.estimator_reads``): zeros as
+    values, mean token entropies drawn from a gamma distribution, observation texts."""
+    reads = estimator_reads(name)
+    rng = np.random.default_rng(1)
+    out: dict[str, object] = {}
+    if "values" in reads:
+        out["values"] = np.zeros(batch.n_steps)
+    if "entropy" in reads:
+        out["entropy"] = rng.gamma(2.0, 0.4, batch.n_steps)
+    if "observations" in reads:
+        out["observations"] = observation_texts(batch)
+    return out
 
 
 def time_one(
     name: str, batch: StepBatch, cfg: EstimatorConfig, repeat: int
 ) -> tuple[float, float, int]:
     """(median wall seconds, median CPU seconds, peak bytes) of one estimator call."""
-    values = np.zeros(batch.n_steps) if name == "gae" else None
-    compute_advantages(name, batch, cfg, values=values)  # warm caches
+    inputs = step_inputs(name, batch)
+    compute_advantages(name, batch, cfg, **inputs)  # warm caches
     wall, cpu = [], []
     for _ in range(repeat):
         t0, c0 = time.perf_counter(), time.process_time()
-        compute_advantages(name, batch, cfg, values=values)
+        compute_advantages(name, batch, cfg, **inputs)
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     tracemalloc.start()
-    compute_advantages(name, batch, cfg, values=values)
+    compute_advantages(name, batch, cfg, **inputs)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return float(np.median(wall)), float(np.median(cpu)), peak

@@ -24,6 +24,7 @@ __all__ = ["StateIndexer", "StepBatch", "state_ids"]
 _INT64 = np.iinfo(np.int64)
 _KEY_HINT = {
     "state": "; turn observations into keys with hgpo.state_ids(observations)",
+    "next_state": "; turn observations into keys with the StateIndexer of the states",
     "action": "; turn actions into keys with hgpo.state_ids(actions)",
 }
 
@@ -162,12 +163,18 @@ class StepBatch:
         parent: int64[n] or None, branched batches only (see :mod:`hgpo.branched_batch`): the traj
             id of the trajectory this one branches from, -1 for a root. A branch's rows start at
             its branch step b (not 0) and its steps 0..b-1 are its parent's.
+        next_state: int64[n] or None, key of the observation s'_t that step t led to (same keys
+            as ``state``). On every row but a trajectory's last it is the next row's state
+            (checked); what it adds is the observation after a trajectory's last step, which
+            the other columns lack. Read by ``graphgpo`` (its transition graph); the other
+            estimators ignore it.
         branches: derived, the :class:`hgpo.branched_batch.BranchLayout` of a batch with at least
             one branch, else None (then every computation takes the unbranched path).
 
     Raises:
         ValueError naming the field and the offending value when lengths differ, a reward is
-        NaN/inf, or a trajectory's rows are not contiguous and ordered 0..T-1.
+        NaN/inf, a trajectory's rows are not contiguous and ordered 0..T-1, or a next_state
+        differs from the state of the next row of its trajectory.
     """
 
     group: np.ndarray
@@ -178,6 +185,7 @@ class StepBatch:
     action: np.ndarray | None = None
     invalid: np.ndarray | None = None
     parent: np.ndarray | None = None  # [branching] hgpo/branched_batch.py
+    next_state: np.ndarray | None = None  # [graphgpo] hgpo/graphgpo.py
     # Derived segment layout, filled in __post_init__.
     traj_start: np.ndarray = field(init=False, repr=False)  # int64[n_traj] first row of each traj
     traj_len: np.ndarray = field(init=False, repr=False)  # int64[n_traj]
@@ -188,6 +196,8 @@ class StepBatch:
         self._coerce_columns()
         self._check_values()
         self._set_trajectories()
+        if self.next_state is not None:
+            self._check_next_state()
 
     def _coerce_columns(self) -> None:
         """Every column as a contiguous array of its dtype (named errors)."""
@@ -208,6 +218,8 @@ class StepBatch:
         # [branching] checked with the trajectories (hgpo/branched_batch.py: branch_layout)
         if self.parent is not None:
             set_(self, "parent", _as_int_array("parent", self.parent))
+        if self.next_state is not None:
+            set_(self, "next_state", _as_int_array("next_state", self.next_state))
         if self.invalid is not None:
             inv = np.asarray(self.invalid)
             if inv.ndim != 1:
@@ -229,7 +241,8 @@ class StepBatch:
         """Equal lengths, a non-empty batch, finite rewards, step indices >= 0."""
         reward = self.reward
         n = self.group.shape[0]
-        for name in ("traj", "step", "reward", "state", "action", "invalid", "parent"):
+        columns = ("traj", "step", "reward", "state", "action", "invalid", "parent")
+        for name in (*columns, "next_state"):
             arr = getattr(self, name)
             if arr is not None and arr.shape[0] != n:
                 raise ValueError(
@@ -280,6 +293,22 @@ class StepBatch:
             )
         set_(self, "branches", layout)
 
+    def _check_next_state(self) -> None:
+        """[graphgpo] next_state equals the next row's state on every row but a trajectory's
+        last (a branch's rows are contiguous too, so the same shifted comparison holds)."""
+        ns, state = self.next_state, self.state
+        cont = np.ones(ns.shape[0] - 1, dtype=np.bool_)  # row i + 1 continues row i
+        cont[self.traj_start[1:] - 1] = False
+        bad = cont & (ns[:-1] != state[1:])
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"StepBatch.next_state[{i}] is {ns[i]} but the next step of trajectory "
+                f"{self.traj[i]} (row {i + 1}) has state {state[i + 1]}: next_state is the "
+                "observation a step led to, the next row's state except after a trajectory's "
+                "last step"
+            )
+
     @property
     def n_steps(self) -> int:
         return int(self.group.shape[0])
@@ -296,11 +325,14 @@ class StepBatch:
         states: Iterable[Iterable[int]],
         actions: Iterable[Iterable[int]] | None = None,
         invalid: Iterable[Iterable[bool]] | None = None,
+        terminal_states: Iterable[int] | None = None,
     ) -> StepBatch:
         """Build a batch from per-trajectory lists (trajectory i gets traj id i).
 
         groups: the rollout-group id of each trajectory; rewards/states/actions/invalid: one
-        sequence per trajectory, of that trajectory's length.
+        sequence per trajectory, of that trajectory's length. terminal_states: one key per
+        trajectory, the observation after its last step; with it the batch's ``next_state``
+        is each trajectory's states shifted by one, then its terminal state.
         """
         groups = list(groups)
         rewards = [list(r) for r in rewards]
@@ -354,14 +386,32 @@ class StepBatch:
                     )
             return np.concatenate([np.asarray(x) for x in seqs])
 
+        state = flat("states", states)
+        next_state = None
+        if terminal_states is not None:
+            terminal = list(terminal_states)
+            if len(terminal) != len(lens):
+                raise ValueError(
+                    f"from_trajectories: terminal_states lists {len(terminal)} states, expected "
+                    f"{len(lens)} (one per trajectory)"
+                )
+            try:
+                term = _as_int_array("next_state", terminal)
+            except ValueError as exc:
+                raise ValueError(f"from_trajectories: terminal_states: {exc}") from None
+            keys = _as_int_array("state", state)
+            next_state = np.empty_like(keys)
+            next_state[:-1] = keys[1:]
+            next_state[np.cumsum(lens) - 1] = term
         return cls(
             group=np.repeat(np.asarray(groups, dtype=np.int64), lens),
             traj=np.repeat(np.arange(len(lens), dtype=np.int64), lens),
             step=np.concatenate([np.arange(n, dtype=np.int64) for n in lens]),
             reward=np.concatenate([np.asarray(r, dtype=np.float64) for r in rewards]),
-            state=flat("states", states),
+            state=state,
             action=flat("actions", actions),
             invalid=flat("invalid", invalid),
+            next_state=next_state,
         )
 
 

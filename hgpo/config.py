@@ -13,7 +13,8 @@ from hgpo.fields import check_fields, field_choices, field_docs, setting
 from hgpo.options import OptionError, check_int
 
 __all__ = [
-    "MAX_K", "REFERENCE_ESTIMATORS", "REFERENCE_PROFILES", "REFERENCE_TERMS", "EstimatorConfig",
+    "MAX_K", "REFERENCE_ESTIMATORS", "REFERENCE_ESTIMATOR_PROFILES", "REFERENCE_PROFILES",
+    "REFERENCE_TERMS", "EstimatorConfig",
     "check_K", "field_docs", "reference_config",
 ]  # fmt: skip
 
@@ -109,6 +110,47 @@ class EstimatorConfig:
     the *other* members, A_k = (R_t - mean_{j in G_k, j != t} R_j) [/ (std_{G_k} + eps)]
     = n / (n - 1) (R_t - mean_{G_k} R) [/ ...], n = |G_k|; the std stays the whole group's.
     Episode-level groups are unchanged (the rloo estimator is GRPO's leave-one-out)."""
+    # --- empg / gigpo variants options
+    empg_k: float = setting(1.0, lo=0.0, hi=50.0)
+    """EMPG: k of the self-calibrating scale g(H) = exp(-k H_norm) / mean_batch exp(-k H_norm)."""
+    empg_k_future: float = setting(1.0, lo=0.0, hi=50.0)
+    """EMPG: k' of the future-clarity bonus f(H_{t+1}) = exp(-k' H_norm,t+1)."""
+    empg_zeta: float = setting(0.1, lo=0.0, hi=100.0)
+    """EMPG: zeta, the weight of the future-clarity bonus (0.1 in the authors' pseudocode)."""
+    empg_eps: float = setting(1e-8, lo=0.0, hi=1.0)
+    """EMPG: epsilon added to the entropy range (max - min) of the min-max normalisation and
+    to the batch mean of exp(-k H_norm) that g divides by (1e-8 in the authors' pseudocode)."""
+    empg_final_norm: str = setting("mean", choices=("mean", "none"))
+    """EMPG: final batch-level normalisation of A_mod: "mean" (subtract the batch mean over
+    steps, the authors' zero-mean normalisation) or "none"."""
+    gigpo_similarity_thresh: float = setting(0.95, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    """gigpo_similarity: two observations share a step group when difflib's
+    SequenceMatcher(None, obs, representative).ratio() >= this, in (0, 1) (verl-agent's
+    ``algorithm.gigpo.similarity_thresh``, default 0.95)."""
+    gigpo_dynamic_rescale: bool = False
+    """gigpo_dynamic: multiply the kept steps' advantages by n / n_kept, so that a mean over
+    all n steps equals the mean over the kept steps (the batch dynamic sampling would have
+    filled with kept groups only)."""
+
+    # --- graphgpo options
+    graph_gamma: float = setting(0.1, lo=0.0, hi=1.0)
+    """GraphGPO: decay of the graph return 10 graph_gamma^d, d the number of transitions from
+    the step's next state to the goal in its rollout group's graph (the authors' recipes: 0.1
+    on ALFWorld, 0.2 on WebShop). Not ``gamma``, the reward discount of the other estimators,
+    which graphgpo does not use."""
+    graph_normalize_distance: bool = False
+    """GraphGPO: the return is 10 graph_gamma^(d(s'_t) - d(s_t) + 1), the step's progress
+    (10 for a step one transition closer to the goal), instead of 10 graph_gamma^d(s'_t), the
+    next state's nearness (the authors' ``normalize_distance``)."""
+    graph_success_return: float = setting(0.0, lo=-1e12, hi=1e12)
+    """GraphGPO: an episode whose return (its environment rewards, without the invalid-action
+    penalty) exceeds this reached the goal: its last step leads to the group's goal node (the
+    authors' code: episode reward > 0)."""
+    graph_step_weight: float = setting(1.0, lo=0.0, hi=1e6)
+    """GraphGPO: weight of the graph step term (the authors' ``step_advantage_w``)."""
+    graph_episode_weight: float = setting(1.0, lo=0.0, hi=1e6)
+    """GraphGPO: weight of the episode term, Eq. (1) as in gigpo (the authors'
+    ``episode_advantage_w``)."""
 
     # --- 3spo options
     spo3_alpha: float = setting(50.0, lo=0.0, hi=1e6)
@@ -196,13 +238,30 @@ REFERENCE_ESTIMATORS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             ("hgpo", "hgpo-uniform", "hgpo-nohog2", "oracle", "stepwise"), _HGPO_REFERENCE
         ),
         "gigpo": MappingProxyType({"std": "sample"}),
+        # verl-agent's GiGPO with enable_similarity / after filter_group_data; EMPG (ARLArena)
+        # on verl-agent's GRPO: checked by benchmarks/make_gigpo_variants_golden.py
+        "gigpo_similarity": MappingProxyType({"std": "sample"}),
+        "gigpo_dynamic": MappingProxyType({"std": "sample"}),
+        "empg": MappingProxyType({"std": "sample"}),
         "grpo": MappingProxyType({"std": "sample"}),
         # verl's compute_rloo_outcome_advantage never divides by a std, whatever the env.
         "rloo": MappingProxyType({"std": "sample", "norm": "mean"}),
+        # recipe/GraphGPO/run_*.sh: mean_std_norm on every benchmark (WebShop included)
+        "graphgpo": MappingProxyType({"std": "sample", "norm": "mean_std"}),
     }
 )
 """Each estimator's own options in the reference (applied last: rloo's norm wins over the
 profile's)."""
+
+REFERENCE_ESTIMATOR_PROFILES: Mapping[tuple[str, str], Mapping[str, Any]] = MappingProxyType(
+    {
+        ("graphgpo", "alfworld"): MappingProxyType({"graph_gamma": 0.1}),
+        ("graphgpo", "webshop"): MappingProxyType({"graph_gamma": 0.2}),
+    }
+)
+"""An estimator's options that its recipe sets per benchmark, by (estimator, reference
+profile), applied after the estimator's own: GraphGPO's ``algorithm.gamma`` is 0.1 in
+``recipe/GraphGPO/run_qwen2.5_*_alfworld_train.sh`` and 0.2 in the WebShop ones."""
 
 
 def reference_config(
@@ -223,6 +282,10 @@ def reference_config(
     grpo / rloo (verl-agent's ``verl/trainer/ppo/core_algos.py``): step rows pooled, sample
     std, a one-row group passes through; rloo never divides by a std (mode "mean" always).
     Mode: "mean_std" on ALFWorld, "mean" on WebShop (the profiles).
+    graphgpo (verl-agent ``recipe/GraphGPO/core_graph.py``): GiGPO's normalisation
+    (``compute_graphgpo_outcome_advantage`` calls GiGPO's functions), "mean_std" on both
+    benchmarks, graph_gamma 0.1 on ALFWorld and 0.2 on WebShop
+    (:data:`REFERENCE_ESTIMATOR_PROFILES`); checked by ``benchmarks/make_graphgpo_golden.py``.
 
     Checked by running that code (zzj1111/alfworldauto at 51c1a039, the HGPO authors' recipe)
     next to ours on 2,000 random batches per estimator: every row agrees with its float32
@@ -238,5 +301,6 @@ def reference_config(
     own = REFERENCE_ESTIMATORS.get(estimator)
     if own is None:
         raise ValueError(f"reference_config: no reference preset for estimator {estimator!r}")
-    options = {**profile, **REFERENCE_TERMS, **own, **overrides}
+    per_env = REFERENCE_ESTIMATOR_PROFILES.get((estimator, env), {})
+    options = {**profile, **REFERENCE_TERMS, **own, **per_env, **overrides}
     return EstimatorConfig.from_options(**options)

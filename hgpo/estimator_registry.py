@@ -29,6 +29,7 @@ import numpy as np
 
 from hgpo.batch import StepBatch
 from hgpo.config import EstimatorConfig
+from hgpo.empg import empg
 from hgpo.estimators import (
     Advantages,
     check_inputs,
@@ -43,6 +44,8 @@ from hgpo.estimators import (
     step_returns,
     stepwise,
 )
+from hgpo.gigpo_variants import gigpo_dynamic, gigpo_similarity
+from hgpo.graphgpo import graphgpo
 from hgpo.returns import check_finite, check_step_values
 from hgpo.threespo import threespo
 
@@ -408,6 +411,10 @@ def _register_builtins() -> None:
         ("hgpo-nohog2", hgpo_nohog2, ()),
         ("hgpo-uniform", hgpo_uniform, ()),
         ("gae", gae, ("values",)),
+        ("graphgpo", graphgpo, ()),
+        ("empg", empg, ("entropy",)),
+        ("gigpo_dynamic", gigpo_dynamic, ()),
+        ("gigpo_similarity", gigpo_similarity, ("observations",)),
         ("3spo", threespo, ()),
     ]
     for name, fn, reads in builtins:

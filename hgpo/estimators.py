@@ -30,6 +30,7 @@ from hgpo.returns import (
 __all__ = [
     "Advantages",
     "check_inputs",
+    "episode_advantage",
     "gae",
     "gigpo",
     "grpo",
@@ -121,6 +122,12 @@ def _episode_advantage(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarr
     if units is None:
         return vals, informative
     return vals[units], informative[units]
+
+
+def episode_advantage(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. (1), GRPO's episode advantage of every step: (float64[n] values, bool[n]
+    informative: the step's episode group is not degenerate). See ``_episode_advantage``."""
+    return _episode_advantage(batch, cfg)
 
 
 def _levels(batch: StepBatch, cfg: EstimatorConfig, R: np.ndarray, K: int) -> Hierarchy:

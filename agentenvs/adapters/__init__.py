@@ -2,7 +2,7 @@
 
 ``agentenvs.adapters.alfworld_bench``, ``webshop_bench`` and ``toy_bench`` each define one
 :class:`Benchmark`; :mod:`agentenvs.registry` holds them by name (``BENCHMARKS``, the way
-``hgpo.estimators.ESTIMATORS`` holds the estimators) and looks an ``--env`` string up
+``hgpo.ESTIMATORS`` holds the estimators) and looks an ``--env`` string up
 (:func:`agentenvs.registry.benchmark`). Code outside the adapters asks the benchmark and never
 compares its name. Adding a benchmark is one adapter module plus one ``register`` call.
 

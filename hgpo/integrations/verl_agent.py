@@ -59,7 +59,16 @@ TRAINER_MODULES = ("recipe.hgpo.hgpo_ray_trainer", "verl.trainer.ppo.ray_trainer
 
 _STEP_ESTIMATORS = ("hgpo", "gigpo", "stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform")
 _NOT_ROUTED = {
-    "gae": "it needs a critic value V(s_t) per step, verl-agent's critic gives token values"
+    "gae": "it needs a critic value V(s_t) per step, verl-agent's critic gives token values",
+    "empg": "it needs the policy's entropy at every step, which verl-agent's batch does not carry",
+    "gigpo_similarity": (
+        "verl-agent's own gigpo does it (algorithm.gigpo.enable_similarity=True); its "
+        "anchor_obs need not be text"
+    ),
+    "gigpo_dynamic": (
+        "in verl-agent dynamic sampling is the rollout's algorithm.filter_groups.enable=True, "
+        "its batch holds only the kept groups: the estimator is gigpo"
+    ),
 }
 
 

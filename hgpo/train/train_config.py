@@ -22,7 +22,7 @@ from agentenvs.adapters.toy_bench import is_toy  # noqa: F401 (re-exported: was 
 from agentenvs.ray_cluster import require_ray
 from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo.config import REFERENCE_ESTIMATORS, EstimatorConfig, reference_config
-from hgpo.estimator_registry import ESTIMATORS
+from hgpo.estimator_registry import ESTIMATORS, estimator_reads
 from hgpo.fields import add_flags, check_fields, field_bounds, field_types, in_section, sections
 from hgpo.fields import field_docs as dataclass_field_docs
 from hgpo.options import ArgumentParser, bad, parse_bool, parse_name_values
@@ -270,6 +270,12 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.estimator: unknown estimator {self.estimator!r}; known "
                 f"estimators: {', '.join(ESTIMATORS)}"
+            )
+        unsupplied = [r for r in estimator_reads(self.estimator) if r != "values"]
+        if unsupplied:  # the trainer gives values (its critic) and nothing else yet
+            raise ValueError(
+                f"TrainConfig.estimator: {self.estimator!r} reads {', '.join(unsupplied)}, "
+                "which this trainer does not supply yet; choose another estimator"
             )
         if self.dual_clip != 0 and self.dual_clip <= 1:
             raise bad("TrainConfig.dual_clip", "0 (off) or > 1", self.dual_clip)

@@ -52,7 +52,7 @@ from tqdm import tqdm
 from agentenvs.memory import EpisodeMemory
 from agentenvs.parser import parse_action
 from agentenvs.toytext import ToyText, parse_toy_spec, render, split_tasks, toy_prompt
-from hgpo import ESTIMATORS, StepBatch, compute_advantages
+from hgpo import ESTIMATORS, StepBatch, compute_advantages, estimator_reads
 from hgpo.branched_batch import lookback_rows
 from hgpo.compare import gradient_compare, sign_agreement
 from hgpo.train.episodes import response_text
@@ -442,8 +442,8 @@ class TruthMonitor:
         out: dict[str, float] = {}
         for name in ESTIMATORS:
             ecfg = base.replace(gae_lambda=1.0) if name == "gae" else base
-            values = truth.V[nodes.node] if name == "gae" else None
-            adv = compute_advantages(name, batch, ecfg, values=values).advantages
+            inputs = self._step_inputs(name, truth, steps, nodes)
+            adv = compute_advantages(name, batch, ecfg, **inputs).advantages
             bv = cross_group_bias_variance(key, group, adv - A_true, weight)
             cos, _ = gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
                                         truth.grad)  # fmt: skip
@@ -456,6 +456,25 @@ class TruthMonitor:
                 "grad_cos_undiscounted": cos_u,
             }  # fmt: skip
             out.update({f"truth/{name}/{k}": float(v) for k, v in figures.items()})
+        return out
+
+    def _step_inputs(
+        self, name: str, truth: LLMTruth, steps: TruthSteps, nodes: StepNodes
+    ) -> dict[str, Any]:
+        """The per-step inputs estimator ``name`` reads (``hgpo.estimator_reads``), exact here:
+        values V(z_t); entropy the policy's entropy over the actions at z_t (nats); the
+        observation texts the prompts show."""
+        reads = estimator_reads(name)
+        out: dict[str, Any] = {}
+        if "values" in reads:
+            out["values"] = truth.V[nodes.node]
+        if "entropy" in reads:
+            p = truth.probs[nodes.row]
+            plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
+            out["entropy"] = np.maximum(-plogp.sum(axis=1), 0.0)
+        if "observations" in reads:
+            obs = self.env.obs_of_state[steps.hidden]
+            out["observations"] = [self.text.obs_text[int(o)] for o in obs]
         return out
 
     def _explain_nan(self, key: np.ndarray, group: np.ndarray, task: np.ndarray) -> None:

@@ -7,8 +7,10 @@ estimators in hgpo/ must equal these to 1e-12.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
+from difflib import SequenceMatcher
 from fractions import Fraction
 
 import numpy as np
@@ -275,9 +277,152 @@ def ref_3spo(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
                        leave_one_out=cfg.leave_one_out)  # fmt: skip
 
 
-def ref_estimate(name: str, b: StepBatch, cfg: EstimatorConfig) -> list[float]:
+def ref_graph_distances(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[int], list[int]]:
+    """GraphGPO's d(s_t) and d(s'_t) per row, by hand: one dict graph per rollout group, edges
+    state -> next state (the next row's, the goal after a successful episode, else the
+    terminal next_state or, without it, a dead end of the row's own), breadth-first search
+    from the goal over the reversed edges, unreachable -> the group's largest distance + 1."""
+    goal = ("goal",)
+    virtual = _virtual(b)
+    edges: dict = defaultdict(set)
+    nxt: dict = {}
+    for rows in _trajectories(b):
+        tid = int(b.traj[rows[0]])
+        success = _total([float(b.reward[j]) for j in virtual[tid]]) > cfg.graph_success_return
+        g = int(b.group[rows[0]])
+        for k, row in enumerate(rows):
+            if k + 1 < len(rows):
+                v = ("s", int(b.state[rows[k + 1]]))
+            elif success:
+                v = goal
+            elif b.next_state is not None:
+                v = ("s", int(b.next_state[row]))
+            else:
+                v = ("dead end", row)
+            nxt[row] = v
+            edges[g].add((("s", int(b.state[row])), v))
+    dist: dict = {}
+    for g, es in edges.items():
+        reverse: dict = defaultdict(list)
+        for u, v in es:
+            reverse[v].append(u)
+        d = {goal: 0}
+        frontier = [goal]
+        while frontier:
+            new = []
+            for v in frontier:
+                for u in reverse[v]:
+                    if u not in d:
+                        d[u] = d[v] + 1
+                        new.append(u)
+            frontier = new
+        far = max(d.values())
+        for u, v in es:
+            dist[g, u] = d.get(u, far + 1)
+            dist[g, v] = d.get(v, far + 1)
+    d_state = [dist[int(b.group[i]), ("s", int(b.state[i]))] for i in range(b.n_steps)]
+    d_next = [dist[int(b.group[i]), nxt[i]] for i in range(b.n_steps)]
+    return d_state, d_next
+
+
+def ref_graphgpo(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[float], list[float]]:
+    """GraphGPO's (returns, advantages): R_t = 10 gamma^d(s'_t) (or ^(d(s'_t) - d(s_t) + 1))
+    less the penalty, normalised among the group's steps from the same state, plus the
+    weighted episode advantage."""
+    d_state, d_next = ref_graph_distances(b, cfg)
+    R = []
+    for i in range(b.n_steps):
+        e = d_next[i] - d_state[i] + 1 if cfg.graph_normalize_distance else d_next[i]
+        r = 10.0 * cfg.graph_gamma**e
+        if b.invalid is not None and b.invalid[i]:
+            r -= cfg.invalid_penalty
+        R.append(r)
+    keys = [(int(b.group[i]), int(b.state[i])) for i in range(b.n_steps)]
+    step = _group_norm(keys, R, cfg.norm, cfg.std, cfg.eps, leave_one_out=cfg.leave_one_out)
+    ep = ref_episode(b, cfg)[0]
+    w_s, w_e = cfg.graph_step_weight, cfg.graph_episode_weight
+    return R, [w_s * a + w_e * e for a, e in zip(step, ep, strict=True)]
+
+
+def ref_empg(b: StepBatch, cfg: EstimatorConfig, entropy: list[float]) -> list[float]:
+    """EMPG from arXiv 2509.09265 Eq. 8 / S21-S23, step by step: min-max normalised entropy,
+    g = exp(-k H~) / (mean exp(-k H~) + eps), bonus zeta exp(-k' H~) of the next step of the
+    same trajectory, then the batch mean subtracted."""
+    n = b.n_steps
+    H = [float(h) for h in entropy]
+    lo, hi = min(H), max(H)
+    den = (hi - lo) + cfg.empg_eps
+    Hn = [(h - lo) / den if den > 0 else 0.0 for h in H]
+    e = [math.exp(-cfg.empg_k * h) for h in Hn]
+    mean_e = math.fsum(e) / n
+    g = [x / (mean_e + cfg.empg_eps) for x in e]
+    f = [math.exp(-cfg.empg_k_future * h) for h in Hn]
+    bonus = [0.0] * n
+    for rows in _trajectories(b):
+        for here, nxt in itertools.pairwise(rows):
+            bonus[here] = cfg.empg_zeta * f[nxt]
+    A_ep = ref_episode(b, cfg)[0]
+    A = [g[i] * A_ep[i] + bonus[i] for i in range(n)]
+    if cfg.empg_final_norm == "mean":
+        mean = math.fsum(A) / n
+        A = [a - mean for a in A]
+    return A
+
+
+def ref_similarity_clusters(b: StepBatch, observations: list[str], thresh: float) -> list:
+    """verl-agent's build_step_group(enable_similarity=True) as written: per rollout group, each
+    row in batch order joins the first cluster whose representative (first member) r has
+    SequenceMatcher(None, obs, r).ratio() >= thresh, else starts one. Returns (group, cluster)."""
+    reps: dict[int, list[str]] = defaultdict(list)
+    out = []
+    for row in range(b.n_steps):
+        g, x = int(b.group[row]), observations[row]
+        for j, r in enumerate(reps[g]):
+            if SequenceMatcher(None, x, r).ratio() >= thresh:
+                out.append((g, j))
+                break
+        else:
+            out.append((g, len(reps[g])))
+            reps[g].append(x)
+    return out
+
+
+def ref_dynamic_keep(b: StepBatch) -> list[bool]:
+    """verl-agent's filter_group_data: a rollout group stays unless all its episode rewards
+    (env rewards summed over the virtual trajectory, no penalty) are equal."""
+    virtual = _virtual(b)
+    totals: dict[int, list[float]] = defaultdict(list)
+    for rows in _trajectories(b):
+        tid = int(b.traj[rows[0]])
+        totals[int(b.group[rows[0]])].append(_total([float(b.reward[j]) for j in virtual[tid]]))
+    return [len(set(totals[int(b.group[row])])) > 1 for row in range(b.n_steps)]
+
+
+def ref_estimate(
+    name: str,
+    b: StepBatch,
+    cfg: EstimatorConfig,
+    entropy: list[float] | None = None,
+    observations: list[str] | None = None,
+) -> list[float]:
     if name == "3spo":
         return ref_3spo(b, cfg)
+    if name == "graphgpo":
+        return ref_graphgpo(b, cfg)[1]
+    if name == "empg":
+        return ref_empg(b, cfg, entropy)
+    if name == "gigpo_similarity":
+        keys = ref_similarity_clusters(b, observations, cfg.gigpo_similarity_thresh)
+        R = ref_returns(b, cfg)
+        step = _group_norm(keys, R, cfg.norm, cfg.std, cfg.eps, leave_one_out=cfg.leave_one_out)
+        ep = ref_episode(b, cfg)[0]
+        return [e + cfg.omega * a for e, a in zip(ep, step, strict=True)]
+    if name == "gigpo_dynamic":
+        keep = ref_dynamic_keep(b)
+        A = ref_estimate("gigpo", b, cfg)
+        n_kept = sum(keep)
+        scale = b.n_steps / n_kept if cfg.gigpo_dynamic_rescale and n_kept else 1.0
+        return [a * scale if k else 0.0 for a, k in zip(A, keep, strict=True)]
     if name == "grpo":
         return ref_episode(b, cfg)[0]
     if name == "rloo":

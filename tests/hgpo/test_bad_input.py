@@ -17,6 +17,7 @@ from hgpo.estimators import hgpo as hgpo_fn
 from hgpo.keys import hierarchy
 from hgpo.options import parse_name_values
 from hgpo.returns import discounted_returns, episode_returns, penalised_rewards
+from tests.hgpo.strategies import default_inputs
 
 
 def batch(**over):
@@ -292,8 +293,9 @@ def test_group_estimators_are_right_over_the_whole_float64_range(estimator, big)
     """The issue's case: with norm="mean_std" a reward of 1e155 or more gave [0, -0] (dev * dev
     overflowed); every group estimator now gives what it gives at reward 1. With eps = 0 the
     standardised advantages are scale-free; "mean" ones scale with the reward."""
-    want = compute_advantages(estimator, pair([1.0, 0.0]), eps=0.0).advantages
-    got = compute_advantages(estimator, pair([big, 0.0]), eps=0.0).advantages
+    kw = default_inputs(estimator, pair([1.0, 0.0]))  # (one-step trajectories: no EMPG bonus)
+    want = compute_advantages(estimator, pair([1.0, 0.0]), eps=0.0, **kw).advantages
+    got = compute_advantages(estimator, pair([big, 0.0]), eps=0.0, **kw).advantages
     if estimator == "3spo" and big < 1.0:
         # 3SPO adds reward-free terms (novelty, score difference: here 0.5 - w(2) and the same
         # for both) to 0.5 r_t: a reward of 1e-170 is lost in their rounding, the pair ties.
@@ -302,10 +304,16 @@ def test_group_estimators_are_right_over_the_whole_float64_range(estimator, big)
     np.testing.assert_allclose(got, want, rtol=1e-15)
     if estimator in ("grpo", "hgpo", "stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform"):
         np.testing.assert_array_equal(want, [1.0, -1.0])
-    mean = compute_advantages(estimator, pair([big, 0.0]), norm="mean").advantages
+    mean = compute_advantages(estimator, pair([big, 0.0]), norm="mean", **kw)
     if big < 1e308:  # rloo and gigpo double 1.7e308's deviation past float64
-        ref = compute_advantages(estimator, pair([1.0, 0.0]), norm="mean").advantages
-        np.testing.assert_allclose(mean, ref * big, rtol=1e-15)
+        ref = compute_advantages(estimator, pair([1.0, 0.0]), norm="mean", **kw)
+        if estimator == "graphgpo":  # its step term reads graph distances, not reward sizes
+            np.testing.assert_array_equal(mean.level_advantages[0], ref.level_advantages[0])
+            np.testing.assert_allclose(
+                mean.level_advantages[1], ref.level_advantages[1] * big, rtol=1e-15
+            )
+        else:
+            np.testing.assert_allclose(mean.advantages, ref.advantages * big, rtol=1e-15)
 
 
 def test_the_issue_case_with_the_default_eps():
@@ -314,3 +322,115 @@ def test_the_issue_case_with_the_default_eps():
         b = compute_advantages(estimator, pair([1e154, 0.0])).advantages
         np.testing.assert_array_equal(a, b)
         assert a[0] > 0.99 and a[1] < -0.99
+
+
+# --------------------------------------------------------------------------- graphgpo
+
+NEXT_STATE_TABLE = [
+        # batch(): trajectory 0 = rows 0, 1 (states 1, 2), trajectory 1 = row 2
+        (dict(next_state=[3, 5, 1]), r"^StepBatch\.next_state\[0\] is 3 but the next step of trajectory 0 \(row 1\) has state 2"),
+        (dict(next_state=[2, 5]), r"^StepBatch\.next_state has length 2, expected 3"),
+        (dict(next_state=["hall", "x", "y"]), r"^StepBatch\.next_state must hold integers, got <U4 values such as 'hall'.*StateIndexer"),
+        (dict(next_state=[2, 1.5, 0]), r"^StepBatch\.next_state must hold integers, got 1\.5"),
+        (dict(next_state=[2, None, 0]), r"^StepBatch\.next_state must hold integers, got None at \[1\]"),
+        (dict(next_state=[[2], [5], [1]]), r"^StepBatch\.next_state must be one-dimensional"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("over", "match"), NEXT_STATE_TABLE)
+def test_next_state_table(over, match):
+    with pytest.raises(ValueError, match=match):
+        batch(**over)
+    with pytest.raises(ValueError, match=match):
+        batch(parent=[-1, -1, -1], **over)
+
+
+def test_next_state_may_be_anything_after_a_last_step():
+    assert batch(next_state=[2, -7, 2**62]).next_state.tolist() == [2, -7, 2**62]
+
+
+@pytest.mark.parametrize(
+    ("terminal", "match"),
+    [
+        ([1], r"from_trajectories: terminal_states lists 1 states, expected 2 \(one per trajectory\)"),
+        ([1, "hall"], r"from_trajectories: terminal_states: StepBatch\.next_state must hold integers"),
+        ([1, 2.5], r"from_trajectories: terminal_states: StepBatch\.next_state must hold integers, got 2\.5"),
+    ],
+)  # fmt: skip
+def test_from_trajectories_terminal_states(terminal, match):
+    with pytest.raises(ValueError, match=match):
+        StepBatch.from_trajectories([0, 0], [[0.0, 1.0], [0.0]], [[1, 2], [1]],
+                                    terminal_states=terminal)  # fmt: skip
+
+
+GRAPH_NUMERIC = ("graph_gamma", "graph_success_return", "graph_step_weight",
+                 "graph_episode_weight")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("opts", "match"),
+    [
+        (dict(graph_gamma=1.5), r"^EstimatorConfig\.graph_gamma: must be a finite number in \[0\.0, 1\.0\], got 1\.5$"),
+        (dict(graph_gamma=-0.1), r"^EstimatorConfig\.graph_gamma: must be a finite number in \[0\.0, 1\.0\], got -0\.1$"),
+        (dict(graph_step_weight=-1.0), r"^EstimatorConfig\.graph_step_weight: must be a finite number in \[0\.0, 1000000\.0\], got -1\.0$"),
+        (dict(graph_episode_weight=1e7), r"^EstimatorConfig\.graph_episode_weight: must be a finite number in \[0\.0, 1000000\.0\], got 10000000\.0$"),
+        (dict(graph_success_return=1e13), r"^EstimatorConfig\.graph_success_return: must be a finite number in \[-1000000000000\.0, 1000000000000\.0\], got 10000000000000\.0$"),
+        (dict(graph_normalize_distance="no"), r"^EstimatorConfig\.graph_normalize_distance: must be true or false, got 'no'$"),
+    ]
+    + [(dict([(name, v)]), rf"^EstimatorConfig\.{name}: must be a finite number")
+       for name in GRAPH_NUMERIC for v in (math.inf, -math.inf, math.nan, "1", True)],
+)  # fmt: skip
+def test_graph_config_table(opts, match):
+    with pytest.raises(ValueError, match=match):
+        EstimatorConfig(**opts)
+
+
+def test_graphgpo_refuses_two_zero_weights_before_any_work():
+    with pytest.raises(
+        ValueError, match=r"^graphgpo: graph_step_weight and graph_episode_weight are both 0"
+    ):
+        compute_advantages("graphgpo", batch(), graph_step_weight=0.0, graph_episode_weight=0.0)
+    with pytest.raises(ValueError, match=r"estimator 'graphgpo': batch must be a StepBatch"):
+        compute_advantages("graphgpo", {"reward": [1.0]})
+
+
+# --------------------------------------------------------------------------- empg / gigpo variants
+
+
+def _new_estimator_cases():
+    from hgpo.empg import empg
+    from hgpo.gigpo_variants import gigpo_similarity
+
+    b, cfg = batch(), EstimatorConfig()
+    return [
+        (lambda: compute_advantages("empg", b), r"^estimator 'empg' needs entropy: float64\[n\] >= 0"),
+        (lambda: empg(b, cfg), r"^estimator 'empg' needs entropy"),
+        (lambda: compute_advantages("empg", b, entropy=[0.0, -0.5, 1.0]), r"^empg: entropy\[1\] is -0\.5; an entropy is >= 0$"),
+        (lambda: empg(b, cfg, entropy=[0.0, -1.0, 0.0]), r"^empg: entropy\[1\] is -1\.0; an entropy is >= 0$"),
+        (lambda: compute_advantages("empg", b, entropy=[0.0, 1.0]), r"^empg: entropy: must be one value per step, shape \(3,\), got shape \(2,\)$"),
+        (lambda: compute_advantages("empg", b, entropy=[math.nan, 1.0, 1.0]), r"^empg: entropy\[0\] is nan; every value must be finite$"),
+        (lambda: compute_advantages("empg", b, entropy=["a", "b", "c"]), r"^empg: entropy: must be 3 real numbers, one per step, got dtype <U1$"),
+        (lambda: compute_advantages("gigpo_similarity", b), r"^estimator 'gigpo_similarity' needs observations: a sequence of n str"),
+        (lambda: gigpo_similarity(b, cfg), r"^estimator 'gigpo_similarity' needs observations: a sequence of 3 str"),
+        (lambda: compute_advantages("gigpo_similarity", b, observations=["a", "b"]), r"^gigpo_similarity: observations: must be one str per step, 3, got 2$"),
+        (lambda: compute_advantages("gigpo_similarity", b, observations=["a", 3, "c"]), r"^gigpo_similarity: observations\[1\] is 3; every observation must be a str$"),
+        (lambda: gigpo_similarity(b, cfg, observations=["a", None, "c"]), r"^gigpo_similarity: observations\[1\] is None; every observation must be a str$"),
+        (lambda: compute_advantages("gigpo_similarity", b, observations="abc"), r"^gigpo_similarity: observations: must be a sequence of 3 str, one per step, got str$"),
+        (lambda: compute_advantages("grpo", b, entropy=[0.0, 0.0, 0.0]), r"^entropy: estimator 'grpo' does not read the policy's entropy \(only empg does\); leave entropy out$"),
+        (lambda: compute_advantages("gigpo", b, observations=["a", "b", "c"]), r"^observations: estimator 'gigpo' does not read observations \(only gigpo_similarity does\)"),
+        (lambda: EstimatorConfig(gigpo_similarity_thresh=1.0), r"^EstimatorConfig\.gigpo_similarity_thresh: must be a finite number in \(0\.0, 1\.0\), got 1\.0$"),
+        (lambda: EstimatorConfig(gigpo_similarity_thresh=0.0), r"gigpo_similarity_thresh: must be a finite number in \(0\.0, 1\.0\), got 0\.0$"),
+        (lambda: EstimatorConfig(empg_k=math.inf), r"^EstimatorConfig\.empg_k: must be a finite number in \[0\.0, 50\.0\], got inf$"),
+        (lambda: EstimatorConfig(empg_k_future=-1.0), r"^EstimatorConfig\.empg_k_future: must be a finite number in \[0\.0, 50\.0\], got -1\.0$"),
+        (lambda: EstimatorConfig(empg_zeta=1e9), r"^EstimatorConfig\.empg_zeta: must be a finite number in \[0\.0, 100\.0\]"),
+        (lambda: EstimatorConfig(empg_eps=2.0), r"^EstimatorConfig\.empg_eps: must be a finite number in \[0\.0, 1\.0\], got 2\.0$"),
+        (lambda: EstimatorConfig(empg_final_norm="std"), r"^EstimatorConfig\.empg_final_norm: must be one of 'mean', 'none', got 'std'$"),
+        (lambda: EstimatorConfig(gigpo_dynamic_rescale="yes"), r"^EstimatorConfig\.gigpo_dynamic_rescale: must be true or false, got 'yes'$"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(_new_estimator_cases())))
+def test_empg_and_gigpo_variants_name_bad_input(case):
+    fn, message = _new_estimator_cases()[case]
+    with pytest.raises(ValueError, match=message):
+        fn()

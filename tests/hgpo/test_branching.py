@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hgpo import ESTIMATORS, EstimatorConfig, StepBatch, compute_advantages, context_keys
 from hgpo.returns import episode_returns
 from tests.hgpo.reference_impl import ref_context, ref_episode, ref_estimate, ref_levels
-from tests.hgpo.strategies import REWARDS, configs
+from tests.hgpo.strategies import REWARDS, configs, default_inputs, step_inputs
 
 GROUP_ESTIMATORS = [name for name in ESTIMATORS if name != "gae"]
 
@@ -56,11 +56,14 @@ def branched_batches(draw, max_groups: int = 3, max_traj: int = 5, max_len: int 
 
 
 @pytest.mark.parametrize("estimator", GROUP_ESTIMATORS)
-@given(batch=branched_batches(), cfg=configs())
-def test_branched_fast_equals_reference(estimator, batch, cfg):
-    out = compute_advantages(estimator, batch, cfg)
+@given(batch=branched_batches(), cfg=configs(), data=st.data())
+def test_branched_fast_equals_reference(estimator, batch, cfg, data):
+    inputs = data.draw(step_inputs(estimator, batch))
+    if "observations" in inputs:  # a branch's first observation is its parent's at that step
+        inputs["observations"] = default_inputs(estimator, batch)["observations"]
+    out = compute_advantages(estimator, batch, cfg, **inputs)
     fast = out.advantages
-    ref = np.asarray(ref_estimate(estimator, batch, cfg))
+    ref = np.asarray(ref_estimate(estimator, batch, cfg, **inputs))
     if cfg.zero_rule == "value" and estimator in ("hgpo", "hgpo-uniform"):
         # as in test_equivalence: "A_k == 0.0" is decided by rounding near a group's mean
         A = np.vstack([out.level_advantages, np.asarray(ref_levels(batch, cfg, cfg.K)[0])])
@@ -176,5 +179,6 @@ def test_parents_all_minus_one_is_the_unbranched_batch():
     u = StepBatch([0, 0, 0], [0, 0, 1], [0, 1, 0], [1.0, 0.0, 2.0], [1, 2, 1])
     for name in GROUP_ESTIMATORS:
         np.testing.assert_array_equal(
-            compute_advantages(name, b).advantages, compute_advantages(name, u).advantages
+            compute_advantages(name, b, **default_inputs(name, b)).advantages,
+            compute_advantages(name, u, **default_inputs(name, u)).advantages,
         )

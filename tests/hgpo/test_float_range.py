@@ -16,11 +16,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hgpo import ESTIMATORS, StepBatch, compute_advantages
-from tests.hgpo.strategies import configs, step_batches
+from tests.hgpo.strategies import configs, default_inputs, step_batches
 
+# graphgpo's step returns 10 gamma^d are in their own unit, not the rewards' (only its invalid
+# penalty and episode term scale): tests/hgpo/test_bad_input.py checks its two terms apart.
 # 3spo is not scale-free: its shaped reward adds terms that do not scale with the rewards
 # (novelty and state-score difference, in [-0.5, 1]) to 0.5 r_t. It gets its own test below.
-GROUP_ESTIMATORS = [name for name in ESTIMATORS if name not in ("gae", "3spo")]
+GROUP_ESTIMATORS = [name for name in ESTIMATORS if name not in ("gae", "graphgpo", "3spo")]
 
 
 def scaled(b: StepBatch, E: int) -> StepBatch:
@@ -38,11 +40,13 @@ def scaled(b: StepBatch, E: int) -> StepBatch:
 def test_extreme_batches_give_a_named_error_or_the_scaled_down_advantages(estimator, batch, cfg, E):
     # A "raw" singleton episode group passes its return through, in reward units even under
     # "mean_std": not scale-free, so left out here (it is x / (1 + eps), nothing to overflow).
-    cfg = cfg.replace(eps=0.0, episode_singleton="zero")
+    # EMPG's future-clarity bonus zeta f(H) is in its own unit, not the rewards': left out.
+    cfg = cfg.replace(eps=0.0, episode_singleton="zero", empg_zeta=0.0)
     big_cfg = cfg.replace(invalid_penalty=math.ldexp(cfg.invalid_penalty, E))
-    small = compute_advantages(estimator, batch, cfg).advantages
+    inputs = default_inputs(estimator, batch)
+    small = compute_advantages(estimator, batch, cfg, **inputs).advantages
     try:
-        big = compute_advantages(estimator, scaled(batch, E), big_cfg).advantages
+        big = compute_advantages(estimator, scaled(batch, E), big_cfg, **inputs).advantages
     except ValueError as exc:
         assert "overflows float64" in str(exc) and "trajectory" in str(exc)
         # |returns| <= 70 and |advantages| <= 4 * 70 here: only 2^E >= 2^1014 can overflow

@@ -161,3 +161,182 @@ def test_leave_one_out_levels():
     # GiGPO: the episode term is unchanged (6 for tau1), the step term leaves one out: 6 + 7.5
     g = compute_advantages("gigpo", BATCH, LOO).advantages
     assert g[1] == pytest.approx(13.5, rel=1e-14)
+
+
+# GraphGPO: one rollout group of three trajectories, graph_gamma = 0.5, norm = "mean".
+# States: 1 start, 2 hall, 3 fridge, 4 a corner where nothing happens, 5 a side room.
+#   tau1: s = [1, 2, 3], r = [0, 0, 10]: succeeds -> its last step leads to the goal *.
+#   tau2: s = [1, 4],    r = [0, 0], ends in 4 (next_state of its last row: 4).
+#   tau3: s = [1, 5],    r = [0, 0], ends in 2 (back in the hall).
+# Edges: 1->2, 2->3, 3->*; 1->4, 4->4; 1->5, 5->2. Distances to *: d(3) = 1, d(2) = 2,
+#   d(1) = 3 (1->2->3->*), d(5) = 3 (5->2), 4 only reaches itself: D = 3 -> d(4) = D + 1 = 4.
+# R = 10 * 0.5^d(s'): tau1 [d 2, 1, 0] -> [2.5, 5, 10]; tau2 [4, 4] -> [0.625, 0.625];
+#   tau3 [3, 2] -> [1.25, 2.5].
+# Same-state groups: state 1 = {2.5, 0.625, 1.25} = {60, 15, 30}/24, mean 35/24 ->
+#   [25/24, -20/24, -5/24]; every other state is alone -> 0.
+# Episode term: E = [10, 0, 0], mean 10/3 -> [20/3, -10/3, -10/3] = [160, -80, -80]/24.
+# A = step + episode: tau1 [185/24, 20/3, 20/3], tau2 [-100/24, -10/3], tau3 [-85/24, -10/3].
+GRAPH = StepBatch.from_trajectories(
+    groups=[0, 0, 0],
+    rewards=[[0, 0, 10], [0, 0], [0, 0]],
+    states=[[1, 2, 3], [1, 4], [1, 5]],
+    terminal_states=[9, 4, 2],  # tau1's 9 is never read: a successful episode ends at *
+)
+GRAPH_CFG = EstimatorConfig(graph_gamma=0.5, norm="mean")
+# rows: tau1 = 0, 1, 2; tau2 = 3, 4; tau3 = 5, 6
+
+
+def test_graphgpo_distances_returns_and_advantages():
+    out = compute_advantages("graphgpo", GRAPH, GRAPH_CFG)
+    np.testing.assert_array_equal(out.returns, [2.5, 5, 10, 0.625, 0.625, 1.25, 2.5])
+    np.testing.assert_allclose(
+        out.advantages,
+        [185 / 24, 20 / 3, 20 / 3, -100 / 24, -10 / 3, -85 / 24, -10 / 3],
+        rtol=1e-15,
+    )
+    np.testing.assert_allclose(out.level_advantages[0, [0, 3, 5]], [25 / 24, -20 / 24, -5 / 24])
+    assert out.diagnostics["graph"]["terminal"] == "next_state"
+
+
+def test_graphgpo_without_next_state_ends_failures_in_dead_ends():
+    # Without next_state tau3 no longer returns to the hall: 5 has no way out, so
+    # d(5) = D + 1 = 4 like d(4), and tau3's first step scores 10 * 0.5^4 = 0.625 like tau2's.
+    # State 1 = {2.5, 0.625, 0.625}, mean 1.25 -> [1.25, -0.625, -0.625].
+    b = StepBatch(GRAPH.group, GRAPH.traj, GRAPH.step, GRAPH.reward, GRAPH.state)
+    out = compute_advantages("graphgpo", b, GRAPH_CFG)
+    np.testing.assert_array_equal(out.returns, [2.5, 5, 10, 0.625, 0.625, 0.625, 0.625])
+    np.testing.assert_allclose(out.level_advantages[0, [0, 3, 5]], [1.25, -0.625, -0.625])
+    assert out.diagnostics["graph"]["terminal"] == "dead_end"
+
+
+def test_graphgpo_progress_penalty_and_success_threshold():
+    # graph_normalize_distance: R = 10 * 0.5^(d(s') - d(s) + 1):
+    #   tau1: 1->2 (3 -> 2), 2->3 (2 -> 1), 3->* (1 -> 0): exponent 0 each -> [10, 10, 10];
+    #   tau2: 1->4 (3 -> 4): 2 -> 2.5; 4->4: 1 -> 5;  tau3: 1->5 (3 -> 3): 1 -> 5; 5->2: 0 -> 10.
+    #   State 1 = {10, 2.5, 5}, mean 35/6 -> [25/6, -20/6, -5/6].
+    out = compute_advantages("graphgpo", GRAPH, GRAPH_CFG.replace(graph_normalize_distance=True))
+    np.testing.assert_array_equal(out.returns, [10, 10, 10, 2.5, 5, 5, 10])
+    np.testing.assert_allclose(out.level_advantages[0, [0, 3, 5]], [25 / 6, -20 / 6, -5 / 6])
+    # An invalid first step of tau2 loses invalid_penalty = 0.1 from its own return only:
+    # 0.625 - 0.1 = 0.525 (the return is not a sum of rewards to carry it back).
+    inv = StepBatch(GRAPH.group, GRAPH.traj, GRAPH.step, GRAPH.reward, GRAPH.state,
+                    invalid=[0, 0, 0, 1, 0, 0, 0], next_state=GRAPH.next_state)  # fmt: skip
+    out = compute_advantages("graphgpo", inv, GRAPH_CFG)
+    np.testing.assert_allclose(out.returns, [2.5, 5, 10, 0.525, 0.625, 1.25, 2.5], rtol=1e-15)
+    # graph_success_return = 10: tau1's return 10 does not exceed it, so no episode reaches
+    # the goal: D = 0, every node is at D + 1 = 1, every R = 5 and the step term is 0.
+    out = compute_advantages("graphgpo", GRAPH, GRAPH_CFG.replace(graph_success_return=10.0))
+    np.testing.assert_array_equal(out.returns, [5.0] * 7)
+    np.testing.assert_array_equal(out.level_advantages[0], 0.0)
+    # The weights: graph_episode_weight = 0 leaves the step term alone, scaled by its weight.
+    only = GRAPH_CFG.replace(graph_step_weight=2.0, graph_episode_weight=0.0)
+    a = compute_advantages("graphgpo", GRAPH, only).advantages
+    np.testing.assert_allclose(a[[0, 3, 5]], [50 / 24, -40 / 24, -10 / 24], rtol=1e-15)
+
+
+# --------------------------------------------------------------------------- empg
+# One group: tau1 = 2 steps, r = [0, 1]; tau2 = 1 step, r = [0]. gamma = 1, norm = "mean".
+# Episode returns E = [1, 0], mean 1/2 -> A(tau) = +1/2 on tau1's rows, -1/2 on tau2's.
+# Rows: 0 = tau1 t0, 1 = tau1 t1, 2 = tau2 t0. Entropy H = [0, 2, 1], eps = 0:
+#   H_norm = (H - 0) / (2 - 0) = [0, 1, 1/2].
+# k = 2 ln 2: exp(-k H_norm) = 4^-H_norm = [1, 1/4, 1/2], mean 7/12 -> g = [12/7, 3/7, 6/7].
+# k' = ln 2: f = 2^-H_norm; row 0's next step is row 1: bonus = zeta f[1] = 0.2 x 1/2 = 1/10;
+#   rows 1 and 2 are last steps: no bonus.
+# A_mod = g A + bonus = [6/7 + 1/10, 3/14, -3/7]; its mean = (9/14 + 1/10) / 3 = 3/14 + 1/30.
+# A = A_mod - mean = [9/14 + 1/15, -1/30, -9/14 - 1/30].
+EMPG_BATCH = StepBatch.from_trajectories(groups=[0, 0], rewards=[[0, 1], [0]], states=[[1, 2], [1]])
+EMPG_CFG = EstimatorConfig(
+    gamma=1.0, norm="mean", empg_k=2 * np.log(2), empg_k_future=np.log(2), empg_zeta=0.2,
+    empg_eps=0.0,
+)  # fmt: skip
+
+
+def test_empg_scales_by_confidence_and_adds_the_next_steps_clarity():
+    out = compute_advantages("empg", EMPG_BATCH, EMPG_CFG, entropy=[0.0, 2.0, 1.0])
+    np.testing.assert_allclose(
+        out.advantages, [9 / 14 + 1 / 15, -1 / 30, -9 / 14 - 1 / 30], rtol=1e-14
+    )
+    np.testing.assert_allclose(out.diagnostics["scale"], [12 / 7, 3 / 7, 6 / 7], rtol=1e-14)
+    np.testing.assert_allclose(out.diagnostics["bonus"], [0.1, 0.0, 0.0], rtol=1e-14)
+    # without the final normalisation: A_mod itself
+    raw = compute_advantages(
+        "empg", EMPG_BATCH, EMPG_CFG.replace(empg_final_norm="none"), entropy=[0.0, 2.0, 1.0]
+    )
+    np.testing.assert_allclose(raw.advantages, [6 / 7 + 0.1, 3 / 14, -3 / 7], rtol=1e-14)
+
+
+def test_empg_with_equal_entropies_is_grpo_plus_a_constant_bonus_less_its_mean():
+    # H all equal: H_norm = 0 (also with eps = 0), g = 1, f = 1: A_mod = A + zeta on rows with a
+    # next step (row 0 only) -> [1/2 + 0.2, 1/2, -1/2], mean 7/30 -> minus 7/30.
+    out = compute_advantages("empg", EMPG_BATCH, EMPG_CFG, entropy=[0.7, 0.7, 0.7])
+    np.testing.assert_allclose(
+        out.advantages, [0.7 - 7 / 30, 0.5 - 7 / 30, -0.5 - 7 / 30], rtol=1e-14
+    )
+
+
+# --------------------------------------------------------------------------- gigpo_similarity
+# One group: tau1 observes ["kitchen", "you see a fridge 1"], r = [0, 1] -> R = [1, 1];
+# tau2 observes ["kitchen", "you see a fridge 2"], r = [0, 0] -> R = [0, 0]. gamma = 1, "mean".
+# difflib: "you see a fridge 1" vs "... 2": longest match "you see a fridge " (17 of 18 chars),
+# ratio = 2 x 17 / 36 = 0.944.
+# Episode term: E = [1, 0] -> +1/2 on tau1, -1/2 on tau2.
+# thresh 0.9: the fridge texts share a step group: {R = 1, R = 0} -> +1/2, -1/2; the kitchen
+#   group likewise -> A = tau1 [1, 1], tau2 [-1, -1].
+# thresh 0.95: the fridge texts are apart (singletons -> step term 0) -> tau1 [1, 1/2],
+#   tau2 [-1, -1/2]; that is GiGPO with exact anchor states.
+SIM_BATCH = StepBatch.from_trajectories(
+    groups=[0, 0], rewards=[[0, 1], [0, 0]], states=[[0, 1], [0, 2]]
+)
+SIM_OBS = ["kitchen", "you see a fridge 1", "kitchen", "you see a fridge 2"]
+SIM_CFG = EstimatorConfig(gamma=1.0, norm="mean")
+
+
+def test_gigpo_similarity_groups_near_copies():
+    a = compute_advantages(
+        "gigpo_similarity", SIM_BATCH, SIM_CFG.replace(gigpo_similarity_thresh=0.9),
+        observations=SIM_OBS,
+    ).advantages  # fmt: skip
+    np.testing.assert_allclose(a, [1, 1, -1, -1])
+    b = compute_advantages("gigpo_similarity", SIM_BATCH, SIM_CFG, observations=SIM_OBS)
+    np.testing.assert_allclose(b.advantages, [1, 0.5, -1, -0.5])
+    np.testing.assert_allclose(
+        b.advantages, compute_advantages("gigpo", SIM_BATCH, SIM_CFG).advantages
+    )
+
+
+def test_similarity_clusters_compare_with_the_representative_only():
+    # thresh 0.7: "aaab" joins "aaaa" (ratio 2 x 3 / 8 = 0.75); "aabb" is 0.75 from "aaab" but
+    # 0.5 from the representative "aaaa": a cluster of its own (the authors' greedy rule).
+    from hgpo.gigpo_variants import similarity_clusters
+
+    b = StepBatch.from_trajectories(
+        groups=[0, 0, 0], rewards=[[0], [0], [0]], states=[[0], [1], [2]]
+    )
+    ids = similarity_clusters(b, ["aaaa", "aaab", "aabb"], 0.7)
+    assert ids[0] == ids[1] != ids[2]
+
+
+# --------------------------------------------------------------------------- gigpo_dynamic
+# Group 0: tau1 r = [0, 1], tau2 r = [1, 0]: both episode rewards 1 -> dynamic sampling drops
+# the group, although with gamma = 1/2 their step returns differ (R = [1/2, 1] and [1, 0]) and
+# GiGPO's step term is not 0 there (state 1: {1/2, 1} -> -1/4, +1/4; state 2: {1, 0} ->
+# +1/2, -1/2; episode term 0).
+# Group 1: tau3 r = [1], tau4 r = [0], same state: episode +-1/2, step +-1/2 -> A = +-1.
+DYN_BATCH = StepBatch.from_trajectories(
+    groups=[0, 0, 1, 1], rewards=[[0, 1], [1, 0], [1], [0]], states=[[1, 2], [1, 2], [3], [3]]
+)
+DYN_CFG = EstimatorConfig(gamma=0.5, norm="mean")
+
+
+def test_gigpo_dynamic_drops_groups_of_equal_episode_rewards():
+    np.testing.assert_allclose(
+        compute_advantages("gigpo", DYN_BATCH, DYN_CFG).advantages,
+        [-0.25, 0.5, 0.25, -0.5, 1, -1],
+    )
+    out = compute_advantages("gigpo_dynamic", DYN_BATCH, DYN_CFG)
+    np.testing.assert_allclose(out.advantages, [0, 0, 0, 0, 1, -1])
+    assert out.diagnostics["kept"].tolist() == [False] * 4 + [True] * 2
+    assert out.diagnostics["kept_share"] == pytest.approx(2 / 6)
+    # rescaled by n / n_kept = 6 / 2
+    a = compute_advantages("gigpo_dynamic", DYN_BATCH, DYN_CFG.replace(gigpo_dynamic_rescale=True))
+    np.testing.assert_allclose(a.advantages, [0, 0, 0, 0, 3, -3])
