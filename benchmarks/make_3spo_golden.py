@@ -32,7 +32,9 @@ monkey-patches ``rollout_loop.TrajectoryCollector`` in the driver, which neither
 2. ``update_statistics(observations of the trajectory, last reward > 0)`` for every
    trajectory, in batch order;
 3. ``compute_3spo_step_reward(s_t, s_t+1, r_t, manager, omega_k)`` for every step, s_t+1 the
-   next step's observation, after the last step a terminal observation no trajectory visited;
+   next step's observation; after the last step, in half the cases a terminal observation no
+   trajectory visited (our batch has no ``next_state``), in the others a drawn observation,
+   often one that trajectories acted from (our batch's ``next_state`` holds it);
 4. ``compute_3spo_advantage(step_rewards, response_mask, build_step_group(observations,
    group ids), epsilon=1e-6, remove_std)``; ``remove_std`` True is their default (our
    ``norm="mean"``), False divides by torch's sample std (``norm="mean_std"``, ``std="sample"``);
@@ -99,7 +101,11 @@ def random_case(rng: np.random.Generator) -> dict[str, Any]:
             reward += [float(x) for x in r]
             state += [int(s) for s in rng.integers(0, n_states, T)]
             tid += 1
+    terminal = None
+    if rng.random() < 0.5:  # the observation after each last step: seen before, or new
+        terminal = [int(x) for x in rng.integers(0, n_states + 1, tid)]
     return dict(
+        terminal=terminal,
         alpha=float(rng.choice([50.0, 50.0, 1.0, 0.5, 0.0])),
         xi=float(rng.choice([10.0, 2.0, 1.0])),
         zeta=float(rng.choice([0.1, 0.5])),
@@ -112,13 +118,22 @@ def random_case(rng: np.random.Generator) -> dict[str, Any]:
 
 
 def case_batch(case: dict[str, Any]) -> StepBatch:
-    """The StepBatch of one golden case (also used by tests/hgpo/test_3spo_golden.py)."""
+    """The StepBatch of one golden case (also used by tests/hgpo/test_3spo_golden.py); with
+    the case's terminal observations as the ``next_state`` of each trajectory's last step."""
+    state, traj = np.asarray(case["state"]), np.asarray(case["traj"])
+    next_state = None
+    if case.get("terminal") is not None:
+        next_state = np.empty_like(state)
+        next_state[:-1] = state[1:]
+        last = np.flatnonzero(np.r_[traj[1:] != traj[:-1], True])
+        next_state[last] = np.asarray(case["terminal"])[traj[last]]
     return StepBatch(
         group=np.asarray(case["group"]),
-        traj=np.asarray(case["traj"]),
+        traj=traj,
         step=np.asarray(case["step"]),
         reward=np.asarray(case["reward"], dtype=np.float64),
-        state=np.asarray(case["state"]),
+        state=state,
+        next_state=next_state,
     )
 
 
@@ -176,7 +191,12 @@ def run_reference(case: dict[str, Any], core: types.ModuleType) -> Reference:
         n_rollouts = np.empty(n, dtype=np.int64)
         for t, rs in rows.items():
             for j, i in enumerate(rs):
-                nxt = obs[rs[j + 1]] if j + 1 < len(rs) else f"terminal of trajectory {t}"
+                if j + 1 < len(rs):
+                    nxt = obs[rs[j + 1]]
+                elif case["terminal"] is None:
+                    nxt = f"terminal of trajectory {t}"
+                else:
+                    nxt = f"obs {case['terminal'][t]}"
                 shaped[i] = core.compute_3spo_step_reward(
                     obs[i], nxt, case["reward"][i], manager(i), omega_k=case["omega_k"]
                 )

@@ -39,9 +39,11 @@ across tasks as theirs are) or of the step's rollout group ("group"), the step's
 trajectory included, and t = 1 + those trajectories, which is what their manager holds after
 counting exactly those trajectories from a fresh start. A branch (``StepBatch.parent``) visits
 its parent's prefix too: it counts the states of its whole virtual trajectory, as their DFS
-counts the whole path. The batch does not hold the observation after a trajectory's last step:
-it is taken as a new, never-counted observation (R_novel = 1, S = ``spo3_terminal_score``, 1
-by default, what their code gives that observation). The invalid-action penalty is subtracted
+counts the whole path. The observation after a trajectory's last step is ``next_state`` when
+the batch has that column (its score from its counts; they count only states acted from, so
+the terminal observation has counts only if some trajectory acted from it), else a new,
+never-counted observation; a never-counted one scores ``spo3_terminal_score`` (1 by default,
+what their code gives it) and a missing one has R_novel = 1. The invalid-action penalty is subtracted
 from the shaped reward (``penalty_mode`` as for the step returns when ``spo3_target="return"``).
 """
 
@@ -82,11 +84,15 @@ class Visits:
         n_total: int64[n] N(s_t), the counted trajectories whose (virtual) path visits s_t.
         n_success: int64[n] W(s_t), those of them that succeeded.
         t: int64[n] 1 + the trajectories counted in the step's scope (lambda's t).
+        last_total, last_success: int64[n_traj] or None, N and W of the observation after
+            each trajectory's last step (``StepBatch.next_state``; None without that column).
     """
 
     n_total: np.ndarray
     n_success: np.ndarray
     t: np.ndarray
+    last_total: np.ndarray | None = None
+    last_success: np.ndarray | None = None
 
 
 def trajectory_success(batch: StepBatch) -> np.ndarray:
@@ -113,22 +119,30 @@ def state_visits(
             :func:`trajectory_success`).
 
     A trajectory counts each observation of its virtual full trajectory once (a branch: its
-    parent's prefix and its own rows). Cost: three sorts of n integers at most.
+    parent's prefix and its own rows); the observation after its last step (``next_state``) is
+    not visited (the authors count the states acted from), but with that column its N and W
+    are looked up too. Cost: three sorts of n integers at most.
     """
     check_choice("spo3_count_scope", scope, ("batch", "group"))
-    n_traj = batch.n_traj
+    n, n_traj = batch.n_steps, batch.n_traj
     counted = _traj_flags(batch, counted, "counted")
     success = (
         trajectory_success(batch) if success is None else _traj_flags(batch, success, "success")
     )
+    last = batch.traj_start + batch.traj_len - 1
+    states, groups = batch.state, batch.group
+    if batch.next_state is not None:  # the observations after the last steps, looked up too
+        states = np.concatenate([states, batch.next_state[last]])
+        groups = np.concatenate([groups, groups[last]])
     if scope == "batch":
-        key, n_keys = dense_rank(batch.state)
+        key, n_keys = dense_rank(states)
         scope_of_traj = np.zeros(n_traj, dtype=np.int64)
     else:
-        g, _ = dense_rank(batch.group)
-        s, m = dense_rank(batch.state)
+        g, _ = dense_rank(groups)
+        s, m = dense_rank(states)
         key, n_keys = dense_rank(g * m + s)
         scope_of_traj = g[batch.traj_start]
+    key, last_key = key[:n], key[n:]
     if batch.branches is None:
         ti, pk = batch.traj_index, key
     else:  # [branching] a trajectory visits the states of its virtual full trajectory
@@ -148,7 +162,9 @@ def state_visits(
         minlength=int(scope_of_traj.max(initial=0)) + 1,
     )
     t = 1 + per_scope[scope_of_traj[batch.traj_index]]
-    return Visits(n_total[key], n_success[key], t)
+    if batch.next_state is None:
+        return Visits(n_total[key], n_success[key], t)
+    return Visits(n_total[key], n_success[key], t, n_total[last_key], n_success[last_key])
 
 
 def _traj_flags(batch: StepBatch, flags: np.ndarray | None, name: str) -> np.ndarray | None:
@@ -200,9 +216,11 @@ def shaped_rewards(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Eq. 2 for every step: (float64[n] R_3SPO, float64[n] S(s_t), float64[n] S(s_{t+1})).
 
-    s_{t+1} is the next own row of the step's trajectory; after its last row the next
-    observation is a new, never-counted one: R_novel = 1, S = ``cfg.spo3_terminal_score``.
-    The env reward r_t enters without the invalid-action penalty (the estimator applies it).
+    s_{t+1} is the next own row of the step's trajectory. After its last row it is
+    ``next_state`` when the batch has that column (R_novel = 1{s' != s_t}; S(s') by Eq. 1 from
+    its counts, ``cfg.spo3_terminal_score`` if no counted trajectory visited s'), else a new,
+    never-counted observation: R_novel = 1, S = ``cfg.spo3_terminal_score``. The env reward
+    r_t enters without the invalid-action penalty (the estimator applies it).
     """
     check_inputs("3spo", batch, cfg)
     v = state_visits(batch, cfg.spo3_count_scope) if visits is None else visits
@@ -210,10 +228,15 @@ def shaped_rewards(
     last = batch.traj_start + batch.traj_len - 1
     S_next = np.empty_like(S)
     S_next[:-1] = S[1:]
-    S_next[last] = cfg.spo3_terminal_score
     novel = np.ones(batch.n_steps)
     novel[:-1] = batch.state[:-1] != batch.state[1:]
-    novel[last] = 1.0
+    if v.last_total is None:
+        S_next[last] = cfg.spo3_terminal_score
+        novel[last] = 1.0
+    else:
+        seen = state_score(v.last_total, v.last_success, v.t[last], cfg)
+        S_next[last] = np.where(v.last_total > 0, seen, cfg.spo3_terminal_score)
+        novel[last] = batch.next_state[last] != batch.state[last]
     w = 0.5 * np.exp(-cfg.spo3_omega_k * v.n_total.astype(np.float64))
     with np.errstate(over="ignore"):
         R = w * novel + (0.5 - w) * (S - S_next) + 0.5 * batch.reward

@@ -69,6 +69,10 @@ _NOT_ROUTED = {
         "in verl-agent dynamic sampling is the rollout's algorithm.filter_groups.enable=True, "
         "its batch holds only the kept groups: the estimator is gigpo"
     ),
+    "3spo": (
+        "it needs every step's own env reward, and verl-agent's batch carries only the "
+        "discounted step returns (step_rewards) and the episode reward"
+    ),
 }
 
 

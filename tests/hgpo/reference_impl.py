@@ -234,7 +234,8 @@ def ref_3spo_score(N: int, W: int, t: int, cfg: EstimatorConfig) -> float:
 
 def ref_3spo_rewards(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
     """Eq. 2 of 3SPO for every step, one step at a time; after a trajectory's last step the
-    next observation is a never-counted one (R_novel 1, S = spo3_terminal_score)."""
+    next observation is next_state (scored from its counts, spo3_terminal_score if it has
+    none), or without that column a never-counted one (R_novel 1, S = spo3_terminal_score)."""
     counts, t = ref_3spo_counts(b, cfg)
     out = [0.0] * b.n_steps
     for rows in _trajectories(b):
@@ -246,8 +247,13 @@ def ref_3spo_rewards(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
                 nxt = rows[i + 1]
                 s_next = ref_3spo_score(*counts[scope, int(b.state[nxt])], t[scope], cfg)
                 novel = 1.0 if int(b.state[nxt]) != int(b.state[row]) else 0.0
-            else:
+            elif b.next_state is None:
                 s_next, novel = cfg.spo3_terminal_score, 1.0
+            else:
+                after = int(b.next_state[row])
+                N1, W1 = counts.get((scope, after), (0, 0))
+                s_next = ref_3spo_score(N1, W1, t[scope], cfg) if N1 else cfg.spo3_terminal_score
+                novel = 1.0 if after != int(b.state[row]) else 0.0
             w = 0.5 * float(np.exp(-cfg.spo3_omega_k * N))
             out[row] = w * novel + (0.5 - w) * (s_t - s_next) + 0.5 * float(b.reward[row])
     return out

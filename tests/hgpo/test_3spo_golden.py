@@ -58,6 +58,9 @@ def test_golden_covers_the_edge_cases():
     """The frozen inputs hold what the comparison is about."""
     assert {c["scope"] for c in CASES} == {"batch", "group"}
     assert {c["remove_std"] for c in CASES} == {True, False}
+    # after the last step: new observations (no next_state), and next_state seen before
+    assert any(c["terminal"] is None for c in CASES)
+    assert any(c["terminal"] is not None and set(c["terminal"]) & set(c["state"]) for c in CASES)
     assert any(0 in c["reference_n_rollouts"] for c in CASES)  # truncated states
     assert any(1 in c["reference_n_rollouts"] for c in CASES)  # solved states
     assert any(8 in c["reference_n_rollouts"] for c in CASES)  # unsolved, not truncated

@@ -85,13 +85,15 @@ def test_graphgpo_equals_reference(estimator, batch, cfg):
 
 
 @pytest.mark.parametrize("estimator", ["3spo"])  # (so HGPO_ESTIMATOR selects it)
-@given(batch=step_batches(), cfg=configs(), spo3=spo3_options(), many=st.booleans())
+@given(batch=graph_batches(), cfg=configs(), spo3=spo3_options(), many=st.booleans())
 def test_3spo_equals_reference_over_its_options(estimator, batch, cfg, spo3, many):
-    """3SPO with its own options drawn too (the test above runs its defaults); ``many``
-    repeats the batch's states so that counts pass xi and the truncation test bites."""
+    """3SPO with its own options drawn too (the test above runs its defaults), on batches
+    with and without next_state (a terminal observation seen before or new); ``many`` repeats
+    the batch's states so that counts pass xi and the truncation test bites."""
     if many:
-        batch = type(batch)(batch.group, batch.traj, batch.step, batch.reward,
-                            batch.state % 2, batch.action, batch.invalid)  # fmt: skip
+        ns = None if batch.next_state is None else batch.next_state % 2
+        batch = type(batch)(batch.group, batch.traj, batch.step, batch.reward, batch.state % 2,
+                            batch.action, batch.invalid, next_state=ns)  # fmt: skip
     cfg = cfg.replace(**spo3)
     fast = compute_advantages(estimator, batch, cfg).advantages
     ref = np.asarray(ref_estimate(estimator, batch, cfg))

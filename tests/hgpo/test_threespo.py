@@ -57,6 +57,22 @@ def test_hand_worked_shaped_rewards_and_advantages():
     assert spo3["t"].tolist() == [4] * 6
 
 
+def test_next_state_after_the_last_step():
+    # The same batch with next_state: tau1 ends in a new observation 9 (never counted: S = 1, as
+    # without the column), tau2 in observation 0 (counted: S(0) = S0, R_novel = 1), tau3 stays
+    # in 0 (R_novel = 0, S(0) - S(0) = 0):
+    #   tau2 t=1: 1/4 + 1/4 (S(2) - S0) = 1/4 + 1/4 (1 - S0);   tau3 t=1: 0 + 7/16 * 0 = 0.
+    ns = np.array([1, 9, 2, 0, 0, 0])
+    b = StepBatch(BATCH.group, BATCH.traj, BATCH.step, BATCH.reward, BATCH.state, next_state=ns)
+    out = compute_advantages("3spo", b, CFG)
+    np.testing.assert_allclose(
+        out.returns, [R10, 5.0625, R20, 0.25 + 0.25 * (1 - S0), 0.0, 0.0], rtol=1e-14, atol=1e-15
+    )
+    # spo3_terminal_score only for a never-counted observation (tau1's 9)
+    out0 = compute_advantages("3spo", b, CFG.replace(spo3_terminal_score=0.0))
+    assert out0.returns[1] == 0.25 + 0.25 * 0.25 + 5.0 and out0.returns[3] == out.returns[3]
+
+
 def test_truncation_and_scope():
     # xi = 2: state 0 has N_fail = 2 >= 2 and rate 1/3 > 0.1 -> kept; zeta = 0.5: 1/3 <= 0.5
     # and N_fail = 2 >= 2 -> S(0) = 0 (the authors' "too hard: truncated").
