@@ -45,6 +45,8 @@ CASES = [
     ("hgpo-nohog2", {"K": 4}),
     ("hgpo-uniform", {"K": 2}),
     ("gae", {}),
+    ("3spo", {}),
+    ("3spo", {"spo3_alpha": 1.0, "spo3_count_scope": "group", "spo3_target": "return"}),
 ]
 GAMMA = 0.95
 LAM = 0.9

@@ -152,6 +152,34 @@ class EstimatorConfig:
     """GraphGPO: weight of the episode term, Eq. (1) as in gigpo (the authors'
     ``episode_advantage_w``)."""
 
+    # --- 3spo options
+    spo3_alpha: float = setting(50.0, lo=0.0, hi=1e6)
+    """3SPO: annealing rate alpha of the state score's lambda(t) = alpha log t (the authors'
+    scripts and README: 50; their StateScoreManager's own default, 1, is never used)."""
+    spo3_xi: float = setting(10.0, lo=0.0, hi=1e9)
+    """3SPO: failures threshold xi; a state with N_fail >= xi and success rate <= zeta scores
+    0 (truncated)."""
+    spo3_zeta: float = setting(0.1, lo=0.0, hi=1.0)
+    """3SPO: success-rate threshold zeta of the truncation test."""
+    spo3_omega_k: float = setting(0.1, lo=0.0, hi=1e3)
+    """3SPO: decay rate omega_k of the novelty weight w(N) = 0.5 exp(-omega_k N_total(s_t))."""
+    spo3_eps: float = setting(1e-6, lo=0.0, hi=1.0)
+    """3SPO: epsilon of the success rate N_success / (N_total + epsilon)."""
+    spo3_g_max: int = setting(8, lo=1, hi=4096)
+    """3SPO: G_max of the rollout allocation n(s) = ceil(G_max S(s)) (branch:3spo only)."""
+    spo3_count_scope: str = setting("batch", choices=("batch", "group"))
+    """3SPO: which trajectories' visits a state's counts N_total, N_success and t come from:
+    "batch" (every trajectory of the batch, states shared across tasks, as the authors' global
+    StateScoreManager) or "group" (the step's rollout group only)."""
+    spo3_target: str = setting("reward", choices=("reward", "return"))
+    """3SPO: what is normalised within the (group, state) groups: "reward" (the shaped step
+    reward R_3SPO itself, the post-step bandit of the paper) or "return" (its discounted return
+    with ``gamma``)."""
+    spo3_terminal_score: float = setting(1.0, lo=0.0, hi=1.0)
+    """3SPO: S(s_{t+1}) after a trajectory's last step, whose next observation the batch does
+    not hold (1: an unseen state, as the authors' code scores the never-counted terminal
+    observation)."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "K", check_K("EstimatorConfig.K", self.K))
         check_fields(self, "EstimatorConfig")  # numpy scalars stored as Python numbers and str

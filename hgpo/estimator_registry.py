@@ -47,6 +47,7 @@ from hgpo.estimators import (
 from hgpo.gigpo_variants import gigpo_dynamic, gigpo_similarity
 from hgpo.graphgpo import graphgpo
 from hgpo.returns import check_finite, check_step_values
+from hgpo.threespo import threespo
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -414,6 +415,7 @@ def _register_builtins() -> None:
         ("empg", empg, ("entropy",)),
         ("gigpo_dynamic", gigpo_dynamic, ()),
         ("gigpo_similarity", gigpo_similarity, ("observations",)),
+        ("3spo", threespo, ()),
     ]
     for name, fn, reads in builtins:
         _REGISTRY._specs[name] = _make_spec(name, fn, reads, "hgpo")

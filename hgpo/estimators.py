@@ -37,6 +37,7 @@ __all__ = [
     "hgpo",
     "hgpo_nohog2",
     "hgpo_uniform",
+    "level_diagnostics",
     "level_weights",
     "oracle",
     "rloo",
@@ -178,6 +179,14 @@ def _level_diagnostics(
 
 def _levels_of(h: Hierarchy) -> list[tuple[int, np.ndarray] | None]:
     return [(int(g), hist) for g, hist in zip(h.n_groups, h.step_size_hist, strict=True)]
+
+
+def level_diagnostics(h: Hierarchy, n: int) -> dict[str, Any]:
+    """The diagnostics of a step-level estimator's hierarchy ``h`` of a batch of ``n`` steps:
+    per level "0".."K", groups, mean size, utilisation, share left out and the size histogram
+    (as ``stepwise`` and ``oracle`` report them)."""
+    names = [str(k) for k in range(h.ids.shape[0])]
+    return _level_diagnostics(names, _levels_of(h), n)
 
 
 def level_weights(cfg: EstimatorConfig, n_levels: int) -> np.ndarray:

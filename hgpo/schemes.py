@@ -16,8 +16,11 @@ from hgpo.options import bad, check_int
 
 __all__ = ["RULES", "SCHEMES", "Scheme", "check_budget", "parse_scheme"]
 
-RULES = ("independent", "branch:uniform", "branch:singleton", "branch:hard", "tree")
-SCHEMES = ("independent", "branch:uniform", "branch:singleton", "branch:hard", "tree:D")
+RULES = ("independent", "branch:uniform", "branch:singleton", "branch:hard", "tree", "branch:3spo")
+"""Rule names (their order is the rollout kernels' rule codes)."""
+SCHEMES = (
+    "independent", "branch:uniform", "branch:singleton", "branch:hard", "branch:3spo", "tree:D",
+)  # fmt: skip
 """Scheme names; ``tree:D`` stands for ``tree:`` followed by comma-separated depths."""
 
 

@@ -725,7 +725,7 @@ def _add_scheme_options(p: argparse.ArgumentParser) -> None:
     """Rollout schemes compared at equal env-step cost (studies/scheme_study.py)."""
     p.add_argument("--scheme", nargs="+", default=None,
                    help="compare rollout schemes at equal env-step cost instead (independent, "
-                        "branch:uniform, branch:singleton, branch:hard, tree:D1,D2,...)")  # fmt: skip
+                        "branch:uniform, branch:singleton, branch:hard, branch:3spo, tree:D1,D2,...)")  # fmt: skip
     p.add_argument("--budgets", type=float, nargs="+", default=None,
                    help="with --scheme: env-step budgets as multiples of N independent rollouts' "
                         "(default 0.5 0.75 1 1.5 2; --quick 0.5 1 2)")  # fmt: skip

@@ -177,9 +177,9 @@ class TrainToyConfig:
     (0: never)."""
     schemes: tuple[str, ...] = _grid(())
     """Rollout schemes to compare (toyenvs/branched_rollout.py: independent, branch:uniform,
-    branch:singleton, branch:hard, tree:D1,...): every (env, setting) runs under each, at a
-    per-group env-step budget equal to what --rollouts independent rollouts of the current
-    policy use (empty: today's independent rollouts, no scheme in the run key)."""
+    branch:singleton, branch:hard, branch:3spo, tree:D1,...): every (env, setting) runs under
+    each, at a per-group env-step budget equal to what --rollouts independent rollouts of the
+    current policy use (empty: today's independent rollouts, no scheme in the run key)."""
     branch_budget: float = _rollout(0.5, lo=0.0, hi=1.0, lo_open=True)
     """Share of each group's env steps spent on branches with --scheme, in (0, 1]."""
 

@@ -18,9 +18,13 @@ Schemes (``toyenvs.rollout(..., scheme=..., steps=S, branch_budget=beta)``), per
   ``branch:uniform`` uniformly; ``branch:singleton`` among steps whose level-K group (same
   K-step context) is still a singleton (consistency-aware rollouts, the paper's future work);
   ``branch:hard`` among the steps of the level-K group whose return-to-go (true reward,
-  undiscounted) varies most (3SPO-like); ``tree:D1,D2,...`` at the set depths, the step with
-  the fewest branches first (Tree-GRPO-like). A rule with no eligible step falls back to
-  uniform, and to a new root when no step has t >= 1.
+  undiscounted) varies most (3SPO-like); ``branch:3spo`` by 3SPO's rollout allocation
+  (arXiv 2606.09961): among the steps whose observation o still has rollouts left,
+  ceil(G_max S(o)) - 1 > the branches already started from o, those whose score S(o) (Eq. 1,
+  from the group's finished trajectories' visit and success counts) is highest;
+  ``tree:D1,D2,...`` at the set depths, the step with the fewest branches first
+  (Tree-GRPO-like). A rule with no eligible step falls back to uniform, and to a new root
+  when no step has t >= 1.
 
 The last trajectory of a group may overshoot S by at most ``horizon - 1`` steps; the batch's
 row count is the cost actually paid (compare schemes by it).
@@ -34,6 +38,8 @@ import numpy as np
 from numba import njit
 
 from hgpo.batch import StepBatch
+from hgpo.config import EstimatorConfig
+from hgpo.options import bad
 from hgpo.schemes import RULES, SCHEMES, Scheme, check_budget, parse_scheme
 from toyenvs import _kernels as kn
 from toyenvs.core import POMDP
@@ -55,13 +61,16 @@ def branched_rollout(
     scheme: Scheme,
     steps: int,
     branch_budget: float,
+    spo3_config: EstimatorConfig | None = None,
 ) -> tuple[dict[str, np.ndarray], StepBatch]:
     """Run ``scheme`` on every task with ``steps`` env steps per group (checked arguments).
 
     Returns the raw columns (:func:`branch_arrays`) and the branched StepBatch. Trajectory j of
-    group g draws from stream (seed, g * 2^24 + j).
+    group g draws from stream (seed, g * 2^24 + j). ``spo3_config``: the ``spo3_*`` options of
+    ``branch:3spo`` (default ``EstimatorConfig()``'s).
     """
-    res = branch_arrays(env, pol, tasks, seed, scheme, steps, branch_budget)
+    res = branch_arrays(env, pol, tasks, seed, scheme, steps, branch_budget,
+                        spo3_config=spo3_config)  # fmt: skip
     batch = StepBatch(
         group=res["group"], traj=res["traj"], step=res["step"], reward=res["reward"],
         state=res["state"], action=res["action"], invalid=res["invalid"], parent=res["parent"],
@@ -85,11 +94,13 @@ def branch_arrays(
     steps: int,
     branch_budget: float,
     kernel: Callable[..., tuple[int, int]] | None = None,
+    spo3_config: EstimatorConfig | None = None,
 ) -> dict[str, np.ndarray]:
     """The raw kernel output of :func:`branched_rollout` (the columns of
     :func:`toyenvs.rollout.rollout_arrays` plus ``parent``), without building a StepBatch.
     ``kernel``: :func:`branch_kernel` by default; the tests pass the one-at-a-time reference."""
     kernel = branch_kernel if kernel is None else kernel
+    spo3 = spo3_params(EstimatorConfig() if spo3_config is None else spo3_config)
     if scheme.rule == "independent":
         root_steps = steps
     else:
@@ -107,7 +118,7 @@ def branch_arrays(
         return kernel(
             tasks, seed, env.horizon, K, pol.n_obs, pol.powM,  # type: ignore[attr-defined]
             env.obs_of_state, env.next_state, env.next_prob, env.invalid, env.reward_enter,
-            env.terminal, *tables, steps, root_steps, _RULE_CODE[scheme.rule], at_depth,
+            env.terminal, *tables, steps, root_steps, _RULE_CODE[scheme.rule], at_depth, spo3,
             *out.values(), keys, success,
         )  # fmt: skip
 
@@ -116,6 +127,16 @@ def branch_arrays(
     res["context_keys"] = keys.reshape(-1)[: (K + 1) * n].reshape(K + 1, n)  # the kernel's layout
     res["success"] = success[:n_traj]
     return res
+
+
+def spo3_params(cfg: EstimatorConfig) -> np.ndarray:
+    """float64[5] (alpha, xi, zeta, eps, G_max) of ``branch:3spo`` from ``cfg``'s spo3_* options
+    (a ValueError naming the type if ``cfg`` is not an EstimatorConfig)."""
+    if not isinstance(cfg, EstimatorConfig):
+        raise bad("spo3_config", "an hgpo.EstimatorConfig", type(cfg).__name__)
+    return np.array(
+        [cfg.spo3_alpha, cfg.spo3_xi, cfg.spo3_zeta, cfg.spo3_eps, float(cfg.spo3_g_max)]
+    )
 
 
 # --------------------------------------------------------------------------- kernels
@@ -154,7 +175,7 @@ def branch_arrays(
 # more than the env steps in a first version.
 
 W = kn.LANES  # groups in flight at once
-INDEPENDENT, UNIFORM, SINGLETON, HARD, TREE = range(5)  # rule codes, the order of RULES
+INDEPENDENT, UNIFORM, SINGLETON, HARD, TREE, SPO3 = range(6)  # rule codes, the order of RULES
 _TIE = 1e-12  # hard: level-K groups whose variance is within this of the largest tie
 _EXACT = 1 << 52  # below this a float quotient is off by at most one
 U = kn.U  # unsigned array indices in the hot loops (see toyenvs._rng.U)
@@ -219,6 +240,21 @@ SUMS_R2 = 1  # the sum of G^2
 # deep: int64[W, cap_g, 2], per row at a tree depth, in row order ------------------------------
 DEEP_ROW = 0  # the local row
 DEEP_BRANCHES = 1  # the branches started from it so far
+# 3spo keeps per *observation* o what the level-K rules keep per slot, in the same arrays
+# (allocated for the rule by new_book; nothing else of them is used under 3spo):
+OBS_N = 0  # slots[w, o, .]: N(o), the group's finished trajectories that visited o
+OBS_WINS = 1  # W(o), those of them that succeeded (last reward > 0)
+OBS_SEEN = 2  # the stamp (j + 1) of the last trajectory j that counted o (once per trajectory)
+OBS_BRANCHES = 3  # B(o), the branches started from steps with observation o
+OBS_ROWS = 4  # the group's steps with t >= 1 and observation o (its branch points)
+SC_SCORE = 0  # sums[w, o, .]: S(o) at the draw cnt[w, o] (Eq. 1)
+SC_ROLLOUTS = 1  # n(o) = ceil(G_max S(o)) at that draw (Eq. 3)
+ROWS_OBS_MET = 0  # rows[w, 0, i]: the observations counted in the group (to clear them)
+LANE_OBS_MET = LANE_SLOTS  # (3spo) observations counted in the group so far
+LANE_DRAWS = LANE_SINGLETONS  # (3spo) branch draws in the group so far: stamps cnt[w, o]
+# spo3: float64[5] (alpha, xi, zeta, eps, G_max), :func:`spo3_params`
+SPO3_ALPHA, SPO3_XI, SPO3_ZETA, SPO3_EPS, SPO3_G_MAX = range(5)
+#
 # cfg: int64[6], the kernel's scalars (numba inlines calls of at most 30 arguments) -----------
 CFG_SEED = 0
 CFG_STEPS = 1  # env steps per group
@@ -415,7 +451,112 @@ def _nth_single(rows, w, j):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def choose(cnt, slots, rows, var, vbits, deep, rec, lane, w, rule):
+def _visit(slots, rows, lane, uw, o, stamp, won):
+    """3spo: count observation o for the trajectory with ``stamp`` (once per trajectory)."""
+    uo = U(o)
+    if slots[uw, uo, OBS_SEEN] != stamp:
+        slots[uw, uo, OBS_SEEN] = stamp
+        if slots[uw, uo, OBS_N] == 0:  # first met in the group: listed, to clear it
+            k = lane[uw, LANE_OBS_MET]
+            rows[uw, ROWS_OBS_MET, U(k)] = o
+            lane[uw, LANE_OBS_MET] = k + 1
+        slots[uw, uo, OBS_N] += 1
+        slots[uw, uo, OBS_WINS] += won
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _count_spo3(slots, rows, rec, lane, w, j, r0, L, t0, won, base, obs_of_state, o_hidden):
+    """3spo: count trajectory j's virtual full trajectory in N(o) and W(o): its own rows
+    r0..r0+L-1, then steps 0..t0-1 of its parent's (that parent's own rows from its first step
+    on, then the grandparent's before that, ...), each observation once; and its own rows with
+    t >= 1 as branch points of their observation."""
+    uw = U(w)
+    stamp = j + 1
+    for i in range(L):
+        o = obs_of_state[U(o_hidden[U(base + r0 + i)])]
+        _visit(slots, rows, lane, uw, o, stamp, won)
+        slots[uw, U(o), OBS_ROWS] += np.int64(t0 + i >= 1)
+    need = t0
+    p = rec[uw, U(j), REC_PARENT]
+    while need > 0:
+        ft = rec[uw, U(p), REC_FIRST_T]
+        fr = rec[uw, U(p), REC_FIRST_ROW]
+        for t in range(ft, need):
+            o = obs_of_state[U(o_hidden[U(base + fr + t - ft)])]
+            _visit(slots, rows, lane, uw, o, stamp, won)
+        need = ft
+        p = rec[uw, U(p), REC_PARENT]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _score_spo3(slots, sums, cnt, uw, o, draw, lam, spo3):
+    """3spo: (S(o), rollouts left n(o) - 1 - B(o)) at this draw, computed once per draw (the
+    operations of hgpo.threespo.state_score and rollout_allocation, in their order)."""
+    uo = U(o)
+    if cnt[uw, uo] != draw:
+        N = np.float64(slots[uw, uo, OBS_N])
+        won = np.float64(slots[uw, uo, OBS_WINS])
+        sc = 1.0
+        if N > 0.0:
+            rate = won / (N + spo3[SPO3_EPS])
+            sc = np.exp(-lam * rate) if (N - won < spo3[SPO3_XI] or rate > spo3[SPO3_ZETA]) else 0.0
+        sums[uw, uo, SC_SCORE] = sc
+        sums[uw, uo, SC_ROLLOUTS] = np.ceil(spo3[SPO3_G_MAX] * sc)
+        cnt[uw, uo] = draw
+    left = sums[uw, uo, SC_ROLLOUTS] - 1.0 - np.float64(slots[uw, uo, OBS_BRANCHES])
+    return sums[uw, uo, SC_SCORE], left
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _choose_spo3(slots, sums, cnt, rows, rec, lane, w, cst, spo3, obs_of_state, o_hidden, base):
+    """3spo: (row, stream, True) drawn uniformly among the steps with t >= 1 whose observation
+    has rollouts left and the highest score, in row order; (-1, stream, False) when no step
+    has rollouts left (no draw: the caller falls back to uniform). Scores from the group's
+    finished trajectories, t = 1 + their number. The best score and the number of steps that
+    have it come from a pass over the observations met (each with its count of branch
+    points), the j-th of those steps from a pass over the rows that stops there."""
+    uw = U(w)
+    draw = lane[uw, LANE_DRAWS] + 1
+    lane[uw, LANE_DRAWS] = draw
+    n_tr = lane[uw, LANE_TRAJ]
+    lam = spo3[SPO3_ALPHA] * np.log(np.float64(1 + n_tr))
+    best = -1.0
+    m = 0
+    for i in range(lane[uw, LANE_OBS_MET]):
+        o = rows[uw, ROWS_OBS_MET, U(i)]
+        n_rows = slots[uw, U(o), OBS_ROWS]
+        if n_rows == 0:
+            continue
+        sc, left = _score_spo3(slots, sums, cnt, uw, o, draw, lam, spo3)
+        if left >= 1.0:
+            if sc > best:
+                best = sc
+                m = n_rows
+            elif sc == best:
+                m += n_rows
+    if m == 0:
+        return -1, cst, False
+    cst, u = kn.rng_uniform(cst)
+    jth = min(np.int64(u * m), m - 1)
+    for i in range(n_tr):
+        fr, ft, L = (
+            rec[uw, U(i), REC_FIRST_ROW],
+            rec[uw, U(i), REC_FIRST_T],
+            rec[uw, U(i), REC_LENGTH],
+        )
+        for k in range(max(0, 1 - ft), L):
+            o = obs_of_state[U(o_hidden[U(base + fr + k)])]
+            sc, left = _score_spo3(slots, sums, cnt, uw, o, draw, lam, spo3)
+            if left >= 1.0 and sc == best:
+                if jth == 0:
+                    return fr + k, cst, True
+                jth -= 1
+    return -1, cst, False  # (not reached: m rows qualify)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def choose(cnt, slots, rows, var, vbits, deep, rec, lane, w, rule, sums, spo3, obs_of_state,
+           o_hidden, base):  # fmt: skip
     """The group's row to branch from by ``rule`` (-1: no step with t >= 1 yet, a new root)
     and the tree entry it came from (-1: none); advances the choice stream. A rule with no
     eligible step falls back to uniform."""
@@ -441,6 +582,12 @@ def choose(cnt, slots, rows, var, vbits, deep, rec, lane, w, rule):
         if ok:
             lane[w, LANE_CHOICE_STREAM] = cst
             return r, -1
+    elif rule == SPO3:
+        r, cst, ok = _choose_spo3(slots, sums, cnt, rows, rec, lane, w, cst, spo3, obs_of_state,
+                                  o_hidden, base)  # fmt: skip
+        if ok:
+            lane[w, LANE_CHOICE_STREAM] = cst
+            return r, -1
     cst, u = kn.rng_uniform(cst)
     lane[w, LANE_CHOICE_STREAM] = cst
     return _nth_one(rec, lane, w, min(np.int64(u * n_any), n_any - 1)), -1
@@ -455,6 +602,12 @@ def clear(dmap, cnt, slots, rows, sums, deep, lane, w, rule):
             cnt[w, d] = 0
         for i in range(lane[w, LANE_SLOTS] // 64 + 1):
             rows[w, ROWS_SINGLE_BITS, i] = 0
+    if rule == SPO3:  # the observations the group counted
+        for i in range(lane[w, LANE_OBS_MET]):
+            o = rows[w, ROWS_OBS_MET, i]
+            for f in range(5):
+                slots[w, o, f] = 0
+            cnt[w, o] = 0
     if rule == HARD:
         cap_g = cnt.shape[1]
         for d in range(lane[w, LANE_SLOTS]):
@@ -542,7 +695,7 @@ def file_group(rec, trajs, groups, next_group, w, g, n_traj, n_rows):
 @njit(cache=True, _nrt=False, inline="always")
 def end_trajectory(lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, deep, trajs, groups,
                    next_group, w, s2, success, cfg, starts, at_depth, powM, inv_powM, invalid,
-                   reward_enter, o_hidden, o_action, o_ctx, o_pp):  # fmt: skip
+                   reward_enter, o_hidden, o_action, o_ctx, o_pp, obs_of_state, spo3):  # fmt: skip
     """Lane w's trajectory ended in s2: record it and enter its rows in the book its rule
     reads, then start the group's next trajectory (roots until root_steps rows, then
     branches until steps) or the next group. Returns False when the lane has nothing left.
@@ -568,6 +721,9 @@ def end_trajectory(lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, de
         if rule == HARD:
             _record_hard(cnt, slots, rows, sums, var, w, base, r0, L, t0, s2, o_hidden,
                          o_action, invalid, reward_enter)  # fmt: skip
+    elif rule == SPO3:  # success: the last reward is > 0 (hgpo.threespo.trajectory_success)
+        won = np.int64(reward_enter[s2] > 0.0)
+        _count_spo3(slots, rows, rec, lane, w, j, r0, L, t0, won, base, obs_of_state, o_hidden)
     elif rule == TREE:
         for t in range(max(t0, 1), t0 + L):  # the rows at the set depths, in row order
             if at_depth[t]:
@@ -579,7 +735,10 @@ def end_trajectory(lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, de
         r = -1
         i_deep = -1
         if r1 >= root_steps:
-            r, i_deep = choose(cnt, slots, rows, var, vbits, deep, rec, lane, w, rule)
+            r, i_deep = choose(cnt, slots, rows, var, vbits, deep, rec, lane, w, rule, sums,
+                               spo3, obs_of_state, o_hidden, base)  # fmt: skip
+            if rule == SPO3 and r >= 0:  # B(o): every branch from o, by the rule or fallback
+                slots[w, obs_of_state[o_hidden[base + r]], OBS_BRANCHES] += 1
         begin(lane, ring, rec, deep, w, r, i_deep, seed, starts, K, M, powM, inv_powM, cap_g,
               o_hidden, o_pp)  # fmt: skip
         return True
@@ -590,9 +749,16 @@ def end_trajectory(lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, de
 
 
 @njit(cache=True)
-def new_book(rule, cap_g, capacity):
+def new_book(rule, cap_g, capacity, n_obs):
     """(dmap, cnt, slots, rows, sums, var, vbits, deep) of every lane, empty; the level-K
-    structures only for the rules that read them (capacity: the policy table's rows)."""
+    structures only for the rules that read them (capacity: the policy table's rows), the
+    per-observation ones of 3spo for it (n_obs observations)."""
+    if rule == SPO3:
+        var = np.empty((W, 1))
+        return (np.full((W, 1), -1, np.int32), np.zeros((W, n_obs), np.int64),
+                np.zeros((W, n_obs, 5), np.int64), np.zeros((W, 5, n_obs), np.int64),
+                np.zeros((W, n_obs, 2)), var, var.view(np.int64),
+                np.empty((W, 1, 2), np.int64))  # fmt: skip
     counted = rule in (SINGLETON, HARD)
     hard = rule == HARD
     n_slots = cap_g if counted else 1
@@ -613,12 +779,13 @@ def branch_kernel(
     starts, seed, horizon, K, n_obs, powM,
     obs_of_state, next_state, next_prob, invalid, reward_enter, terminal,
     htab, codes, logits, cdf, count, init_mode, init_seed, init_scale, inv_temp,
-    steps, root_steps, rule, at_depth,
+    steps, root_steps, rule, at_depth, spo3,
     o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx,
     o_keys, o_success,
 ):  # fmt: skip
     """Every group: roots until ``root_steps`` rows (at least one), then branches by ``rule``
     until ``steps`` rows. Returns (rows, trajectories), or (-1, 0) when the table filled up.
+    ``spo3``: float64[5] the options of ``branch:3spo`` (:func:`spo3_params`).
 
     Outputs (capacity n_groups * (steps + horizon) rows) as ``rollout_kernel_fast``'s, plus
     ``o_parent`` (the parent's traj id, -1 for a root); the keys of the n rows fill the first
@@ -633,7 +800,7 @@ def branch_kernel(
             deterministic = False
     n_groups = starts.shape[0]
     cap_g = steps + horizon
-    dmap, cnt, slots, rows, sums, var, vbits, deep = new_book(rule, cap_g, codes.shape[0])
+    dmap, cnt, slots, rows, sums, var, vbits, deep = new_book(rule, cap_g, codes.shape[0], n_obs)
     rec = np.empty((W, steps, 8), np.int64)
     trajs = np.empty((n_groups * steps + 1, 7), np.int64)  # touched from the start: few pages
     groups = np.empty((n_groups, 3), np.int64)
@@ -648,7 +815,7 @@ def branch_kernel(
         invalid, reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
         init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, dmap, cnt, slots,
         rows, sums, var, vbits, deep, rec, trajs, groups, lane, ring, next_group, ended,
-        cfg, o_action, o_hidden, o_ctx, o_obs,
+        cfg, o_action, o_hidden, o_ctx, o_obs, spo3,
     ):  # fmt: skip
         return -1, 0
     # the keys of the n rows go straight to their place in one [K + 1, n] array (no copy)
@@ -667,7 +834,7 @@ def run_lanes(
     invalid, reward_enter, terminal, htab, codes, logits, cdf, count, init_mode, init_seed,
     init_scale, inv_temp, steps, root_steps, rule, at_depth, deterministic, dmap, cnt, slots, rows,
     sums, var, vbits, deep, rec, trajs, groups, lane, ring, next_group, ended, cfg, o_action,
-    o_hidden, o_ctx, o_pp,
+    o_hidden, o_ctx, o_pp, spo3,
 ):  # fmt: skip
     """The step loop of :func:`branch_kernel` over the lanes until every group is done;
     False when the policy table filled up. A sweep steps every lane once; the lanes whose
@@ -734,7 +901,7 @@ def run_lanes(
             if not end_trajectory(
                 lane, ring, rec, dmap, cnt, slots, rows, sums, var, vbits, deep, trajs, groups,
                 next_group, w, s2, success, cfg, starts, at_depth, powM, inv_powM, invalid,
-                reward_enter, o_hidden, o_action, o_ctx, o_pp,
+                reward_enter, o_hidden, o_action, o_ctx, o_pp, obs_of_state, spo3,
             ):  # fmt: skip
                 active -= 1
     return True

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hgpo.batch import StepBatch
+from hgpo.config import EstimatorConfig
 from hgpo.options import bad, check_int, check_number
 from toyenvs import _kernels as kn
 from toyenvs._kernels import SEED_MAX
@@ -151,6 +152,7 @@ def rollout(
     scheme: str = "independent",
     steps: int | None = None,
     branch_budget: float = 0.5,
+    spo3_config: EstimatorConfig | None = None,
 ) -> Rollouts:
     """Roll out each task ``n_rollouts`` times under ``pol`` (one numba call).
 
@@ -163,9 +165,12 @@ def rollout(
             same seed gives the same batch bit for bit.
 
         scheme, steps, branch_budget: a branching scheme (``toyenvs/branched_rollout.py``):
-            "independent", "branch:uniform", "branch:singleton", "branch:hard" or "tree:D1,..."
-            with ``steps`` env steps per group, the share ``branch_budget`` of them on branches.
-            The batch is then branched (``StepBatch.parent``); ``n_rollouts`` is unused.
+            "independent", "branch:uniform", "branch:singleton", "branch:hard", "branch:3spo" or
+            "tree:D1,..." with ``steps`` env steps per group, the share ``branch_budget`` of
+            them on branches. The batch is then branched (``StepBatch.parent``); ``n_rollouts``
+            is unused.
+        spo3_config: the ``spo3_*`` options (alpha, xi, zeta, eps, G_max) of "branch:3spo"
+            (default: ``EstimatorConfig()``'s); refused under another scheme.
 
     Returns:
         :class:`Rollouts`.
@@ -173,8 +178,12 @@ def rollout(
     tasks = check_tasks(env, tasks)
     _check_common(env, pol, n_rollouts, seed)
     check_number("branch_budget", branch_budget, lo=0.0, hi=1.0, lo_open=True)
+    if spo3_config is not None and scheme != "branch:3spo":
+        raise bad("spo3_config", f"None with scheme {scheme!r} (only branch:3spo reads it)",
+                  type(spo3_config).__name__)  # fmt: skip
     if scheme != "independent" or steps is not None:  # [branching] toyenvs/branched_rollout.py
-        return _branched(env, pol, tasks, int(n_rollouts), int(seed), scheme, steps, branch_budget)
+        return _branched(env, pol, tasks, int(n_rollouts), int(seed), scheme, steps, branch_budget,
+                         spo3_config)  # fmt: skip
     r = rollout_arrays(env, pol, tasks, n_rollouts, seed)  # (its checks cost a few us)
     batch = StepBatch(
         group=r["group"], traj=r["traj"], step=r["step"], reward=r["reward"], state=r["state"],
@@ -196,11 +205,13 @@ def _branched(
     scheme: str,
     steps: int | None,
     branch_budget: float,
+    spo3_config: EstimatorConfig | None = None,
 ) -> Rollouts:
     """[branching] :func:`rollout` under a scheme with a step budget."""
     parsed = parse_scheme(scheme, env.horizon)
     check_budget(parsed, steps)
-    r, batch = branched_rollout(env, pol, tasks, seed, parsed, int(steps), float(branch_budget))
+    r, batch = branched_rollout(env, pol, tasks, seed, parsed, int(steps), float(branch_budget),
+                                spo3_config)  # fmt: skip
     return Rollouts(
         batch=batch, hidden=r["hidden"], context=r["context"], code=r["context_keys"][pol.K],
         context_keys=r["context_keys"], success=r["success"], tasks=tasks, n_rollouts=n_rollouts,

@@ -66,6 +66,19 @@ NOT_ROUTED_WHY = (
     "it reads a critic value V(s_t) per step, and verl-agent's critic gives token values"
 )
 """Why an estimator that reads state values (gae) is not routed."""
+UNROUTED_BUILTINS = {
+    "graphgpo": "it needs each step's env reward and the episode's success, and verl-agent's batch "
+    "carries only the discounted step returns (step_rewards) and the episode reward",
+    "empg": "its episode term needs the episode return per trajectory, which the step batch of "
+    "discounted step returns does not give",
+    "gigpo_similarity": "verl-agent's own gigpo does it (algorithm.gigpo.enable_similarity=True)",
+    "gigpo_dynamic": "in verl-agent dynamic sampling is the rollout's "
+    "algorithm.filter_groups.enable=True, its batch holds only the kept groups: the estimator "
+    "is gigpo",
+    "3spo": "it needs every step's own env reward, and verl-agent's batch carries only the "
+    "discounted step returns (step_rewards) and the episode reward",
+}
+"""Built-in estimators not routed to verl-agent, and why."""
 
 
 def routed_names() -> dict[str, str]:
@@ -82,7 +95,7 @@ def routed_names() -> dict[str, str]:
     ``anchor_obs``."""
     names = {"hgpo": "hgpo", "gigpo": "gigpo", "grpo": "grpo", "rloo": "rloo"}
     for name in ESTIMATORS:
-        if "values" in estimator_reads(name):
+        if "values" in estimator_reads(name) or name in UNROUTED_BUILTINS:
             continue
         names[f"hgpo.{name}"] = name
         plain = name.replace("-", "_")

@@ -17,7 +17,12 @@ Branch points are drawn among the group's recorded steps with t >= 1 by the sche
 whose level-K group (hgpo's own :func:`hgpo.keys.hierarchy` on the group's partial batch) is
 still a singleton; ``branch:hard`` among the steps of the level-K group(s) whose return-to-go
 (the estimator's step return R_t, finished trajectories only) has the largest population
-variance; ``tree:D`` at the set depths, fewest branches first. A rule with no eligible step
+variance; ``branch:3spo`` by 3SPO's rollout allocation (arXiv 2606.09961): among the steps
+whose observation o still has rollouts left, n(o) = ceil(G_max S(o)) exceeds 1 + the branches
+already started from o, those of the highest state score S(o) (:mod:`hgpo.threespo`, Eq. 1,
+from the visit and success counts of the group's finished trajectories, t = 1 + their
+number; the ``spo3_*`` options of the run's estimator config); ``tree:D`` at the set depths,
+fewest branches first. A rule with no eligible step
 falls back to uniform, and to a new root (restored from the task's start) when no step has
 t >= 1. The draws come from the trainer's per-iteration generator, so same seed, same batch.
 
@@ -47,7 +52,9 @@ from agentenvs.memory import EpisodeMemory
 from hgpo import StepBatch, state_ids
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import step_returns
+from hgpo.groups import dense_rank
 from hgpo.keys import hierarchy
+from hgpo.threespo import rollout_allocation, state_score, state_visits
 from hgpo.train.envs import EnvSet
 from hgpo.train.episodes import (
     Engine,
@@ -63,7 +70,7 @@ from hgpo.train.run_metrics import BranchFigures
 if TYPE_CHECKING:
     from hgpo.schemes import Scheme
 
-__all__ = ["BranchPlan", "branch_figures", "choose", "play_branched"]
+__all__ = ["BranchPlan", "branch_figures", "choose", "play_branched", "spo3_fields"]
 
 _TIE = 1e-12  # return-to-go variances this close count as equal (toyenvs' tolerance)
 
@@ -164,6 +171,12 @@ class Candidates:
     """Population variance of the finished return-to-go in each step's level-K group."""
     usable: np.ndarray
     """The step has a snapshot (False where taking it crashed the env)."""
+    key: np.ndarray | None = None
+    """(branch:3spo) Dense id of each step's observation."""
+    score: np.ndarray | None = None
+    """(branch:3spo) S(o) of each step's observation (:func:`spo3_fields`)."""
+    left: np.ndarray | None = None
+    """(branch:3spo) Rollouts left at each step's observation, n(o) - 1 - B(o)."""
 
 
 @dataclass
@@ -392,7 +405,12 @@ class _Game:
         finished = np.array([self.trajs[k].finished for k, _ in rows], dtype=bool)
         spread = _group_spread(level, step_returns(batch, est), finished)
         usable = np.array([self.trajs[k].snaps[j] is not None for k, j in rows], dtype=bool)
-        return Candidates(rows, batch.step, h.size_of_row(est.K), level, spread, usable)
+        cands = Candidates(rows, batch.step, h.size_of_row(est.K), level, spread, usable)
+        if self.plan.scheme.rule == "branch:3spo":
+            done = np.array([self.trajs[ids[i]].finished for i in batch.traj[batch.traj_start]])
+            children = np.array([self.trajs[k].children[j] for k, j in rows], dtype=np.int64)
+            cands.key, cands.score, cands.left = spo3_fields(batch, done, children, est)
+        return cands
 
 
 def branch_figures(roll: Rollout) -> BranchFigures:
@@ -405,6 +423,23 @@ def branch_figures(roll: Rollout) -> BranchFigures:
         branch_success=[roll.success[i] for i in branches],
         branch_steps=[int(counts[i]) for i in branches],
     )
+
+
+def spo3_fields(
+    batch: StepBatch, finished: np.ndarray, children: np.ndarray, est: EstimatorConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(key, S, left) of every step of a group's partial batch for ``branch:3spo``: the dense
+    id of its observation, S(o) (Eq. 1 of :mod:`hgpo.threespo`, counts over the ``finished``
+    trajectories, bool[n_traj]: each counts the observations of its virtual trajectory once,
+    W those whose last reward is > 0, t = 1 + their number) and the rollouts left there,
+    n(o) - 1 - B(o), n(o) = ceil(G_max S(o)) (Eq. 3), B(o) the branches already started from
+    steps with observation o (``children``: int64[n] branches started from each step)."""
+    v = state_visits(batch, "batch", counted=finished)
+    score = state_score(v.n_total, v.n_success, v.t, est)
+    key, n_keys = dense_rank(batch.state)
+    started = np.bincount(key, weights=children, minlength=n_keys).astype(np.int64)
+    left = rollout_allocation(score, est.spo3_g_max) - 1 - started[key]
+    return key, score, left
 
 
 def _group_spread(level: np.ndarray, R: np.ndarray, finished: np.ndarray) -> np.ndarray:
@@ -430,7 +465,8 @@ def choose(
 ) -> int | None:
     """Index into ``cands.rows`` of the next branch point by ``scheme``'s rule; None when no
     step has t >= 1. A chosen singleton's group counts one more member from then on (the
-    branch's first step joins it), so one launch round does not pick it twice."""
+    branch's first step joins it), so one launch round does not pick it twice; likewise a
+    chosen step's observation has one rollout less left (3spo)."""
     ok = (cands.step >= 1) & cands.usable
     if not ok.any():
         return None
@@ -439,6 +475,10 @@ def choose(
     elif scheme.rule == "branch:hard":
         best = float(cands.spread[ok].max())
         eligible = ok & (cands.spread >= best - _TIE) if best > _TIE else ok & False
+    elif scheme.rule == "branch:3spo":  # rollouts left at its observation; the highest S(o)
+        eligible = ok & (cands.left >= 1)
+        if eligible.any():
+            eligible &= cands.score == cands.score[eligible].max()
     elif scheme.rule == "tree":
         eligible = ok & np.isin(cands.step, scheme.depths)
         if eligible.any():  # fewest branches first, then the earliest step
@@ -452,4 +492,6 @@ def choose(
     r = int(rng.choice(np.flatnonzero(eligible)))
     if cands.level[r] >= 0:
         cands.size[cands.level == cands.level[r]] += 1
+    if cands.left is not None:  # (3spo) the coming branch takes one of o's rollouts
+        cands.left[cands.key == cands.key[r]] -= 1
     return r

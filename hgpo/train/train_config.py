@@ -164,8 +164,10 @@ class TrainConfig:
     """Training rollouts: "independent" (group_size episodes per task, the paper), or branches
     from visited steps at the same env-step budget: "branch:uniform", "branch:singleton" (steps
     whose level-K context group is still a singleton), "branch:hard" (steps of the level-K
-    group whose return-to-go varies most), "tree:D1,D2,..." (at set depths). Needs an env with
-    snapshots (hgpo/train/branched_play.py, docs/branching.md); validation stays independent."""
+    group whose return-to-go varies most), "branch:3spo" (3SPO's allocation: steps whose
+    observation has rollouts left, ceil(G_max S(o)), highest state score first; the spo3_*
+    --estimator-options), "tree:D1,D2,..." (at set depths). Needs an env with snapshots
+    (hgpo/train/branched_play.py, docs/branching.md); validation stays independent."""
     branch_budget: float = _rollout(0.5, lo=0, hi=1, lo_open=True)
     """Share of each group's env-step budget spent on branches (rollout_scheme other than
     "independent"): ceil((1 - share) x group_size) root episodes, then branches until the
@@ -562,7 +564,7 @@ def check_given(cfg: TrainConfig, given: typing.Iterable[str]) -> None:
         raise ValueError(
             f"TrainConfig.branch_budget: --branch-budget {cfg.branch_budget} does nothing with "
             "rollout_scheme='independent'; give a branching --rollout-scheme (branch:uniform, "
-            "branch:singleton, branch:hard, tree:D1,...) or leave --branch-budget out"
+            "branch:singleton, branch:hard, branch:3spo, tree:D1,...) or leave --branch-budget out"
         )
     if "lora_targets" in given and cfg.lora_rank == 0:
         raise ValueError(

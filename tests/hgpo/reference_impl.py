@@ -13,6 +13,8 @@ from collections import defaultdict
 from difflib import SequenceMatcher
 from fractions import Fraction
 
+import numpy as np
+
 from hgpo import EstimatorConfig, StepBatch
 
 
@@ -201,6 +203,86 @@ def ref_episode(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[float], list[b
     return out, informative
 
 
+def ref_3spo_counts(b: StepBatch, cfg: EstimatorConfig) -> tuple[dict, dict]:
+    """3SPO's counts from the definition: {(scope, state): [N, W]} over every trajectory of
+    the batch (each counts the states of its virtual full trajectory once; W those whose
+    last reward is > 0) and {scope: t = 1 + its trajectories}; scope None or the group."""
+    counts: dict = defaultdict(lambda: [0, 0])
+    t: dict = defaultdict(lambda: 1)
+    virtual = _virtual(b)
+    for rows in _trajectories(b):
+        scope = None if cfg.spo3_count_scope == "batch" else int(b.group[rows[0]])
+        t[scope] += 1
+        won = float(b.reward[rows[-1]]) > 0.0
+        for state in {int(b.state[j]) for j in virtual[int(b.traj[rows[0]])]}:
+            counts[scope, state][0] += 1
+            counts[scope, state][1] += won
+    return counts, t
+
+
+def ref_3spo_score(N: int, W: int, t: int, cfg: EstimatorConfig) -> float:
+    """Eq. 1 of 3SPO, as the authors' StateScoreManager.get_score computes it."""
+    if N == 0:
+        return 1.0
+    rate = W / (N + cfg.spo3_eps)
+    lam = cfg.spo3_alpha * np.log(t)
+    n_fail = N - W
+    if not (n_fail < cfg.spo3_xi or rate > cfg.spo3_zeta):
+        return 0.0
+    return float(np.exp(-lam * rate))
+
+
+def ref_3spo_rewards(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
+    """Eq. 2 of 3SPO for every step, one step at a time; after a trajectory's last step the
+    next observation is next_state (scored from its counts, spo3_terminal_score if it has
+    none), or without that column a never-counted one (R_novel 1, S = spo3_terminal_score)."""
+    counts, t = ref_3spo_counts(b, cfg)
+    out = [0.0] * b.n_steps
+    for rows in _trajectories(b):
+        scope = None if cfg.spo3_count_scope == "batch" else int(b.group[rows[0]])
+        for i, row in enumerate(rows):
+            N, W = counts[scope, int(b.state[row])]
+            s_t = ref_3spo_score(N, W, t[scope], cfg)
+            if i + 1 < len(rows):
+                nxt = rows[i + 1]
+                s_next = ref_3spo_score(*counts[scope, int(b.state[nxt])], t[scope], cfg)
+                novel = 1.0 if int(b.state[nxt]) != int(b.state[row]) else 0.0
+            elif b.next_state is None:
+                s_next, novel = cfg.spo3_terminal_score, 1.0
+            else:
+                after = int(b.next_state[row])
+                N1, W1 = counts.get((scope, after), (0, 0))
+                s_next = ref_3spo_score(N1, W1, t[scope], cfg) if N1 else cfg.spo3_terminal_score
+                novel = 1.0 if after != int(b.state[row]) else 0.0
+            w = 0.5 * float(np.exp(-cfg.spo3_omega_k * N))
+            out[row] = w * novel + (0.5 - w) * (s_t - s_next) + 0.5 * float(b.reward[row])
+    return out
+
+
+def ref_3spo(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
+    """3SPO's advantage: the shaped reward (less the invalid penalty, or its discounted
+    return) normalised within the steps of the same group and state."""
+    R = ref_3spo_rewards(b, cfg)
+    pen = [cfg.invalid_penalty if b.invalid is not None and b.invalid[i] else 0.0
+           for i in range(b.n_steps)]  # fmt: skip
+    if cfg.spo3_target == "reward":
+        target = [r - p if p else r for r, p in zip(R, pen, strict=True)]
+    else:
+        propagate = cfg.penalty_mode == "return"
+        r = [x - p if (p and propagate) else x for x, p in zip(R, pen, strict=True)]
+        target = [0.0] * b.n_steps
+        for rows in _trajectories(b):
+            running = None
+            for row in reversed(rows):
+                running = r[row] if running is None else r[row] + cfg.gamma * running
+                target[row] = running
+        if not propagate:
+            target = [x - p if p else x for x, p in zip(target, pen, strict=True)]
+    keys = [(int(b.group[i]), int(b.state[i])) for i in range(b.n_steps)]
+    return _group_norm(keys, target, cfg.norm, cfg.std, cfg.eps,
+                       leave_one_out=cfg.leave_one_out)  # fmt: skip
+
+
 def ref_graph_distances(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[int], list[int]]:
     """GraphGPO's d(s_t) and d(s'_t) per row, by hand: one dict graph per rollout group, edges
     state -> next state (the next row's, the goal after a successful episode, else the
@@ -329,6 +411,8 @@ def ref_estimate(
     entropy: list[float] | None = None,
     observations: list[str] | None = None,
 ) -> list[float]:
+    if name == "3spo":
+        return ref_3spo(b, cfg)
     if name == "graphgpo":
         return ref_graphgpo(b, cfg)[1]
     if name == "empg":

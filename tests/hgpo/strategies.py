@@ -157,3 +157,18 @@ def default_inputs(name: str, batch: StepBatch) -> dict:
     if "values" in reads:
         out["values"] = np.zeros(batch.n_steps)
     return out
+
+
+@st.composite
+def spo3_options(draw) -> dict:
+    """3SPO's own options (EstimatorConfig's spo3_* fields), edge values included."""
+    return dict(
+        spo3_alpha=draw(st.sampled_from([0.0, 0.5, 1.0, 50.0])),
+        spo3_xi=draw(st.sampled_from([0.0, 1.0, 2.0, 10.0])),
+        spo3_zeta=draw(st.sampled_from([0.0, 0.1, 0.5, 1.0])),
+        spo3_omega_k=draw(st.sampled_from([0.0, 0.1, 1.0])),
+        spo3_eps=draw(st.sampled_from([0.0, 1e-6])),
+        spo3_count_scope=draw(st.sampled_from(["batch", "group"])),
+        spo3_target=draw(st.sampled_from(["reward", "return"])),
+        spo3_terminal_score=draw(st.sampled_from([1.0, 0.0, 0.5])),
+    )

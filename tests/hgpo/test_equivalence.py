@@ -16,7 +16,14 @@ from tests.hgpo.reference_impl import (
     ref_levels,
     ref_returns,
 )
-from tests.hgpo.strategies import configs, graph_batches, graph_configs, step_batches, step_inputs
+from tests.hgpo.strategies import (
+    configs,
+    graph_batches,
+    graph_configs,
+    spo3_options,
+    step_batches,
+    step_inputs,
+)
 
 GROUP_ESTIMATORS = [name for name in ESTIMATORS if name != "gae"]
 
@@ -75,3 +82,19 @@ def test_graphgpo_equals_reference(estimator, batch, cfg):
     gd = graph_distances(batch, cfg.graph_success_return)
     np.testing.assert_array_equal(gd.d_state, d_state)
     np.testing.assert_array_equal(gd.d_next, d_next)
+
+
+@pytest.mark.parametrize("estimator", ["3spo"])  # (so HGPO_ESTIMATOR selects it)
+@given(batch=graph_batches(), cfg=configs(), spo3=spo3_options(), many=st.booleans())
+def test_3spo_equals_reference_over_its_options(estimator, batch, cfg, spo3, many):
+    """3SPO with its own options drawn too (the test above runs its defaults), on batches
+    with and without next_state (a terminal observation seen before or new); ``many`` repeats
+    the batch's states so that counts pass xi and the truncation test bites."""
+    if many:
+        ns = None if batch.next_state is None else batch.next_state % 2
+        batch = type(batch)(batch.group, batch.traj, batch.step, batch.reward, batch.state % 2,
+                            batch.action, batch.invalid, next_state=ns)  # fmt: skip
+    cfg = cfg.replace(**spo3)
+    fast = compute_advantages(estimator, batch, cfg).advantages
+    ref = np.asarray(ref_estimate(estimator, batch, cfg))
+    np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=1e-12)

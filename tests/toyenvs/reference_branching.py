@@ -94,9 +94,68 @@ def _pick(eligible, n_eligible, lo, hi, cst):
 
 
 @njit(cache=True)
+def spo3_counts(lo, hi, o_obs, o_traj, o_parent, o_step, o_reward, n_obs):
+    """3spo's N(o), W(o) and t from the group's rows lo..hi-1 (finished trajectories), from
+    the definition: each trajectory's virtual full trajectory (own rows, then its parent's
+    steps before its first, climbing) counts each observation once; W: last reward > 0."""
+    N = np.zeros(n_obs, dtype=np.int64)
+    won = np.zeros(n_obs, dtype=np.int64)
+    seen = np.zeros(n_obs, dtype=np.bool_)
+    n_traj = 0
+    r = lo
+    while r < hi:
+        end = r
+        while end < hi and o_traj[end] == o_traj[r]:
+            end += 1
+        n_traj += 1
+        seen[:] = False
+        for q in range(r, end):
+            seen[o_obs[q]] = True
+        p, need = o_parent[r], o_step[r]
+        while p >= 0 and need > 0:  # the parent's steps 0..need-1 of its virtual trajectory
+            first = -1
+            for q in range(lo, hi):
+                if o_traj[q] == p:
+                    if first < 0:
+                        first = q
+                    if o_step[q] < need:
+                        seen[o_obs[q]] = True
+            need = o_step[first]
+            p = o_parent[first]
+        for o in range(n_obs):
+            if seen[o]:
+                N[o] += 1
+                won[o] += o_reward[end - 1] > 0.0
+        r = end
+    return N, won, n_traj + 1
+
+
+@njit(cache=True)
+def spo3_score(N, won, t, spo3):
+    """Eq. 1 of 3SPO (alpha, xi, zeta, eps = spo3[0:4]); 1 for an unseen observation."""
+    if N == 0:
+        return 1.0
+    rate = won / (N + spo3[3])
+    lam = spo3[0] * np.log(np.float64(t))
+    if N - won < spo3[1] or rate > spo3[2]:
+        return np.exp(-lam * rate)
+    return 0.0
+
+
+@njit(cache=True)
 def choose_branch_point(rule, lo, hi, o_step, slot, gcnt, gsum, gsq, nchild, at_depth, elig,
-                        cst):  # fmt: skip
+                        cst, o_obs, o_traj, o_parent, o_reward, spo3, n_obs):  # fmt: skip
     """The row to branch from among the group's rows lo..hi-1 (-1: none has t >= 1)."""
+    if rule == 5:  # 3spo: counts, scores and the branches per observation so far
+        N, won, t = spo3_counts(lo, hi, o_obs, o_traj, o_parent, o_step, o_reward, n_obs)
+        B = np.zeros(n_obs, dtype=np.int64)
+        for r in range(lo, hi):
+            B[o_obs[r]] += nchild[r - lo]
+        score = np.empty(n_obs)
+        left = np.empty(n_obs)
+        for o in range(n_obs):
+            score[o] = spo3_score(N[o], won[o], t, spo3)
+            left[o] = np.ceil(spo3[4] * score[o]) - 1.0 - B[o]
     n_any = 0
     n_rule = 0
     best = -1.0
@@ -117,6 +176,10 @@ def choose_branch_point(rule, lo, hi, o_step, slot, gcnt, gsum, gsq, nchild, at_
             elig[i] = True
         elif rule == 4:  # tree
             elig[i] = at_depth[o_step[r]]
+        elif rule == 5:  # 3spo: rollouts left at its observation; then the highest score
+            elig[i] = left[o_obs[r]] >= 1.0
+            if elig[i]:
+                best = max(best, score[o_obs[r]])
         else:
             elig[i] = True
     if n_any == 0:
@@ -129,6 +192,10 @@ def choose_branch_point(rule, lo, hi, o_step, slot, gcnt, gsum, gsq, nchild, at_
                 m = gsum[slot[i]] / c
                 v = gsq[slot[i]] / c - m * m if c >= 2 else 0.0
                 elig[i] = best > 1e-12 and v >= best - 1e-12
+    if rule == 5:
+        for r in range(lo, hi):
+            if elig[r - lo]:
+                elig[r - lo] = score[o_obs[r]] == best
     if rule == 4:  # fewest branches first, then the earliest row
         fewest = -1
         for r in range(lo, hi):
@@ -163,7 +230,7 @@ def branch_kernel(
     starts, seed, horizon, K, n_obs, powM,
     obs_of_state, next_state, next_prob, invalid, reward_enter, terminal,
     htab, codes, logits, cdf, count, init_mode, init_seed, init_scale, inv_temp,
-    steps, root_steps, rule, at_depth,
+    steps, root_steps, rule, at_depth, spo3,
     o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx,
     o_keys, o_success,
 ):  # fmt: skip
@@ -191,7 +258,24 @@ def branch_kernel(
             r = -1
             if j > 0 and row - lo >= root_steps:
                 r, cst = choose_branch_point(
-                    rule, lo, row, o_step, slot, gcnt, gsum, gsq, nchild, at_depth, elig, cst
+                    rule,
+                    lo,
+                    row,
+                    o_step,
+                    slot,
+                    gcnt,
+                    gsum,
+                    gsq,
+                    nchild,
+                    at_depth,
+                    elig,
+                    cst,
+                    o_obs,
+                    o_traj,
+                    o_parent,
+                    o_reward,
+                    spo3,
+                    n_obs,
                 )
             st = kn.stream_seed(seed, g * _STREAMS + j)
             if r < 0:

@@ -8,12 +8,14 @@ import pytest
 from conftest import make_small
 
 import toyenvs
-from hgpo import context_keys
+from hgpo import EstimatorConfig, context_keys
 from hgpo.options import OptionError
 from tests.toyenvs import reference_branching
 from toyenvs.branched_rollout import branch_arrays, branch_kernel, parse_scheme
 
-SCHEMES = ["branch:uniform", "branch:singleton", "branch:hard", "tree:2,4", "independent"]
+SCHEMES = [
+    "branch:uniform", "branch:singleton", "branch:hard", "branch:3spo", "tree:2,4", "independent",
+]  # fmt: skip
 
 
 def _run(key: str, scheme: str, steps: int = 40, budget: float = 0.5, seed: int = 3, K: int = 2):
@@ -132,6 +134,57 @@ def test_hard_rule_branches_from_the_most_varied_group() -> None:
     assert checked > 0
 
 
+def _spo3_before(b, rb, traj_j, cfg):
+    """3SPO's S(o) and rollouts left n(o) - 1 - B(o) of every observation at the start of
+    trajectory ``traj_j``: counts over the group's earlier trajectories (hgpo.threespo on them:
+    a branch counts its parent's prefix), B(o) the earlier branches from o."""
+    from hgpo import StepBatch
+    from hgpo.threespo import rollout_allocation, state_score, state_visits
+
+    g = b.group[b.traj_start[traj_j]]
+    rows = np.flatnonzero((b.traj_index < traj_j) & (b.group == g))
+    sub = StepBatch(b.group[rows], b.traj[rows], b.step[rows], b.reward[rows], b.state[rows],
+                    parent=b.parent[rows])  # fmt: skip
+    v = state_visits(sub)
+    S = state_score(v.n_total, v.n_success, v.t, cfg)
+    n = rollout_allocation(S, cfg.spo3_g_max)
+    lay = b.branches
+    branched = [j for j in range(traj_j) if lay.parent[j] >= 0 and b.group[b.traj_start[j]] == g]
+    B = {}
+    for j in branched:
+        o = int(b.state[b.traj_start[j]])  # its first state is its branch point's
+        B[o] = B.get(o, 0) + 1
+    score = {int(o): s for o, s in zip(sub.state, S, strict=True)}
+    left = {int(o): int(k) - 1 - B.get(int(o), 0) for o, k in zip(sub.state, n, strict=True)}
+    return rows, score, left
+
+
+@pytest.mark.parametrize("alpha", [50.0, 1.0])
+def test_3spo_rule_branches_by_the_allocation(alpha: float) -> None:
+    """At each branch, when some earlier step (t >= 1) has rollouts left at its observation,
+    the chosen step is one of them with the highest score S(o); else the fallback (uniform)."""
+    from hgpo import EstimatorConfig
+
+    cfg = EstimatorConfig(spo3_alpha=alpha, spo3_xi=3.0)
+    env = make_small("keydoor_slip")
+    pol = toyenvs.TabularPolicy(env, K=1, init="random", seed=1)
+    rb = toyenvs.rollout(env, pol, seed=4, scheme="branch:3spo", steps=120, branch_budget=0.8,
+                         spo3_config=cfg)  # fmt: skip
+    b, lay = rb.batch, rb.batch.branches
+    ruled = fell_back = 0
+    for j in np.flatnonzero(lay.parent >= 0):
+        rows, score, left = _spo3_before(b, rb, j, cfg)
+        ok = [r for r in rows if b.step[r] >= 1 and left[int(b.state[r])] >= 1]
+        o = int(b.state[b.traj_start[j]])
+        if ok:
+            assert left[o] >= 1
+            assert score[o] == max(score[int(b.state[r])] for r in ok)
+            ruled += 1
+        else:
+            fell_back += 1
+    assert ruled > 0 and fell_back > 0
+
+
 def test_tree_rule_branches_at_its_depths() -> None:
     _env, rb = _run("household", "tree:2,4", steps=60, budget=0.5)
     lay = rb.batch.branches
@@ -157,6 +210,14 @@ def test_same_seed_same_branched_batch() -> None:
         (dict(scheme="branch:uniform", steps=10, branch_budget=float("nan")), "branch_budget"),
         (dict(scheme="branch:uniform"), r"steps \(scheme 'branch:uniform'\): must be"),
         (dict(scheme="branch:uniform", steps=0), "steps: must be an integer >= 1"),
+        (
+            dict(scheme="branch:hard", steps=10, spo3_config=EstimatorConfig()),
+            r"spo3_config: must be None with scheme 'branch:hard' \(only branch:3spo reads it\)",
+        ),
+        (
+            dict(scheme="branch:3spo", steps=10, spo3_config={"spo3_alpha": 1.0}),
+            "spo3_config: must be an hgpo.EstimatorConfig, got 'dict'",
+        ),
     ],
 )
 def test_bad_scheme_or_budget_is_named(kwargs: dict, message: str) -> None:
@@ -191,7 +252,7 @@ def test_lanes_kernel_equals_the_one_at_a_time_reference(key: str, K: int, schem
         np.testing.assert_array_equal(fast[name], ref[name], err_msg=name)
 
 
-@pytest.mark.parametrize("scheme", ["branch:singleton", "branch:hard", "tree:2,4"])
+@pytest.mark.parametrize("scheme", ["branch:singleton", "branch:hard", "branch:3spo", "tree:2,4"])
 def test_branch_kernel_compiled_equals_python(scheme: str) -> None:
     a = _arrays(None, "keydoor_slip", scheme, K=2)
     with np.errstate(over="ignore"):  # splitmix64 wraps around on purpose

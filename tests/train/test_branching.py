@@ -64,7 +64,7 @@ def test_branches_continue_their_parents_prefix(branched):
     _check_prefixes(branched)
 
 
-@pytest.mark.parametrize("scheme", ["branch:uniform", "branch:hard", "tree:2,4"])
+@pytest.mark.parametrize("scheme", ["branch:uniform", "branch:hard", "branch:3spo", "tree:2,4"])
 def test_every_scheme_plays_a_valid_branched_batch(tiny, scheme):
     roll = _play(tiny, _cfg(rollout_scheme=scheme))
     _check_prefixes(roll)
@@ -160,6 +160,25 @@ def test_rules_pick_what_they_promise():
     # no step with t >= 1: a new root
     c, trajs = _cands([0, 0], [0, 0])
     assert choose(parse_scheme("branch:uniform"), c, trajs, rng) is None
+
+
+def test_3spo_rule_spends_each_observations_rollouts_highest_score_first():
+    from toyenvs.branched_rollout import parse_scheme
+
+    rng = np.random.default_rng(0)
+    spo3 = parse_scheme("branch:3spo")
+    # steps 0..4 with observations 0, 1, 1, 2, 3: S = 1, 0.5, 0.5, 1, 0.2; rollouts left
+    # 7, 3, 3, 0, 1. Row 0 has t = 0; row 3 the highest score but none left: observation 1
+    # (rows 1, 2) takes its 3 rollouts, then observation 3 (row 4) its one, then none is
+    # left: uniform over t >= 1.
+    c, trajs = _cands([0, 1, 2, 3, 4], [0, 1, 1, 2, 3])
+    c.key = np.array([0, 1, 1, 2, 3])
+    c.score = np.array([1.0, 0.5, 0.5, 1.0, 0.2])
+    c.left = np.array([7, 3, 3, 0, 1])
+    assert {choose(spo3, c, trajs, rng) for _ in range(3)} <= {1, 2}
+    assert c.left.tolist() == [7, 0, 0, 0, 1]
+    assert choose(spo3, c, trajs, rng) == 4
+    assert {choose(spo3, c, trajs, rng) for _ in range(40)} == {1, 2, 3, 4}
 
 
 def test_named_errors_before_any_work():

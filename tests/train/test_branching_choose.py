@@ -25,10 +25,10 @@ import toyenvs
 from hgpo import StepBatch
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import step_returns
-from hgpo.train.branched_play import Candidates, _group_spread, choose
+from hgpo.train.branched_play import Candidates, _group_spread, choose, spo3_fields
 from tests.toyenvs import reference_branching as ref
 from toyenvs import _kernels as kn
-from toyenvs.branched_rollout import _RULE_CODE, parse_scheme
+from toyenvs.branched_rollout import _RULE_CODE, parse_scheme, spo3_params
 
 CASES = 400  # per rule
 
@@ -80,7 +80,10 @@ def _group(rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
-def _reference(rule: int, g: dict, at_depth: np.ndarray, cst: int):
+N_OBS = 6  # the codes (observations at K = 0) are 0..5
+
+
+def _reference(rule: int, g: dict, at_depth: np.ndarray, cst: int, est: EstimatorConfig):
     """(row or -1, eligible mask, stream) of the reference on group ``g``."""
     n = g["step"].size
     size = 1
@@ -95,12 +98,13 @@ def _reference(rule: int, g: dict, at_depth: np.ndarray, cst: int):
         ref._record(0, a, b, keys, 0, g["reward"], g["invalid"], slot, gkey, gcnt, gsum, gsq)
     elig = np.empty(n, dtype=np.bool_)
     r, cst = ref.choose_branch_point(
-        rule, 0, n, g["step"], slot, gcnt, gsum, gsq, g["nchild"].copy(), at_depth, elig, cst
-    )
+        rule, 0, n, g["step"], slot, gcnt, gsum, gsq, g["nchild"].copy(), at_depth, elig, cst,
+        g["code"], g["traj"], g["parent"], g["reward"], spo3_params(est), N_OBS,
+    )  # fmt: skip
     return int(r), elig, int(cst)
 
 
-def _trainer(scheme, g: dict, cst: int):
+def _trainer(scheme, g: dict, cst: int, est: EstimatorConfig):
     """(row or -1, eligible rows offered to the draw or None, stream) of ``choose``."""
     n = g["step"].size
     parent = g["parent"] if (g["parent"] >= 0).any() else None
@@ -115,6 +119,9 @@ def _trainer(scheme, g: dict, cst: int):
     rows = [(0, i) for i in range(n)]  # one record holds every row: children[i] = row i's
     trajs = [SimpleNamespace(children=list(g["nchild"]))]
     cands = Candidates(rows, g["step"].copy(), size, level, spread, np.ones(n, dtype=bool))
+    if scheme.rule == "branch:3spo":  # as _Game._candidates: every trajectory here finished
+        done = np.ones(batch.n_traj, dtype=bool)
+        cands.key, cands.score, cands.left = spo3_fields(batch, done, g["nchild"], est)
     stream = _Stream(cst)
     r = choose(scheme, cands, trajs, stream)  # type: ignore[arg-type]
     return (-1 if r is None else r), stream.offered, int(stream.state)
@@ -125,13 +132,19 @@ def test_same_penalty():
     assert EstimatorConfig().penalty_mode == "return"  # R_t sums the penalised rewards
 
 
-@pytest.mark.parametrize("name", ["branch:uniform", "branch:singleton", "branch:hard", "tree"])
+RULE_NAMES = ["branch:uniform", "branch:singleton", "branch:hard", "tree", "branch:3spo"]
+
+
+@pytest.mark.parametrize("name", RULE_NAMES)
 def test_choose_equals_reference(name):
-    rng = np.random.default_rng(["branch:uniform", "branch:singleton", "branch:hard",
-                                 "tree"].index(name))  # fmt: skip
+    rng = np.random.default_rng(RULE_NAMES.index(name))
     drawn = fell_back = picked = 0
     for case in range(CASES):
         g = _group(rng)
+        # 3spo's options: the authors' alpha and a graded one; xi low enough to truncate
+        est = EstimatorConfig(spo3_alpha=float(rng.choice([50.0, 1.0, 0.3])),
+                              spo3_xi=float(rng.choice([10.0, 2.0])),
+                              spo3_g_max=int(rng.choice([8, 2, 3])))  # fmt: skip
         T = int(g["step"].max()) + 1
         if name == "tree":
             depths = sorted({int(d) for d in rng.integers(1, T + 2, int(rng.integers(1, 3)))})
@@ -141,8 +154,8 @@ def test_choose_equals_reference(name):
         at_depth = np.zeros(max(T, max(scheme.depths, default=0)) + 1, dtype=np.bool_)
         at_depth[list(scheme.depths)] = True
         cst = int(kn.stream_seed(case, 7))
-        r_ref, elig, cst_ref = _reference(_RULE_CODE[scheme.rule], g, at_depth, cst)
-        r_tr, offered, cst_tr = _trainer(scheme, g, cst)
+        r_ref, elig, cst_ref = _reference(_RULE_CODE[scheme.rule], g, at_depth, cst, est)
+        r_tr, offered, cst_tr = _trainer(scheme, g, cst, est)
         where = f"{name} case {case}: {g}"
         assert r_tr == r_ref, where
         assert cst_tr == cst_ref, where  # the same number of draws
