@@ -5,7 +5,10 @@ vLLM runs in the trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a 
 actor's tensors to vLLM's worker without serialising them: through the worker's in-place
 ``reload_weights`` where vLLM has it (it restores the weight loaders that post-processing
 removed; loading straight into the model then fails), else the model's ``load_weights``.
-Sharded ZeRO-3 parameters are gathered one at a time.
+Sharded ZeRO-3 parameters are gathered one at a time, and the tensors are streamed: vLLM's
+loader takes them from a generator, so one gathered (or LoRA-merged) tensor at a time exists
+beside the two models. A list of them first held a whole second copy of the weights during
+every sync (ZeRO-3: every shard gathered; LoRA: every merged weight, beside every delta).
 
 Tied embeddings (Qwen2.5 0.5B-3B, Qwen3 0.6B-4B): the trainer's ``lm_head.weight`` *is* its
 ``embed_tokens.weight``, so ``named_parameters`` yields it once and no ``lm_head.weight``
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -34,7 +37,7 @@ from torch import nn
 from hgpo.train.model import inference_named_parameters, stop_ids
 
 
-def _load_into_worker(worker: Any, named: list[tuple[str, torch.Tensor]], tied: bool) -> bool:
+def _load_into_worker(worker: Any, named: Iterable[tuple[str, torch.Tensor]], tied: bool) -> bool:
     """Runs inside vLLM's worker: load the tensors, repair a tied output layer. Returns whether
     the output layer had to be copied."""
     runner = worker.model_runner
@@ -123,7 +126,9 @@ class VLLMEngine:
     def sync(self, actor: nn.Module) -> None:
         """Load the actor's current weights (LoRA adapters merged in); drop the prefix cache
         (its KV came from old weights)."""
-        named = list(inference_named_parameters(actor))
+        named = inference_named_parameters(actor)
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            named = list(named)  # sent to another process: pickled whole
         res = self.llm.collective_rpc(_load_into_worker, args=(named, self.tied))
         self.head_copies += int(any(res))
         self.llm.reset_prefix_cache()
