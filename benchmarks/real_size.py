@@ -1,7 +1,9 @@
 """One trainer iteration at a real model's size on the CPU: Qwen2.5-0.5B and Qwen3-0.6B.
 
 Run: ``python -m benchmarks.real_size [--tokenizer DIR] [--arch qwen2.5-0.5b qwen3-0.6b]
-[--runs zero0 zero2 zero0-lora zero2-lora]``.
+[--runs zero0 zero2 zero0-lora zero2-lora]``; the vLLM runs (``zero0-vllm zero2-vllm
+zero0-lora-vllm zero2-lora-vllm``) in the ``tox -e vllm-cpu`` environment:
+``.tox/vllm-cpu/bin/python -m benchmarks.real_size --runs zero0-vllm ...``.
 
 Each architecture is built from its published config (:data:`hgpo.train.model_shapes.SHAPES`)
 with random weights (``AutoModelForCausalLM.from_config``, nothing downloaded) and saved with
@@ -19,7 +21,14 @@ baseline stands the memory plan's prediction for the same settings on the CPU (f
 rank; :mod:`hgpo.train.memory_plan`). The final checkpoint is skipped (it is not a phase).
 
 The log-prob gap (``rollout/logprob_diff_*``) exists only for vLLM rollouts; vLLM runs only
-where it is installed (``tox -e vllm-cpu``): without it this script says it skips vLLM.
+where it is installed (``tox -e vllm-cpu``): without it this script says it skips vLLM. In a
+one-iteration run that gap is the rollout's, and vLLM then holds the weights it loaded from
+the folder (the start-up sync pushes the same ones), so it does not show that a sync works.
+A vLLM run therefore also wraps the update's weight sync (:func:`probe_sync`): greedy
+responses to four fixed prompts, vLLM's log-probs of their tokens against the actor's,
+before the sync (vLLM on the rollout's weights, the actor updated: the gap a missed sync
+would leave) and after it (the gap the next rollout would sample with), and the sync's own
+seconds and peak RSS. Its prompts and forwards are part of the update's time and peak.
 """
 
 from __future__ import annotations
