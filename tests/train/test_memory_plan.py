@@ -86,6 +86,24 @@ def test_vllm_share_and_the_fit_verdict():
     assert "does NOT fit" in plan(TOY, PlanSettings(gpu_gib=RESERVE_GIB + 1e-9)).render()
 
 
+def test_vllm_on_a_cpu_is_its_weights_their_packed_copy_and_its_kv_cache():
+    # TOY's linear weights per layer: q 16 + k 8 + v 8 + o 16 + gate 32 + up 32 + down 32 = 144;
+    # packed: 2 layers x 144 + the head 10 x 4 (packed though tied) = 328
+    s = PlanSettings(dtype_bytes=4, rollout_engine="vllm", cpu=True, vllm_cpu_kv_gib=0.5)
+    got = _items(plan(TOY, s))
+    assert got["vllm weights"] == 4 * 364 and got["vllm packed"] == 4 * 328
+    assert got["vllm kv"] == 0.5 * GIB
+    assert "vllm share" not in got and "kv cache" not in got
+
+
+def test_a_cpu_runs_vllm_kv_cache_is_vllm_cpu_kvcache_space(monkeypatch):
+    cfg = resolve(preset="tiny", overrides={"rollout_engine": "vllm", "device": "cpu"})
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert _items(plan_for_config(cfg))["vllm kv"] == 1 * GIB  # the engine's default
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2.5")
+    assert _items(plan_for_config(cfg))["vllm kv"] == 2.5 * GIB
+
+
 def test_builtin_shapes_match_the_models_transformers_builds():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

