@@ -202,7 +202,7 @@ def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np
             "is_action_valid": valid,
         },
     )  # fmt: skip
-    gamma = 0.1 if case["env"] == "alfworld" else 0.2  # recipe/GraphGPO/run_*.sh
+    gamma = reference_config("graphgpo", env=case["env"]).graph_gamma  # recipe/GraphGPO/run_*.sh
     graphs = mod.ComplexGraph.from_data(batch, enable_similarity=False, similarity_thresh=0.95)
     mod.ComplexGraph.Calculate_all_shortest_path(graphs)
     step_rewards = mod.compute_graph_path_returns(

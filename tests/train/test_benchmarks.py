@@ -29,10 +29,12 @@ NOT_SCANNED = {"hgpo/extras.py": "its EXTRAS table is keyed by pip extras, two n
 REFERENCE_TABLES = {
     ("benchmarks/make_verl_agent_golden.py", "MODES"),
     ("hgpo/config.py", "REFERENCE_PROFILES"),
+    ("hgpo/config.py", "REFERENCE_ESTIMATOR_PROFILES"),
 }
 """Tables keyed by benchmark name that are not the trainer's: the verl-agent reference's own
 normalisation per recipe (hgpo.config.REFERENCE_PROFILES, which each adapter names its entry
-of; the golden cases are made with it)."""
+of; the golden cases are made with it) and an estimator's per-recipe options
+(REFERENCE_ESTIMATOR_PROFILES: GraphGPO's gamma per recipe)."""
 
 
 def _names_a_benchmark(node: ast.AST) -> bool:
