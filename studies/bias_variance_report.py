@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from hgpo import ESTIMATORS, estimator_reads
 from studies.io import write_csv
 from studies.verdict import DOES_NOT_HOLD, HOLDS, NOT_SIGNIFICANT, Step, ordering_verdict
 
@@ -188,9 +189,12 @@ def summary_lines(rows: list[dict[str, Any]], props: list[dict[str, Any] | None]
         "- Highest gradient cosine (norm = mean_std, the paper's default): "
         f"{_best_counts(_base_rows(rows, 'mean_std'), 'grad_cos', False)}.",
     ]
-    if "gae" in ests:
-        md.append("- gae uses the exact V as its critic: an unbiased reference, not a "
-                  "critic-free method.")  # fmt: skip
+    critics = [e for e in ests if e in ESTIMATORS and "values" in estimator_reads(e)]
+    if critics:
+        one = len(critics) == 1
+        md.append(f"- {', '.join(critics)} {'uses' if one else 'use'} the exact V as "
+                  f"{'its' if one else 'their'} critic: an unbiased reference, not a critic-free "
+                  f"method.")  # fmt: skip
     md += _prop_summary([p for p in props if p is not None], settings)
     return [*md, ""]
 

@@ -24,8 +24,9 @@ LLM policy z_t = (t, hidden state s_t, c_t) is a finite Markov chain, the same c
        dJ/dl[(t, c), b] = sum_{z at (t, c)} gamma^t d_t(z) pi(b | t, c) A*(z, b);
 
 4. on the iteration's own rollout batch (a :class:`TruthSteps`, whoever played it) runs every
-   estimator of ``hgpo.ESTIMATORS`` (norm "mean", so advantages are in reward units; gae gets
-   the exact V as its critic, lambda = 1)
+   estimator of ``hgpo.ESTIMATORS`` (norm "mean", so advantages are in reward units; one that
+   reads values, gae, gets the exact V as its critic, lambda = 1; entropy: the exact entropy of
+   pi(. | t, c); observations: the observation texts; :meth:`TruthMonitor.step_inputs`)
    and logs against A*: bias^2, variance and MSE per (task, z, a) from pairs of independent
    rollout groups (:func:`cross_group_bias_variance`; keys weighted by their exact visit
    probability d(z) pi(a | z); ``coverage`` is the share of steps whose (task, z, a) two groups
@@ -52,7 +53,7 @@ from tqdm import tqdm
 from agentenvs.memory import EpisodeMemory
 from agentenvs.parser import parse_action
 from agentenvs.toytext import ToyText, parse_toy_spec, render, split_tasks, toy_prompt
-from hgpo import ESTIMATORS, StepBatch, compute_advantages
+from hgpo import ESTIMATORS, StepBatch, compute_advantages, estimator_reads
 from hgpo.branched_batch import lookback_rows
 from hgpo.compare import gradient_compare, sign_agreement
 from hgpo.train.episodes import response_text
@@ -441,9 +442,10 @@ class TruthMonitor:
         base = self.cfg.estimator_config().replace(norm="mean")
         out: dict[str, float] = {}
         for name in ESTIMATORS:
-            ecfg = base.replace(gae_lambda=1.0) if name == "gae" else base
-            values = truth.V[nodes.node] if name == "gae" else None
-            adv = compute_advantages(name, batch, ecfg, values=values).advantages
+            reads = estimator_reads(name)
+            ecfg = base.replace(gae_lambda=1.0) if "values" in reads else base
+            inputs = self.step_inputs(reads, truth, steps, nodes)
+            adv = compute_advantages(name, batch, ecfg, **inputs).advantages
             bv = cross_group_bias_variance(key, group, adv - A_true, weight)
             cos, _ = gradient_compare(nodes.row, nodes.action, adv, truth.probs, n_traj,
                                         truth.grad)  # fmt: skip
@@ -456,6 +458,28 @@ class TruthMonitor:
                 "grad_cos_undiscounted": cos_u,
             }  # fmt: skip
             out.update({f"truth/{name}/{k}": float(v) for k, v in figures.items()})
+        return out
+
+    def step_inputs(
+        self, reads: Sequence[str], truth: LLMTruth, steps: TruthSteps, nodes: StepNodes
+    ) -> dict[str, Any]:
+        """The per-step inputs ``reads`` names (hgpo.STEP_INPUTS), from the exact truth: values
+        the exact V(z_t); entropy the exact entropy of the score-mode policy pi(. | t, c) over
+        the listed actions at each step's prompt (not the mean token entropy the trainer would
+        give: this is the entropy of the action the step chose among); observations the
+        step's observation text (agentenvs.toytext.render)."""
+        out: dict[str, Any] = {}
+        for key in reads:
+            if key == "values":
+                out[key] = truth.V[nodes.node]
+            elif key == "entropy":
+                p = truth.probs[nodes.row]
+                out[key] = -np.sum(p * np.log(np.where(p > 0, p, 1.0)), axis=1)
+            elif key == "observations":
+                obs = self.env.obs_of_state[steps.hidden]
+                out[key] = [self.text.obs_text[int(o)] for o in obs]
+            else:
+                raise ValueError(f"truth: an estimator reads {key!r}, which the truth lacks")
         return out
 
     def _explain_nan(self, key: np.ndarray, group: np.ndarray, task: np.ndarray) -> None:
