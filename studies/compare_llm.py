@@ -100,6 +100,10 @@ def _child(argv: list[str], log: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch  # (imported already by check_llm's checks: the variable alone would not do)
+
+    threads = os.environ["OMP_NUM_THREADS"]
+    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else 1)
     from hgpo.train.__main__ import main
 
     sys.exit(main(argv))

@@ -160,8 +160,9 @@ def _seed_auc(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def auc_tests(rows: list[dict[str, Any]], base: str) -> list[dict[str, Any]]:
     """Welch + Holm of every estimator against ``base``: pooled over the environments (per
-    seed), then per environment."""
-    return compare(_seed_auc(rows), "auc_train", base) + compare(rows, "auc_train", base)
+    seed), then per environment (when there are several)."""
+    pooled = compare(_seed_auc(rows), "auc_train", base)
+    return pooled + (compare(rows, "auc_train", base) if len({r["env"] for r in rows}) > 1 else [])
 
 
 def auc_figure(rows: list[dict[str, Any]], est: str, env: str = "all envs") -> Figure:
@@ -344,7 +345,7 @@ def _auc_line(rows: list[dict], tests: list[dict], p: str, base: str, n_envs: in
             if t["significant"] and t["diff"] < 0]  # fmt: skip
     same = [t["label"] for t in pooled if not t["significant"]]
     return (f"learning speed (auc, mean train success over training; {best.get('seeds', 0)} "
-            f"seeds, mean over {n_envs} environments): highest **{best['estimator']}** "
+            f"seeds, mean over {n_envs} environment{'s' if n_envs > 1 else ''}): highest **{best['estimator']}** "
             f"{_fig(best, 'auc').text('.3f')}; against {base} (Welch + Holm): significantly "
             f"faster: {', '.join(up) or 'none'}; significantly slower: {', '.join(down) or 'none'}; "
             f"not significant: {', '.join(same) or 'none'}.")  # fmt: skip
@@ -392,11 +393,15 @@ def _console(table: list[dict[str, Any]], base: str) -> str:
         p = r.get("auc_p_holm", math.nan)
         lines.append(f"{r['policy']:<{pw}}{r['estimator']:<{w}}{r['bias2']:>9.3g}"
                      f"{r['variance']:>9.3g}{r['mse']:>9.3g}{r['sign']:>7.2f}{r['grad_cos']:>7.2f}"
-                     f"{r.get('auc', math.nan):>7.3f}"
+                     f"{_num(r.get('auc', math.nan), '.3f'):>7}"
                      f"{'' if r['estimator'] == base or not math.isfinite(p) else f'{p:.2g}':>8}")  # fmt: skip
     lines.append(f"bias2/var/mse: reward units (norm = mean), mean over cells; cos: gradient "
                  f"cosine; auc: mean train success over training; Holm p: auc against {base}")  # fmt: skip
     return "\n".join(lines)
+
+
+def _num(x: float, fmt: str) -> str:
+    return f"{x:{fmt}}" if math.isfinite(x) else "-"
 
 
 def _parts(cfg: Any, llm: dict | None) -> list[str]:
