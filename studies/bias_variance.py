@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 import toyenvs
-from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
+from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages, estimator_reads
 from hgpo.fields import (
     FIELD_DEFAULT,
     add_flags,
@@ -75,6 +75,7 @@ from studies.io import (
 )
 from studies.scheme_study import DEFAULT_BUDGETS, QUICK_BUDGETS, SchemeStudy, run_scheme_study
 from studies.stages import parse_env, stage_policies
+from studies.step_inputs import StepInputs
 from studies.tabular import evaluate_success
 
 __all__ = ["StudyConfig", "main", "parse_env", "run_cell", "run_study"]
@@ -110,8 +111,10 @@ class StudyConfig:
     stages: tuple[str, ...] = _cells(("untrained", "0.3", "0.7"))
     """Policy stages: "untrained" (uniform), a success target in (0, 1) reached by expert
     imitation (studies.tabular.expert_stages), or a snapshot file (TabularPolicy.snapshot)."""
-    estimators: tuple[str, ...] = _cells(STUDY_ESTIMATORS, choices=ESTIMATORS)
-    """Estimators to measure (gae gets the exact V as its critic, lambda = 1)."""
+    estimators: tuple[str, ...] = _cells(STUDY_ESTIMATORS)
+    """Estimators to measure, any registered one (one that reads values gets the exact V as its
+    critic, lambda = 1; entropy: the policy's exact entropy at the step's context;
+    observations: the toy text env's observation text, studies/step_inputs.py)."""
     norms: tuple[str, ...] = _cells(("mean", "mean_std"), choices=("mean", "mean_std"))
     """Normalisation modes; bias/variance/MSE are reported for "mean" (reward units)."""
     alpha: float = _cells(1.0, lo=0.0, help="HGPO alpha (default: %(default)s)")
@@ -214,6 +217,8 @@ def _check_settings(cfg: StudyConfig) -> None:
         for value in values:
             if name == "stages":
                 _check_stage(value)
+            elif name == "estimators":  # the registry as it is now (a user's estimator too)
+                check_choice(where, value, ESTIMATORS)
             elif name == "Ks" or kind is int:
                 check_int(where, value, **bounds[name])
             elif kind is float:
@@ -352,11 +357,12 @@ def _cell_variants(cfg: StudyConfig, K: int) -> list[_Variant]:
     base = cfg.estimator_config(K)
     variants: list[_Variant] = []
     for est in cfg.estimators:
+        critic = "values" in estimator_reads(est)
         for norm in cfg.norms:
-            if est == "gae" and norm != "mean":
+            if est == "gae" and norm != "mean":  # gae does not normalise: the same at any norm
                 continue
             opts: dict[str, Any] = {"norm": norm}
-            if est == "gae":
+            if critic:  # the exact V as its critic, lambda = 1 (only gae reads gae_lambda)
                 opts["gae_lambda"] = 1.0
             variants.append(_Variant(est, est, base.replace(**opts), figures=True))
     for a in ALPHAS:
@@ -385,8 +391,9 @@ def _draw_batches(
         draws.truths.append(A_true)
         draws.batch_ids.append(np.full(rb.n_steps, b))
         graded, advs = [], []  # the grid variants: their gradient figures come in one go
+        inputs = StepInputs(env, rb, values=gt.V[node], probs=lambda rb=rb: cell.probs[rb.context])
         for v in variants:
-            adv = _measure_variant(draws, cell, rb, gt.V[node], A_true, v)
+            adv = _measure_variant(draws, rb, inputs, A_true, v)
             if adv is not None:
                 graded.append(v)
                 advs.append(adv)
@@ -400,15 +407,15 @@ def _draw_batches(
 
 
 def _measure_variant(
-    draws: _Draws, cell: _CellPolicy, rb: Any, V: np.ndarray, A_true: np.ndarray, v: _Variant
+    draws: _Draws, rb: Any, inputs: StepInputs, A_true: np.ndarray, v: _Variant
 ) -> np.ndarray | None:
-    """Run one variant on batch ``rb`` (gae with the exact V as its critic) and record its
-    advantages, its per-batch figures (grid variants) and, for hgpo/mean, its levels.
-    Returns the advantages of a grid variant, whose gradient figures the caller adds (all of
-    the batch's variants at once: one forward pass of a network policy for all of them)."""
-    out = compute_advantages(
-        v.estimator, rb.batch, v.config, values=V if v.estimator == "gae" else None
-    )
+    """Run one variant on batch ``rb`` with the per-step inputs its estimator reads
+    (studies.step_inputs: the exact V as a critic, the policy's exact entropy, the observation
+    texts) and record its advantages, its per-batch figures (grid variants) and, for
+    hgpo/mean, its levels. Returns the advantages of a grid variant, whose gradient figures the
+    caller adds (all of the batch's variants at once: one forward pass of a network policy for
+    all of them)."""
+    out = compute_advantages(v.estimator, rb.batch, v.config, **inputs.of(v.estimator))
     adv = out.advantages
     norm = v.config.norm
     draws.samples.setdefault((v.label, norm), []).append(adv)

@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from hgpo import ESTIMATORS, estimator_reads
 from studies.io import write_csv
 from studies.verdict import DOES_NOT_HOLD, HOLDS, NOT_SIGNIFICANT, Step, ordering_verdict
 
-__all__ = ["figures", "prop_checks", "summary_lines", "write_results"]
+__all__ = ["base_rows", "best_counts", "figures", "prop_checks", "summary_lines", "write_results"]
 
 
 def _fmt(x: Any, nd: int = 3) -> str:
@@ -126,7 +127,7 @@ def _prop_text(props: list[dict[str, Any] | None]) -> str:
     return "\n".join(out)
 
 
-def _base_rows(rows: list[dict[str, Any]], norm: str) -> dict[tuple, list[dict[str, Any]]]:
+def base_rows(rows: list[dict[str, Any]], norm: str) -> dict[tuple, list[dict[str, Any]]]:
     """Per cell (env, K, stage): the estimators' rows with ``norm``, without the alpha and depth
     sweeps (estimator names with "=")."""
     out: dict[tuple, list[dict[str, Any]]] = {}
@@ -136,7 +137,7 @@ def _base_rows(rows: list[dict[str, Any]], norm: str) -> dict[tuple, list[dict[s
     return out
 
 
-def _best_counts(cells: dict[tuple, list[dict]], metric: str, lowest: bool) -> str:
+def best_counts(cells: dict[tuple, list[dict]], metric: str, lowest: bool) -> str:
     """Per estimator, e.g. "oracle in 3 of 4 cells, gae in 1 (its 95% interval clear of every
     other estimator's: oracle in 2, gae in 1)": the cells where its ``metric`` is the lowest (or
     highest), and in how many of them its interval overlaps no other estimator's (unpaired
@@ -170,7 +171,7 @@ def summary_lines(rows: list[dict[str, Any]], props: list[dict[str, Any] | None]
                   settings: dict[str, Any]) -> list[str]:  # fmt: skip
     """The report's opening: what the run found, computed from its rows and Proposition 4.1's
     checks (a plain reading of the tables below)."""
-    mean_cells = _base_rows(rows, "mean")
+    mean_cells = base_rows(rows, "mean")
     cells = sorted({(r["env"], r["K"], r["stage"]) for r in rows}, key=str)
     ests = list(dict.fromkeys(r["estimator"] for rs in mean_cells.values() for r in rs))
     md = [
@@ -183,14 +184,17 @@ def summary_lines(rows: list[dict[str, Any]], props: list[dict[str, Any] | None]
         f"seed {settings['seed']}, {settings['policy']} policy; {len(ests)} estimators. bias^2, "
         "variance and MSE are in squared reward units (norm = mean); intervals are 95%.",
         "",
-        f"- Lowest MSE: {_best_counts(mean_cells, 'mse', True)}.",
-        f"- Lowest bias^2: {_best_counts(mean_cells, 'bias2', True)}.",
+        f"- Lowest MSE: {best_counts(mean_cells, 'mse', True)}.",
+        f"- Lowest bias^2: {best_counts(mean_cells, 'bias2', True)}.",
         "- Highest gradient cosine (norm = mean_std, the paper's default): "
-        f"{_best_counts(_base_rows(rows, 'mean_std'), 'grad_cos', False)}.",
+        f"{best_counts(base_rows(rows, 'mean_std'), 'grad_cos', False)}.",
     ]
-    if "gae" in ests:
-        md.append("- gae uses the exact V as its critic: an unbiased reference, not a "
-                  "critic-free method.")  # fmt: skip
+    critics = [e for e in ests if e in ESTIMATORS and "values" in estimator_reads(e)]
+    if critics:
+        one = len(critics) == 1
+        md.append(f"- {', '.join(critics)} {'uses' if one else 'use'} the exact V as "
+                  f"{'its' if one else 'their'} critic: an unbiased reference, not a critic-free "
+                  f"method.")  # fmt: skip
     md += _prop_summary([p for p in props if p is not None], settings)
     return [*md, ""]
 

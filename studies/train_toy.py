@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 import toyenvs
-from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages
+from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages, estimator_reads
 from hgpo.config import field_docs
 from hgpo.fields import (
     FIELD_DEFAULT,
@@ -69,6 +69,7 @@ from studies.io import (
 )
 from studies.metrics import gradient_estimate
 from studies.stages import parse_env
+from studies.step_inputs import StepInputs
 from studies.tabular import expert_stages, neural_expert_stages
 from studies.tabular_ppo import PPOSettings, TabularPPO, ValueTable
 from studies.train_toy_report import write_results
@@ -446,7 +447,7 @@ class _RunSetup:
     ppo: Any
     """studies.tabular_ppo.TabularPPO or studies.neural_ppo.NeuralPPO on ``pol``."""
     critic: Any | None
-    """studies.tabular_ppo.ValueTable for ``gae``, else None."""
+    """studies.tabular_ppo.ValueTable for an estimator that reads values (gae), else None."""
     train_tasks: np.ndarray
     """int64[n]: the tasks trained on (and evaluated as "train")."""
     held_tasks: np.ndarray
@@ -492,7 +493,7 @@ def run_one(cfg: TrainToyConfig, run: dict[str, Any]) -> dict[str, Any]:
 
 def _setup_run(cfg: TrainToyConfig, run: dict[str, Any]) -> _RunSetup:
     """The run's environment, setting (its K on the estimator config), starting policy, PPO
-    trainer of cfg.policy, and the value table when the estimator is ``gae``."""
+    trainer of cfg.policy, and the value table when the estimator reads values (gae)."""
     fam, params, start = split_env(run["env"])
     env = toyenvs.make(fam, **params)
     est, _, ec = parse_setting(run["setting"], cfg)
@@ -514,7 +515,7 @@ def _setup_run(cfg: TrainToyConfig, run: dict[str, Any]) -> _RunSetup:
             critic_lr=cfg.critic_lr,
         ),
     )  # fmt: skip
-    critic = ValueTable(pol, cfg.critic_lr) if est == "gae" else None
+    critic = ValueTable(pol, cfg.critic_lr) if "values" in estimator_reads(est) else None
     return _RunSetup(
         env=env,
         estimator=est,
@@ -567,15 +568,21 @@ def _train_iteration(
 def _iteration_advantages(
     cfg: TrainToyConfig, setup: _RunSetup, rb: Any, upd_rng: np.random.Generator
 ) -> _IterationAdvantages:
-    """The setting's advantages of batch ``rb``; with a critic (gae) its values feed the
-    estimator, it is then fitted to the returns A + V, and the advantages are whitened."""
-    critic = setup.critic
+    """The setting's advantages of batch ``rb``, given the per-step inputs its estimator reads
+    (studies.step_inputs: the critic's values, the policy's exact entropy at each step's
+    context before the update, the observation texts); with a critic (an estimator that reads
+    values, e.g. gae) it is then fitted to the estimator's returns (gae: A + V) and the
+    advantages are whitened."""
+    critic, pol = setup.critic, setup.pol
     values = critic.values(rb.context) if critic is not None else None
-    adv = compute_advantages(setup.estimator, rb.batch, config=setup.config, values=values)
+    inputs = StepInputs(setup.env, rb, values, probs=lambda: pol.probs(rb.context))
+    adv = compute_advantages(
+        setup.estimator, rb.batch, config=setup.config, **inputs.of(setup.estimator)
+    )
     A = adv.advantages
     critic_loss = critic_ev = float("nan")
     if critic is not None:
-        targets = A + values
+        targets = adv.returns
         # explained variance of the returns by the critic, before this update
         critic_ev = float(1.0 - np.var(targets - values) / max(np.var(targets), 1e-12))
         critic_loss = critic.update(rb.context, targets, cfg.minibatches, cfg.epochs, upd_rng)

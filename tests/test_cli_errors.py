@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("hgpo", "toyenvs", "agentenvs", "studies", "benchmarks", "tests")
-RUN_AS = {"hgpo.train.train_config": "hgpo.train"}
+RUN_AS = {"hgpo.train.train_config": "hgpo.train", "studies.compare_study": "studies.compare"}
 """A module that builds the parser of another module's command line."""
 
 

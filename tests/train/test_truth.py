@@ -275,3 +275,44 @@ def test_truth_every_1_end_to_end(tmp_path):
             for metric in ("bias2", "variance", "mse", "sign", "grad_cos"):
                 assert f"truth/{est}/{metric}" in row
     assert rows[-1]["val/heldout/tasks"] == 0  # the T-maze has no held-out tasks
+
+
+def test_estimators_reading_entropy_or_observations_get_them_from_the_truth():
+    """The truth monitor runs every registered estimator, a user's that reads entropy (the
+    exact entropy of pi(. | t, c)) or observations (each step's observation text, as the
+    batch's TruthSteps carry them) too; fed a tabular policy's batch, what they receive is
+    checked here."""
+    import hgpo
+    from agentenvs.toytext import render
+    from hgpo.train.truth_monitor import TruthSteps
+
+    got = {}
+
+    def ent(batch, cfg, values=None, entropy=None):
+        got["entropy"] = entropy
+        return entropy - entropy.mean()
+
+    def obs(batch, cfg, values=None, observations=None):
+        got["observations"] = observations
+        return np.zeros(batch.n_steps)
+
+    cfg = _cfg(env="toy:keydoor:size=4,horizon=8", history_length=1)
+    mon = TruthMonitor(cfg, tok=None)
+    env = mon.env
+    pol = toyenvs.TabularPolicy(env, K=1, init="random", seed=3)
+    truth = mon.solve(pol.probs(pol.index_of(mon.row_code)))
+    rb = toyenvs.rollout(env, pol, np.repeat(env.train_tasks[:2], 2), 4, 5)
+    texts = render(env).obs_text
+    steps = TruthSteps(rb.batch, rb.hidden, rb.batch.action, [texts[o] for o in rb.batch.state])
+    hgpo.register_estimator("test_truth_entropy", ent, reads=("entropy",))
+    hgpo.register_estimator("test_truth_observations", obs, reads=("observations",))
+    try:
+        m = mon.estimator_metrics(truth, steps, mon.step_nodes(steps))
+    finally:
+        hgpo.unregister_estimator("test_truth_entropy")
+        hgpo.unregister_estimator("test_truth_observations")
+    assert np.isfinite(m["truth/test_truth_entropy/mse_all"])
+    assert "truth/test_truth_observations/sign" in m
+    p = pol.probs(rb.context)
+    np.testing.assert_allclose(got["entropy"], -(p * np.log(p)).sum(axis=1), rtol=1e-12)
+    assert got["observations"] == [texts[o] for o in rb.batch.state]

@@ -1,0 +1,485 @@
+"""Writes studies.compare's results folder: the one table, the differences to the baseline, the
+training tests, the plain summary that opens report.md, and the plots.
+
+How the figures are made:
+
+- **bias^2, variance, MSE, sign agreement, gradient cosine** of a table or network policy: the
+  bias/variance study's per-cell figures (norm = mean: reward units; gradient cosine of the
+  batch gradient with the exact undiscounted one), each with its 95% interval, averaged over
+  the cells: mean m = (1/C) sum_c m_c with the half-width h = sqrt(sum_c h_c^2) / C (the
+  cells are independent draws). An estimator's difference to the baseline is averaged the
+  same way, per cell d_c = m_c - b_c with h_c = sqrt(h_{m,c}^2 + h_{b,c}^2): both are measured
+  on the same batches, whose positive correlation this ignores, so the difference's interval
+  is conservative (too wide, never too narrow);
+- the **LLM policy**'s figures are every truth batch's (hgpo.train's truth monitor) pooled over
+  the batches of every run, mean and 95% t-interval; its differences are paired batch by batch;
+- **auc** (learning speed): per run the mean train-task success over the evaluations after
+  iteration 0 (studies.train_toy_report.summarise); per seed the mean over the environments;
+  mean and 95% t-interval over seeds; each estimator against the baseline by Welch's t-test,
+  Holm-corrected over the estimators (studies.train_toy_report.compare: statsmodels), also per
+  environment.
+
+A claim "holds" only when significant (studies.verdict): an interval of the difference clear
+of 0, or a Holm-corrected p < 0.05.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hgpo.estimator_registry import get_spec
+from studies.bias_variance_report import base_rows, best_counts
+from studies.io import write_csv
+from studies.metrics import mean_ci
+from studies.train_toy_report import compare
+from studies.verdict import HOLDS, Step, ordering_verdict
+
+__all__ = ["METRICS", "RESULTS", "Figure", "write_report"]
+
+RESULTS = ("table.csv", "table.md", "diffs.csv", "tests.csv", "results.json", "report.md")
+"""Files of a results folder that another run would replace (the sub-studies' folders are
+keyed by their settings)."""
+
+METRICS = (
+    ("bias2", "bias²", True),
+    ("variance", "variance", True),
+    ("mse", "MSE", True),
+    ("sign", "sign agreement", False),
+    ("grad_cos", "gradient cosine", False),
+)
+"""(column, name, lower is better) of the bias/variance figures."""
+
+ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A mean with its 95% interval, from ``n`` cells, batches or seeds."""
+
+    value: float
+    lo: float
+    hi: float
+    n: int
+
+    def text(self, num: str = ".3g") -> str:
+        if not math.isfinite(self.value):
+            return "-"
+        if not (math.isfinite(self.lo) and math.isfinite(self.hi)):
+            return f"{self.value:{num}}"
+        return f"{self.value:{num}} [{self.lo:{num}}, {self.hi:{num}}]"
+
+    @property
+    def significant(self) -> bool:
+        """The interval is clear of 0 (for a difference)."""
+        return bool(self.lo > 0 or self.hi < 0)
+
+
+NAN = Figure(math.nan, math.nan, math.nan, 0)
+
+
+# ----------------------------------------------------------------------------- pooling
+
+
+def _half(r: dict[str, Any], m: str) -> float:
+    lo, hi = r.get(f"{m}_lo", math.nan), r.get(f"{m}_hi", math.nan)
+    return (hi - lo) / 2 if math.isfinite(lo) and math.isfinite(hi) else math.nan
+
+
+def _pool(pairs: list[tuple[float, float]]) -> Figure:
+    """The mean of independent figures (value, half-width): half-width sqrt(sum h^2) / n."""
+    pairs = [(v, h) for v, h in pairs if math.isfinite(v)]
+    if not pairs:
+        return NAN
+    v = np.array([p[0] for p in pairs])
+    h = np.array([p[1] for p in pairs])
+    m = float(v.mean())
+    hw = float(np.sqrt((h**2).sum()) / v.size) if np.isfinite(h).all() else math.nan
+    return Figure(m, m - hw, m + hw, int(v.size))
+
+
+def _cells(rows: list[dict[str, Any]], est: str) -> dict[tuple, dict[str, Any]]:
+    """(env, K, stage) -> the estimator's norm = mean row."""
+    return {(r["env"], r["K"], r["stage"]): r for r in rows
+            if r["estimator"] == est and r["norm"] == "mean"}  # fmt: skip
+
+
+def cell_figure(rows: list[dict[str, Any]], est: str, m: str) -> Figure:
+    """``m`` of ``est`` averaged over the cells (see the module docstring)."""
+    return _pool([(r.get(m, math.nan), _half(r, m)) for r in _cells(rows, est).values()])
+
+
+def cell_diff(rows: list[dict[str, Any]], est: str, base: str, m: str) -> Figure:
+    """``m`` of ``est`` minus the baseline's, averaged over the cells both were measured in,
+    with the conservative interval of the module docstring."""
+    a, b = _cells(rows, est), _cells(rows, base)
+    pairs = [(a[c].get(m, math.nan) - b[c].get(m, math.nan),
+              math.hypot(_half(a[c], m), _half(b[c], m))) for c in a if c in b]  # fmt: skip
+    return _pool(pairs)
+
+
+def _batches(llm: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every logged truth row of every LLM run."""
+    return [r for seeds in llm["data"].values() for rows in seeds for r in rows if "truth/J" in r]
+
+
+def _ci(x: list[float]) -> Figure:
+    a = np.asarray([v for v in x if math.isfinite(v)], dtype=np.float64)
+    if a.size == 0:
+        return NAN
+    m, lo, hi = mean_ci(a)
+    return Figure(m, lo, hi, int(a.size))
+
+
+def llm_figure(batches: list[dict[str, Any]], est: str, m: str) -> Figure:
+    return _ci([r.get(f"truth/{est}/{m}", math.nan) for r in batches])
+
+
+def llm_diff(batches: list[dict[str, Any]], est: str, base: str, m: str) -> Figure:
+    """Paired batch by batch: mean and 95% t-interval of est's figure minus the baseline's."""
+    return _ci([r.get(f"truth/{est}/{m}", math.nan) - r.get(f"truth/{base}/{m}", math.nan)
+                for r in batches])  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- learning speed
+
+
+def _seed_auc(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (estimator, seed): auc averaged over the environments, env "all envs"."""
+    acc: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        acc.setdefault((r["label"], r["seed"]), []).append(r["auc_train"])
+    return [{"env": "all envs", "label": lab, "seed": s, "auc_train": float(np.mean(v))}
+            for (lab, s), v in acc.items()]  # fmt: skip
+
+
+def auc_tests(rows: list[dict[str, Any]], base: str) -> list[dict[str, Any]]:
+    """Welch + Holm of every estimator against ``base``: pooled over the environments (per
+    seed), then per environment (when there are several)."""
+    pooled = compare(_seed_auc(rows), "auc_train", base)
+    return pooled + (compare(rows, "auc_train", base) if len({r["env"] for r in rows}) > 1 else [])
+
+
+def auc_figure(rows: list[dict[str, Any]], est: str, env: str = "all envs") -> Figure:
+    src = _seed_auc(rows) if env == "all envs" else rows
+    return _ci([r["auc_train"] for r in src if r["label"] == est and r["env"] == env])
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def _policy_label(policy: str, cfg: Any) -> str:
+    return f"llm ({cfg.llm_env})" if policy == "llm" else policy
+
+
+def build_table(cfg: Any, bv: dict, tt: dict, llm: dict | None) -> tuple[list[dict], list[dict],
+                                                                        list[dict]]:  # fmt: skip
+    """(table rows, difference rows, auc tests): one row per (policy, estimator)."""
+    ests, base = cfg.estimator_names(), cfg.baseline
+    batches = _batches(llm) if llm else []
+    policies = [*cfg.policies, *(["llm"] if llm else [])]
+    table, diffs, tests = [], [], []
+    for p in policies:
+        t_tests = auc_tests(tt[p], base) if p in tt else []
+        tests += [{"policy": p, **t} for t in t_tests]
+        pooled = {t["label"]: t for t in t_tests if t["env"] == "all envs"}
+        for e in ests:
+            spec = get_spec(e) if _registered(e) else None
+            row: dict[str, Any] = {"policy": _policy_label(p, cfg), "estimator": e,
+                                   "origin": spec.origin if spec else "?",
+                                   "reads": " ".join(spec.reads) if spec else ""}  # fmt: skip
+            for m, _, _ in METRICS:
+                f = llm_figure(batches, e, m) if p == "llm" else cell_figure(bv[p], e, m)
+                row.update({m: f.value, f"{m}_lo": f.lo, f"{m}_hi": f.hi})
+                row["n"] = max(row.get("n", 0), f.n)
+                if e != base:
+                    d = (
+                        llm_diff(batches, e, base, m)
+                        if p == "llm"
+                        else cell_diff(bv[p], e, base, m)
+                    )
+                    diffs.append({"policy": row["policy"], "estimator": e, "baseline": base,
+                                  "metric": m, "diff": d.value, "lo": d.lo, "hi": d.hi,
+                                  "n": d.n, "significant": d.significant,
+                                  "evidence": "paired 95% t-interval over batches" if p == "llm"
+                                  else "conservative 95% interval over cells"})  # fmt: skip
+            if p in tt:
+                f = auc_figure(tt[p], e)
+                t = pooled.get(e, {})
+                row.update(auc=f.value, auc_lo=f.lo, auc_hi=f.hi, seeds=f.n,
+                           auc_diff=t.get("diff", math.nan), auc_p=t.get("p", math.nan),
+                           auc_p_holm=t.get("p_holm", math.nan))  # fmt: skip
+            table.append(row)
+    return table, diffs, tests
+
+
+def _registered(name: str) -> bool:
+    try:
+        get_spec(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _fig(r: dict[str, Any], m: str) -> Figure:
+    return Figure(r.get(m, math.nan), r.get(f"{m}_lo", math.nan), r.get(f"{m}_hi", math.nan), 0)
+
+
+def table_md(table: list[dict[str, Any]], base: str) -> str:
+    heads = [name for _, name, _ in METRICS] + ["auc", f"auc − {base} (Holm p)"]
+    lines = ["| policy | estimator | " + " | ".join(heads) + " |",
+             "|---" * (len(heads) + 2) + "|"]  # fmt: skip
+    for r in table:
+        cells = [_fig(r, m).text() for m, _, _ in METRICS]
+        cells.append(_fig(r, "auc").text(".3f") if "auc" in r else "-")
+        if "auc" in r and r["estimator"] != base and math.isfinite(r["auc_diff"]):
+            star = " *" if r["auc_p_holm"] < ALPHA else ""
+            cells.append(f"{r['auc_diff']:+.3f} ({r['auc_p_holm']:.2g}){star}")
+        else:
+            cells.append("-")
+        lines.append(f"| {r['policy']} | {r['estimator']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def diffs_md(table: list[dict], diffs: list[dict], base: str) -> str:
+    """Each estimator minus the baseline, per metric; * = the interval is clear of 0."""
+    by = {(d["policy"], d["estimator"], d["metric"]): d for d in diffs}
+    heads = [f"Δ {name}" for _, name, _ in METRICS] + ["Δ auc (Welch p, Holm p)"]
+    lines = ["| policy | estimator | " + " | ".join(heads) + " |",
+             "|---" * (len(heads) + 2) + "|"]  # fmt: skip
+    for r in table:
+        if r["estimator"] == base:
+            continue
+        cells = []
+        for m, _, _ in METRICS:
+            d = by.get((r["policy"], r["estimator"], m))
+            f = Figure(d["diff"], d["lo"], d["hi"], d["n"]) if d else NAN
+            cells.append(f.text("+.3g") + (" *" if d and d["significant"] else ""))
+        if "auc" in r and math.isfinite(r["auc_diff"]):
+            star = " *" if r["auc_p_holm"] < ALPHA else ""
+            cells.append(f"{r['auc_diff']:+.3f} ({r['auc_p']:.2g}, {r['auc_p_holm']:.2g}){star}")
+        else:
+            cells.append("-")
+        lines.append(f"| {r['policy']} | {r['estimator']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tests_md(tests: list[dict[str, Any]], tt: dict) -> str:
+    lines = ["| policy | environment | estimator | auc (95% CI) | baseline | diff | p | "
+             "p (Holm) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for t in tests:
+        f = auc_figure(tt[t["policy"]], t["label"], t["env"])
+        star = " *" if t["significant"] else ""
+        lines.append(f"| {t['policy']} | {t['env']} | {t['label']} | {f.text('.3f')} | "
+                     f"{t['baseline']} | {t['diff']:+.3f} | {t['p']:.2g} | "
+                     f"{t['p_holm']:.2g}{star} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the summary
+
+
+def _diff(p: str, bv: dict, batches: list[dict], a: str, b: str, m: str) -> Figure:
+    return llm_diff(batches, a, b, m) if p == "llm" else cell_diff(bv[p], a, b, m)
+
+
+def _winner_line(p: str, rows: list[dict], bv: dict, batches: list[dict], m: str, name: str,
+                 lower: bool, ests: tuple[str, ...]) -> str:  # fmt: skip
+    """``MSE: lowest oracle 3.2 [..], next hgpo 3.4 [..]; oracle's lead 0.19 (95% CI [..]) is not
+    significant; per cell: ...``"""
+    ranked = sorted((r for r in rows if math.isfinite(r[m])), key=lambda r: r[m],
+                    reverse=not lower)  # fmt: skip
+    if len(ranked) < 2:
+        return f"{name}: fewer than two estimators measured"
+    best, nxt = ranked[0], ranked[1]
+    d = _diff(p, bv, batches, best["estimator"], nxt["estimator"], m)
+    lead = Figure(-d.value, -d.hi, -d.lo, d.n) if lower else d
+    status, _ = ordering_verdict([Step(best["estimator"], nxt["estimator"], lead.value,
+                                       ci=(lead.lo, lead.hi))], ALPHA)  # fmt: skip
+    word = "significant" if status == HOLDS else "not significant"
+    line = (f"{name}: {'lowest' if lower else 'highest'} **{best['estimator']}** "
+            f"{_fig(best, m).text()}, next {nxt['estimator']} {_fig(nxt, m).text()}; the lead "
+            f"{lead.text('.3g')} is **{word}**")  # fmt: skip
+    if p != "llm":
+        cells = {k: [r for r in v if r["estimator"] in ests]
+                 for k, v in base_rows(bv[p], "mean").items()}  # fmt: skip
+        line += f"; per cell: {best_counts(cells, m, lower)}"
+    return line + "."
+
+
+def _vs_base_line(p: str, rows: list[dict], diffs: list[dict], m: str, name: str, lower: bool,
+                  base: str) -> str:  # fmt: skip
+    """``Against hgpo on MSE: lower (better): a (-0.3 [..]); higher (worse): b; within noise: c``."""
+    by = {d["estimator"]: d for d in diffs if d["policy"] == rows[0]["policy"] and d["metric"] == m}
+    better, worse, noise = [], [], []
+    for e, d in by.items():
+        f = Figure(d["diff"], d["lo"], d["hi"], d["n"])
+        if not math.isfinite(f.value):
+            continue
+        good = (f.value < 0) == lower
+        (noise if not f.significant else better if good else worse).append(
+            f"{e} ({f.text('+.3g')})" if f.significant else e
+        )
+    lo, hi = ("lower", "higher") if lower else ("higher", "lower")
+    return (f"against {base} on {name}: {lo} (better): {', '.join(better) or 'none'}; "
+            f"{hi} (worse): {', '.join(worse) or 'none'}; within noise: "
+            f"{', '.join(noise) or 'none'}.")  # fmt: skip
+
+
+def _auc_line(rows: list[dict], tests: list[dict], p: str, base: str, n_envs: int) -> str:
+    """Learning speed: the highest auc, and each estimator against the baseline (Welch + Holm)."""
+    ranked = sorted((r for r in rows if math.isfinite(r.get("auc", math.nan))),
+                    key=lambda r: -r["auc"])  # fmt: skip
+    if not ranked:
+        return "learning speed: no training runs"
+    best = ranked[0]
+    pooled = [t for t in tests if t["policy"] == p and t["env"] == "all envs"]
+    up = [f"{t['label']} ({t['diff']:+.3f}, Holm p = {t['p_holm']:.2g})" for t in pooled
+          if t["significant"] and t["diff"] > 0]  # fmt: skip
+    down = [f"{t['label']} ({t['diff']:+.3f}, Holm p = {t['p_holm']:.2g})" for t in pooled
+            if t["significant"] and t["diff"] < 0]  # fmt: skip
+    same = [t["label"] for t in pooled if not t["significant"]]
+    return (f"learning speed (auc, mean train success over training; {best.get('seeds', 0)} "
+            f"seeds, mean over {n_envs} environment{'s' if n_envs > 1 else ''}): highest **{best['estimator']}** "
+            f"{_fig(best, 'auc').text('.3f')}; against {base} (Welch + Holm): significantly "
+            f"faster: {', '.join(up) or 'none'}; significantly slower: {', '.join(down) or 'none'}; "
+            f"not significant: {', '.join(same) or 'none'}.")  # fmt: skip
+
+
+def summary_lines(cfg: Any, table: list[dict], diffs: list[dict], tests: list[dict], bv: dict,
+                  tt: dict, llm: dict | None) -> list[str]:  # fmt: skip
+    """The report's opening: which estimator wins where, by how much, and whether it is
+    significant (computed from the tables below)."""
+    ests, base = cfg.estimator_names(), cfg.baseline
+    batches = _batches(llm) if llm else []
+    md = ["## Summary", "",
+          f"{len(ests)} estimators ({', '.join(ests)}), baseline {base}. Figures are means with "
+          "95% intervals; a lead or a difference is called significant only when its interval "
+          "is clear of 0 (bias/variance figures: conservative intervals over the cells; LLM: "
+          "paired over batches) or its Holm-corrected Welch p < 0.05 (auc). bias², variance and "
+          "MSE are in squared reward units (norm = mean).", *_inputs_note(table), ""]  # fmt: skip
+    for p in [*cfg.policies, *(["llm"] if llm else [])]:
+        label = _policy_label(p, cfg)
+        rows = [r for r in table if r["policy"] == label]
+        n = rows[0]["n"] if rows else 0
+        where = f"{n} truth batches of {len(llm['runs'])} runs" if p == "llm" else f"{n} cells"
+        md.append(f"**{label} policy** ({where}):")
+        for m, name, lower in METRICS:
+            md.append("- " + _winner_line(p, rows, bv, batches, m, name, lower, ests))
+        for m, name, lower in (METRICS[2], METRICS[4]):
+            md.append("- " + _vs_base_line(p, rows, diffs, m, name, lower, base))
+        if p in tt:
+            n_envs = len({r["env"] for r in tt[p]})
+            md.append("- " + _auc_line(rows, tests, p, base, n_envs))
+        md.append("")
+    return md
+
+
+# ----------------------------------------------------------------------------- the folder
+
+
+def _console(table: list[dict[str, Any]], base: str) -> str:
+    """The table as the console shows it: point figures, auc's Holm p against the baseline."""
+    w = max(len(r["estimator"]) for r in table) + 2
+    pw = max(len(r["policy"]) for r in table) + 2
+    lines = [f"{'policy':<{pw}}{'estimator':<{w}}{'bias2':>9}{'var':>9}{'mse':>9}{'sign':>7}"
+             f"{'cos':>7}{'auc':>7}{'Holm p':>8}"]  # fmt: skip
+    for r in table:
+        p = r.get("auc_p_holm", math.nan)
+        lines.append(f"{r['policy']:<{pw}}{r['estimator']:<{w}}{r['bias2']:>9.3g}"
+                     f"{r['variance']:>9.3g}{r['mse']:>9.3g}{r['sign']:>7.2f}{r['grad_cos']:>7.2f}"
+                     f"{_num(r.get('auc', math.nan), '.3f'):>7}"
+                     f"{'' if r['estimator'] == base or not math.isfinite(p) else f'{p:.2g}':>8}")  # fmt: skip
+    lines.append(f"bias2/var/mse: reward units (norm = mean), mean over cells; cos: gradient "
+                 f"cosine; auc: mean train success over training; Holm p: auc against {base}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _num(x: float, fmt: str) -> str:
+    return f"{x:{fmt}}" if math.isfinite(x) else "-"
+
+
+def _parts(cfg: Any, llm: dict | None) -> list[str]:
+    """The report's list of the sub-studies' folders, each with its own report."""
+    md = ["## The sub-studies (each folder has its own report.md, tables and plots)", ""]
+    for p in cfg.policies:
+        md.append(f"- [bias_variance/{p}/report.md](bias_variance/{p}/report.md): every cell, "
+                  "Proposition 4.1, the per-level figures")  # fmt: skip
+        md.append(f"- [train_toy/{p}/report.md](train_toy/{p}/report.md): learning curves, "
+                  "final success, the paper's orderings")  # fmt: skip
+    if llm:
+        md.append(f"- llm/: the runs of hgpo.train ({', '.join(Path(r).name for r in llm['runs'])})"
+                  ", each with its metrics.jsonl and log")  # fmt: skip
+    return [*md, ""]
+
+
+def write_report(cfg: Any, bv: dict, tt: dict, llm: dict | None) -> dict[str, Any]:
+    """Write table.csv / table.md, diffs.csv, tests.csv, results.json, report.md, metrics.png and
+    diffs.png into ``cfg.out``; returns {"summary": lines, "table_text": console table, ...}."""
+    from studies.compare_plots import plot_diffs, plot_metrics
+
+    out = Path(cfg.out)
+    base = cfg.baseline
+    table, diffs, tests = build_table(cfg, bv, tt, llm)
+    write_csv(out / "table.csv", table)
+    write_csv(out / "diffs.csv", diffs)
+    write_csv(out / "tests.csv", tests)
+    tmd = table_md(table, base)
+    (out / "table.md").write_text(tmd + "\n")
+    summary = summary_lines(cfg, table, diffs, tests, bv, tt, llm)
+    plots = [plot_metrics(table, base, out).name, plot_diffs(table, diffs, base, out).name]
+    md = ["# Every estimator compared against the exact truth", "", *summary,
+          "## The table", "",
+          "Per policy kind and estimator: bias², variance and MSE of the advantage against the "
+          "exact A* (norm = mean, squared reward units), sign agreement with A*, cosine of the "
+          "batch policy gradient with the exact one; mean [95% interval] over the cells (LLM: "
+          "over the truth batches). auc: mean train-task success over training, mean [95% "
+          f"interval] over seeds (each seed's runs averaged over the environments); its "
+          f"difference to {base} with the Holm-corrected Welch p (* < 0.05).", "",
+          tmd, "",
+          f"## Each estimator against {base}", "",
+          "Differences (estimator − baseline) with their 95% intervals (* = clear of 0). "
+          "Lower bias², variance and MSE and higher sign agreement, gradient cosine and auc are "
+          "better. Toy policies: conservative intervals averaged over the cells (module "
+          "docstring of studies/compare_report.py); LLM: paired over the truth batches.", "",
+          diffs_md(table, diffs, base), "",
+          "## Learning speed per environment (Welch + Holm)", "",
+          "Holm-corrected over the estimators within each (policy, environment); \"all envs\" is "
+          "the per-seed mean over the environments.", "",
+          tests_md(tests, tt), "",
+          *_parts(cfg, llm),
+          "## Settings", "", "`" + json.dumps(cfg.settings()) + "`", "",
+          *[f"![{p}]({p})" for p in plots], ""]  # fmt: skip
+    (out / "report.md").write_text("\n".join(md))
+    text = _console(table, base)
+    result = {"settings": cfg.settings(), "table": table, "diffs": diffs, "tests": tests,
+              "summary": summary, "table_text": text}  # fmt: skip
+    (out / "results.json").write_text(json.dumps(result, indent=1, default=float))
+    return result
+
+
+_INPUT_NOTES = {
+    "values": "the exact V as its critic in the bias/variance figures (an unbiased reference, "
+    "not a critic-free method) and a learned value table in training",
+    "entropy": "the policy's exact entropy at each step's context (LLM: of pi(. | prompt) over "
+    "the listed actions)",
+    "observations": "each step's observation text as the toy text env renders it "
+    "(agentenvs.toytext)",
+}
+
+
+def _inputs_note(table: list[dict[str, Any]]) -> list[str]:
+    """One sentence per per-step input some compared estimator reads: who, and what it gets."""
+    readers: dict[str, list[str]] = {}
+    for r in table:
+        for key in r["reads"].split():
+            if r["estimator"] not in readers.setdefault(key, []):
+                readers[key].append(r["estimator"])
+    return [f"{', '.join(names)} {'reads' if len(names) == 1 else 'read'} {key}: "
+            f"{_INPUT_NOTES.get(key, 'supplied by studies/step_inputs.py')}."
+            for key, names in readers.items()]  # fmt: skip

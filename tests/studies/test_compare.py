@@ -1,0 +1,233 @@
+"""studies.compare end to end on tiny settings: the folder, a user's estimator as one more row
+(registered in this process, or an entry point of an installed package), resume, the refusal
+of another run's folder, bad input before any work, and the pooling arithmetic."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hgpo
+from studies import bias_variance as BV
+from studies import compare_study as C
+from studies import train_toy as TT
+from studies.compare_report import cell_diff, cell_figure, llm_diff
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_CELLS = dict(envs=["tmaze:length=1"], Ks=[1], stages=["untrained"], n_batches=10, groups=4)
+"""The bias/variance cells of these tests (in place of the study's --quick cells)."""
+TINY = ["--quick", "--train-envs", "tmaze:length=1", "--seeds", "2", "--iterations", "2",
+        "--workers", "1", "--no-progress"]  # fmt: skip
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(BV, "QUICK", TINY_CELLS)
+
+
+@pytest.fixture
+def mine():
+    """A user's estimator registered in this process; it reads entropy and observations."""
+
+    def fn(batch, config, values=None, entropy=None, observations=None):
+        assert len(observations) == batch.n_steps and isinstance(observations[0], str)
+        R = hgpo.step_returns(batch, config)
+        return R - R.mean() + 0.01 * (entropy - entropy.mean())
+
+    hgpo.register_estimator("mine", fn, reads=("entropy", "observations"))
+    yield "mine"
+    hgpo.unregister_estimator("mine")
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_users_estimator_is_one_more_row_and_a_rerun_resumes(tmp_path, tiny, mine, monkeypatch,
+                                                                capsys):  # fmt: skip
+    out = tmp_path / "cmp"
+    args = [*TINY, "--estimators", "grpo", "hgpo", "gae", "mine", "--out", str(out)]
+    assert C.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "Summary" in printed and "wrote" in printed and "mine" in printed
+    for f in ("table.csv", "table.md", "diffs.csv", "tests.csv", "results.json", "report.md",
+              "metrics.png", "diffs.png", "settings.json"):  # fmt: skip
+        assert (out / f).stat().st_size > 0, f
+    table = _rows(out / "table.csv")
+    assert [(r["policy"], r["estimator"]) for r in table] == [
+        ("tabular", e) for e in ("grpo", "hgpo", "gae", "mine")]  # fmt: skip
+    row = table[3]
+    assert row["origin"] == "register_estimator" and row["reads"] == "entropy observations"
+    for col in ("bias2", "variance", "mse", "sign", "grad_cos", "auc"):
+        assert math.isfinite(float(row[col])), col
+    assert math.isfinite(float(row["auc_p_holm"]))  # Welch + Holm against hgpo
+    # the user's estimator is a row of both sub-studies too
+    bv = _rows(out / "bias_variance" / "tabular" / "results.csv")
+    assert any(r["estimator"] == "mine" for r in bv)
+    assert {r["setting"] for r in _rows(out / "train_toy" / "tabular" / "final.csv")} == {
+        "grpo", "hgpo", "gae", "mine"}  # fmt: skip
+    report = (out / "report.md").read_text()
+    assert report.startswith("# Every estimator compared") and "## Summary" in report
+    assert "mine reads entropy" in report and "gae reads values" in report
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["study"] == "compare"
+    assert settings["settings"]["estimators"] == ["grpo", "hgpo", "gae", "mine"]
+    # the same command again: every cell and run is read back, nothing runs, same table
+    ran: list = []
+    monkeypatch.setattr(BV, "run_cell", lambda *a: ran.append(a) or pytest.fail("a cell ran"))
+    monkeypatch.setattr(TT, "run_one", lambda *a: ran.append(a) or pytest.fail("a run ran"))
+    before = (out / "table.csv").read_bytes()
+    assert C.main(args) == 0 and ran == []
+    assert (out / "table.csv").read_bytes() == before
+    # other settings in this folder are refused before any work; --fresh would replace it
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        C.main([*args, "--seeds", "3"])
+    assert e.value.code == 2 and ran == []
+    err = capsys.readouterr().err
+    assert "holds the results of another run (settings that differ: seeds)" in err
+    assert "give another --out, or --fresh to replace them" in err
+    kw = dict(estimators=("grpo", "hgpo", "gae", "mine"), quick=True, policies=("tabular",),
+              seeds=3, iterations=2, train_envs=("tmaze:length=1",), workers=1, out=str(out))  # fmt: skip
+    C.check_config(C.CompareConfig(**kw), fresh=True)
+
+
+def test_a_folder_of_another_study_is_refused(tmp_path, capsys):
+    (tmp_path / "bv").mkdir()
+    (tmp_path / "bv" / "settings.json").write_text('{"study": "bias_variance", "settings": {}}')
+    with pytest.raises(SystemExit):
+        C.main([*TINY, "--out", str(tmp_path / "bv")])
+    assert "holds the results of another run (not a compare run)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--estimators", "grpo", "nope"], "--estimators: unknown estimator 'nope'; registered "
+         "estimators: grpo, rloo, stepwise, gigpo, oracle, hgpo"),
+        (["--baseline", "nope"], "--baseline: unknown estimator 'nope'; registered estimators: "),
+        (["--estimators", "grpo", "rloo"], "--baseline: must be one of the estimators compared "
+         "(grpo, rloo), got 'hgpo'"),
+        (["--estimators", "hgpo"], "--estimators: must be at least two estimators"),
+        (["--estimators", "hgpo", "grpo", "hgpo"], "--estimators: must be distinct names"),
+        (["--seeds", "1"], "--seeds: must be an integer in 2..64, got 1"),
+        (["--iterations", "0"], "--iterations: must be"),
+        (["--llm-seeds", "0"], "--llm-seeds: must be"),
+        (["--workers", "0"], "--workers: must be"),
+        (["--policies", "cnn"], "--policies: must be tabular, mlp or transformer, got 'cnn'"),
+        (["--policies", "mlp", "mlp"], "--policies: must be distinct policy kinds"),
+        (["--train-envs", "maze"], "--train-envs 'maze': "),
+        (["--llm", "--llm-env", "alfworld"], "--llm-env: must be 'toy:FAMILY:param=value,...'"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_a_named_error_before_any_work(tmp_path, monkeypatch, capsys, argv, needle):
+    monkeypatch.setattr(C, "run_compare", lambda *a, **k: pytest.fail("work started"))
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as e:
+        C.main([*argv, "--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err, err
+    assert not (out / "settings.json").exists()
+
+
+def test_an_unwritable_out_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(C, "run_compare", lambda *a, **k: pytest.fail("work started"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):
+        C.main(["--out", str(tmp_path / "file" / "sub")])
+    assert "--out" in capsys.readouterr().err
+
+
+def test_pooling_over_cells_hand_worked():
+    # two cells: a = 1 +- 0.3 and 3 +- 0.4 -> mean 2, half-width sqrt(0.09 + 0.16) / 2 = 0.25;
+    # b = 0.5 +- 0.4 and 1 +- 0.3 -> a - b per cell 0.5 and 2 (mean 1.25), each half-width
+    # hypot(0.3, 0.4) = 0.5 -> sqrt(0.25 + 0.25) / 2 = 0.35355
+    def row(est, stage, v, h):
+        return {"estimator": est, "norm": "mean", "env": "e", "K": 1, "stage": stage,
+                "mse": v, "mse_lo": v - h, "mse_hi": v + h}  # fmt: skip
+
+    rows = [row("a", "s1", 1.0, 0.3), row("a", "s2", 3.0, 0.4),
+            row("b", "s1", 0.5, 0.4), row("b", "s2", 1.0, 0.3)]  # fmt: skip
+    f = cell_figure(rows, "a", "mse")
+    assert (f.value, f.lo, f.hi, f.n) == pytest.approx((2.0, 1.75, 2.25, 2))
+    d = cell_diff(rows, "a", "b", "mse")
+    assert (d.value, d.hi - d.value) == pytest.approx((1.25, math.sqrt(0.5) / 2))
+    assert d.significant
+    # LLM: paired per batch; a batch with NaN (no coverage) is left out
+    batches = [{"truth/a/mse": x, "truth/b/mse": y} for x, y in ((1, 0), (2, 1), (np.nan, 0))]
+    p = llm_diff(batches, "a", "b", "mse")
+    assert (p.value, p.n, p.lo, p.hi) == (1.0, 2, 1.0, 1.0)  # the same difference twice
+
+
+def test_the_llm_rows_come_from_finished_runs_without_running_them(tmp_path, tiny):
+    """Finished LLM runs (their metrics.jsonl logged the last iteration) are read back, not
+    run again; their truth figures become the table's llm rows, differences paired."""
+    from studies.compare_report import write_report
+
+    llm_out = tmp_path / "cmp" / "llm"
+    for seed in range(2):
+        run = llm_out / f"hgpo-s{seed}"
+        run.mkdir(parents=True)
+        rows = []
+        for it in (1, 2):
+            r = {"iteration": it, "success_rate": 0.5}
+            if it == 2:
+                r["truth/J"] = 1.0
+                for e, base in (("grpo", 1.0), ("hgpo", 0.5)):
+                    r.update({f"truth/{e}/{m}": base + 0.1 * seed for m in
+                              ("bias2", "variance", "mse", "mse_all", "sign", "grad_cos")})  # fmt: skip
+            rows.append(r)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = C.CompareConfig(estimators=("grpo", "hgpo"), policies=("tabular",), llm=True,
+                          llm_seeds=2, llm_iterations=2, out=str(tmp_path / "cmp"))  # fmt: skip
+    llm = C.run_llm(cfg.llm_settings(), progress=False)  # both finished: nothing is run
+    res = write_report(cfg, {"tabular": []}, {}, llm)
+    rows = [r for r in res["table"] if r["policy"].startswith("llm")]
+    assert [r["estimator"] for r in rows] == ["grpo", "hgpo"]
+    assert rows[0]["mse"] == pytest.approx(1.05) and rows[1]["mse"] == pytest.approx(0.55)
+    d = next(d for d in res["diffs"] if d["policy"].startswith("llm") and d["metric"] == "mse")
+    assert d["diff"] == pytest.approx(0.5) and d["evidence"].startswith("paired")
+
+
+def test_an_entry_point_estimator_appears_in_a_subprocess(tmp_path):
+    """A package's estimator (an hgpo.estimators entry point) is a row, with two worker
+    processes."""
+    pkg = tmp_path / "pkg"
+    (pkg / "userest").mkdir(parents=True)
+    (pkg / "userest" / "__init__.py").write_text(textwrap.dedent("""
+        from hgpo import step_returns
+
+        def halved(batch, cfg, values=None):
+            R = step_returns(batch, cfg)
+            return 0.5 * (R - R.mean())
+    """))  # fmt: skip
+    info = pkg / "userest-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: userest\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[hgpo.estimators]\nhalved = userest:halved\n")
+    out = tmp_path / "cmp"
+    code = f"""
+        import studies.bias_variance as BV
+        BV.QUICK = {TINY_CELLS!r}
+        from studies.compare import main
+        raise SystemExit(main({[*TINY[:-3], "--workers", "2", "--no-progress",
+                               "--estimators", "hgpo", "halved", "--out", str(out)]!r}))
+    """  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": f"{pkg}:{ROOT}"})  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = _rows(out / "table.csv")
+    assert [r["estimator"] for r in table] == ["hgpo", "halved"]
+    assert table[1]["origin"] == "entry point userest:halved"
