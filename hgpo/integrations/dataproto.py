@@ -16,6 +16,11 @@ key                       needed    meaning
                                     penalty; when absent ``token_level_rewards[row].sum()``
 ``is_action_valid``       optional  bool, False marks an invalid action (the estimators apply
                                     the penalty, ``EstimatorConfig.penalty_mode``)
+``next_obs``              optional  the observation the step led to (GraphGPO's rollout loop sets
+                                    it): the StepBatch's ``next_state``, keyed with the
+                                    ``anchor_obs``; on every row but a trajectory's last it must
+                                    be the next row's ``anchor_obs`` (checked), what it adds is
+                                    the observation after the last step (read by graphgpo, 3spo)
 ========================  ========  ==========================================================
 
 Token tensors (``batch``): ``response_mask`` (padding = 0) and ``token_level_rewards`` always;
@@ -73,7 +78,7 @@ __all__ = [
 
 NEEDED_KEYS: tuple[str, ...] = ("uid", "traj_uid", "anchor_obs")
 """The ``non_tensor_batch`` keys every estimator of this project needs."""
-OPTIONAL_KEYS: tuple[str, ...] = ("step_index", "rewards", "is_action_valid")
+OPTIONAL_KEYS: tuple[str, ...] = ("step_index", "rewards", "is_action_valid", "next_obs")
 """The ``non_tensor_batch`` keys read when present."""
 TOKEN_KEYS: tuple[str, ...] = ("response_mask", "token_level_rewards")
 """The ``batch`` tensors every estimator needs."""
@@ -140,6 +145,7 @@ def check_metadata(
         parts.append(f"non_tensor_batch {', '.join(map(repr, gone))}")
     if gone_t:
         parts.append(f"batch {', '.join(map(repr, gone_t))}")
+    optional = [k for k in OPTIONAL_KEYS if k not in extra]
     hint = ""
     if non_tensor <= {"uid"}:
         hint = (
@@ -151,7 +157,7 @@ def check_metadata(
     raise MissingMetadataError(
         f"{what}: the DataProto lacks {' and '.join(parts)}; it needs non_tensor_batch "
         f"{', '.join(map(repr, (*NEEDED_KEYS, *extra)))} (optional: "
-        f"{', '.join(map(repr, OPTIONAL_KEYS))}) and batch {', '.join(map(repr, tokens))} "
+        f"{', '.join(map(repr, optional))}) and batch {', '.join(map(repr, tokens))} "
         f"(one row per agent step; see hgpo.integrations.dataproto){hint}"
     )
 
@@ -211,6 +217,16 @@ def _rewards(data: Any, n: int) -> np.ndarray:
     return tlr.double().sum(-1).cpu().numpy()
 
 
+def _states(non_tensor: Mapping[str, Any], n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """int64[n] keys of ``anchor_obs`` and, when the batch has ``next_obs``, of ``next_obs``
+    (one key space: equal observations, equal keys, the anchors keyed first)."""
+    anchors = _column(non_tensor, "anchor_obs", n).tolist()
+    if "next_obs" not in non_tensor:
+        return state_ids(anchors), None
+    keys = state_ids(anchors + _column(non_tensor, "next_obs", n).tolist())
+    return keys[:n], keys[n:]
+
+
 def _actions(data: Any, n: int) -> np.ndarray:
     """int64[n] keys of the steps' responses (the unpadded response tokens)."""
     if "responses" not in _keys(data.batch):
@@ -239,7 +255,7 @@ def step_batch_from_dataproto(
     n = int(data.batch["response_mask"].shape[0])
     group = state_ids(_column(non_tensor, "uid", n).tolist())
     traj = state_ids(_column(non_tensor, "traj_uid", n).tolist())
-    state = state_ids(_column(non_tensor, "anchor_obs", n).tolist())
+    state, next_state = _states(non_tensor, n)
     step = _step_index(non_tensor, traj)
     invalid = _invalid(non_tensor, n)
     reward = _rewards(data, n)
@@ -258,6 +274,7 @@ def step_batch_from_dataproto(
             state=state[order],
             action=pick(action),
             invalid=pick(invalid),
+            next_state=pick(next_state),
         )
     except ValueError as exc:
         raise ValueError(f"DataProto -> StepBatch: {exc}") from None

@@ -3,12 +3,30 @@
 The functions with exactly the signatures and outputs of verl-agent's (johnhaofu/verl-agent at
 commit 796ed31) live in :mod:`hgpo.integrations.verl_agent_advantage` and are re-exported
 here: ``compute_gigpo_outcome_advantage``, ``compute_hgpo_outcome_advantage``,
-``compute_grpo_outcome_advantage``, ``compute_rloo_outcome_advantage``,
-``compute_step_advantage`` and ``compute_registry_advantage`` (any other registered
-estimator, with the per-step inputs it reads). :func:`install` routes verl-agent's ``compute_advantage`` (the
+``compute_grpo_outcome_advantage``, ``compute_rloo_outcome_advantage`` and
+``compute_step_advantage``. Every other registered estimator (a newer built-in, a user's, an
+entry point's) runs on verl-agent's batch itself through the metadata contract of
+:mod:`hgpo.integrations.dataproto` (:func:`compute_contract_advantage`, with the options of
+:func:`contract_config`): its ``StepBatch`` holds each step's own env reward
+(``non_tensor_batch['rewards']``) and invalid flag (``is_action_valid``), not the trainer's
+discounted step returns. :func:`install` routes verl-agent's ``compute_advantage`` (the
 trainer's ``ray_trainer.py``) to them, by the name in ``algorithm.adv_estimator``, for every
-estimator of ``hgpo.ESTIMATORS`` (:func:`routed_names`); the two-line change to a verl-agent
-checkout is in its docstring.
+estimator of ``hgpo.ESTIMATORS`` but those of :data:`UNROUTED_BUILTINS` and those that read
+state values (:func:`routed_names`); the two-line change to a verl-agent checkout is in its
+docstring.
+
+What verl-agent's batch holds at the advantage step (johnhaofu/verl-agent at 796ed31,
+``agent_system/multi_turn_rollout/rollout_loop.py``: ``vanilla_multi_turn_loop``,
+``gather_rollout_data``): one row per step of an episode still running (rows with
+``active_masks`` False are dropped), the episodes one after another, each in step order, with
+``non_tensor_batch`` ``uid``, ``traj_uid``, ``anchor_obs``, ``rewards`` (the env's reward of
+the step), ``is_action_valid``, ``active_masks``, ``episode_rewards`` and
+``episode_lengths``; the trainer (``recipe/hgpo/hgpo_ray_trainer.py``) then adds
+``batch['step_rewards']`` (``gigpo/core_gigpo.py::compute_step_discounted_returns`` of
+``rewards`` with ``algorithm.gamma``, for HGPO and GiGPO only), ``token_level_scores`` (the
+episode reward at each step's last response token) and subtracts
+``actor.invalid_action_penalty_coef`` (0.1) x invalid from both
+(``apply_invalid_action_penalty``).
 """
 
 from __future__ import annotations
@@ -21,30 +39,42 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from hgpo import ESTIMATORS, estimator_reads
-from hgpo.integrations.dataproto import check_step_inputs, row_entropy
+import numpy as np
+
+from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages, estimator_reads
+from hgpo.config import REFERENCE_ESTIMATORS, reference_config
+from hgpo.integrations.dataproto import (
+    MissingMetadataError,
+    check_metadata,
+    check_step_inputs,
+    step_batch_from_dataproto,
+    step_inputs,
+    to_tokens,
+)
 from hgpo.integrations.verl_agent_advantage import (
     MODES,
     compute_gigpo_outcome_advantage,
     compute_grpo_outcome_advantage,
     compute_hgpo_outcome_advantage,
-    compute_registry_advantage,
     compute_rloo_outcome_advantage,
     compute_step_advantage,
     with_base_level,
 )
-from hgpo.options import OptionError
+from hgpo.options import OptionError, bad, check_bool
 
 __all__ = [
     "MODES",
     "TRAINER_MODULES",
+    "UNROUTED_BUILTINS",
     "VERL_AGENT_ESTIMATORS",
+    "MissingMetadataError",
+    "compute_contract_advantage",
     "compute_gigpo_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_hgpo_outcome_advantage",
-    "compute_registry_advantage",
     "compute_rloo_outcome_advantage",
     "compute_step_advantage",
+    "contract_config",
     "install",
     "routed_names",
     "with_base_level",
@@ -62,23 +92,32 @@ TRAINER_MODULES = ("recipe.hgpo.hgpo_ray_trainer", "verl.trainer.ppo.ray_trainer
 """Where verl-agent defines ``compute_advantage`` (the HGPO recipe's trainer, its main one)."""
 
 _STEP_ESTIMATORS = ("hgpo", "gigpo", "stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform")
+_GLUE = ("grpo", "rloo", *_STEP_ESTIMATORS)
+"""Estimators that run through the glue of verl-agent's own functions (its ``step_rewards``
+and episode scores, golden-checked against the authors' code); every other routed one runs
+on the metadata contract (:func:`compute_contract_advantage`)."""
 NOT_ROUTED_WHY = (
     "it reads a critic value V(s_t) per step, and verl-agent's critic gives token values"
 )
 """Why an estimator that reads state values (gae) is not routed."""
 UNROUTED_BUILTINS = {
-    "graphgpo": "it needs each step's env reward and the episode's success, and verl-agent's batch "
-    "carries only the discounted step returns (step_rewards) and the episode reward",
-    "empg": "its episode term needs the episode return per trajectory, which the step batch of "
-    "discounted step returns does not give",
-    "gigpo_similarity": "verl-agent's own gigpo does it (algorithm.gigpo.enable_similarity=True)",
-    "gigpo_dynamic": "in verl-agent dynamic sampling is the rollout's "
-    "algorithm.filter_groups.enable=True, its batch holds only the kept groups: the estimator "
-    "is gigpo",
-    "3spo": "it needs every step's own env reward, and verl-agent's batch carries only the "
-    "discounted step returns (step_rewards) and the episode reward",
+    "gigpo_dynamic": "verl-agent does dynamic sampling in its rollout "
+    "(algorithm.filter_groups.enable=True with adv_estimator=gigpo): it drops the groups whose "
+    "episode rewards are all equal and samples new ones until the batch is full, keeping its "
+    "last try unfiltered; routed here it would filter a second time at the advantage step, "
+    "zeroing the groups verl-agent keeps on that last try (and, without filter_groups, zeroing "
+    "tied groups with nothing sampled in their place)",
 }
 """Built-in estimators not routed to verl-agent, and why."""
+
+VERL_AGENT_PENALTY = 0.1
+"""verl-agent's ``actor.invalid_action_penalty_coef`` default (``verl/trainer/config/
+ppo_trainer.yaml`` at 796ed31), which its trainer subtracts after discounting; ``fit`` does not
+pass it to ``compute_advantage`` (pass ``invalid_action_penalty_coef=`` there for another)."""
+_GIGPO_MODE = ("gigpo_similarity", "gigpo_dynamic", "graphgpo", "3spo")
+"""Estimators whose group normalisation is GiGPO's (``gigpo_mode``): GiGPO's variants, GraphGPO
+(its recipe passes ``algorithm.graphgpo.mode`` as ``gigpo_mode``) and 3SPO
+(``compute_3spo_advantage`` is GiGPO's ``step_norm_reward``)."""
 
 
 def routed_names() -> dict[str, str]:
@@ -88,11 +127,11 @@ def routed_names() -> dict[str, str]:
     ``hgpo.<name>``, and under its plain name with ``-`` as ``_`` where verl-agent has no
     estimator of that name; verl-agent's own "hgpo", "gigpo", "grpo" and "rloo" are ours too
     (same signatures and outputs). Not routed: an estimator that reads state values, our
-    "gae" (:data:`NOT_ROUTED_WHY`), and verl-agent's token-level estimators (gae, remax,
-    reinforce_plus_plus(_baseline), grpo_passk), which keep verl-agent's code. An estimator
-    that reads the policy's entropy takes it from ``non_tensor_batch['step_entropy']`` or
-    ``batch['entropys']`` (see :func:`install`), one that reads observations from
-    ``anchor_obs``."""
+    "gae" (:data:`NOT_ROUTED_WHY`), the built-ins of :data:`UNROUTED_BUILTINS`, and
+    verl-agent's token-level estimators (gae, remax, reinforce_plus_plus(_baseline),
+    grpo_passk), which keep verl-agent's code. An estimator that reads the policy's entropy
+    takes it from ``non_tensor_batch['step_entropy']`` or ``batch['entropys']`` (see
+    :func:`install`), one that reads observations from ``anchor_obs``."""
     names = {"hgpo": "hgpo", "gigpo": "gigpo", "grpo": "grpo", "rloo": "rloo"}
     for name in ESTIMATORS:
         if "values" in estimator_reads(name) or name in UNROUTED_BUILTINS:
@@ -104,19 +143,44 @@ def routed_names() -> dict[str, str]:
     return names
 
 
+def _not_routed_why(shown: str) -> str | None:
+    """Why ``algorithm.adv_estimator=shown`` names an estimator of ours that is not routed."""
+    plain = shown.removeprefix("hgpo.")
+    for name in ESTIMATORS:
+        if plain in (name, name.replace("-", "_")):
+            if name in UNROUTED_BUILTINS:
+                return UNROUTED_BUILTINS[name]
+            if "values" in estimator_reads(name):
+                return NOT_ROUTED_WHY
+    return None
+
+
 def _needed_keys(name: str, multi_turn: bool) -> tuple[list[str], list[str]]:
-    """(batch keys, non_tensor_batch keys) estimator ``name`` reads (the policy's entropy is
-    checked on its own: :func:`hgpo.integrations.dataproto.check_step_inputs`)."""
+    """(batch keys, non_tensor_batch keys) glue estimator ``name`` reads."""
     batch = ["token_level_rewards"] + (["loss_mask"] if multi_turn and name == "grpo" else [])
     non_tensor = ["uid", "traj_uid"]
-    if name not in ("grpo", "rloo"):  # the step-return estimators, and every other one
+    if name not in ("grpo", "rloo"):  # the step-return estimators
         batch.append("step_rewards")
         non_tensor.append("anchor_obs")
     return batch, non_tensor
 
 
 def _check_keys(data: Any, shown: str, name: str, multi_turn: bool) -> None:
-    """A named error listing the keys estimator ``name`` needs, before any work."""
+    """A named error listing the keys estimator ``name`` needs, before any work: the glue's
+    keys, or the metadata contract's (with ``rewards``) and the per-step inputs it reads."""
+    if name not in _GLUE:
+        what = f"adv_estimator={shown!r}"
+        try:
+            check_metadata(data, what, tokens=("token_level_rewards",), extra=("rewards",))
+        except MissingMetadataError as exc:
+            if "rewards" in data.non_tensor_batch:
+                raise
+            raise MissingMetadataError(
+                f"{exc}; verl-agent's rollout loop sets non_tensor_batch['rewards'], each "
+                "step's env reward (vanilla_multi_turn_loop)"
+            ) from None
+        check_step_inputs(data, estimator_reads(name), what)
+        return
     batch_keys, non_tensor_keys = _needed_keys(name, multi_turn)
     have = set(data.batch.keys())
     missing = [f"batch[{k!r}]" for k in batch_keys if k not in have]
@@ -133,15 +197,115 @@ def _check_keys(data: Any, shown: str, name: str, multi_turn: bool) -> None:
             f"adv_estimator={shown!r}: the batch lacks {', '.join(missing)}; it needs "
             f"{', '.join(needs)}{hint}"
         )
+
+
+def contract_config(
+    name: str,
+    gamma: Any = 1.0,
+    norm_adv_by_std_in_grpo: Any = True,
+    step_advantage_w: Any = 1.0,
+    gigpo_mode: Any = "mean_std_norm",
+    **kwargs: Any,
+) -> EstimatorConfig:
+    """The options of estimator ``name`` on verl-agent's batch, from the arguments verl-agent's
+    ``compute_advantage`` gets (its own names; other keyword arguments are not read):
+
+    - ``gamma`` (``algorithm.gamma``): ``gamma``; for graphgpo also ``graph_gamma`` (the
+      GraphGPO recipe passes ``algorithm.gamma`` to ``compute_graph_path_returns``: 0.1 on
+      ALFWorld, 0.2 on WebShop in its scripts);
+    - ``norm``: ``MODES[gigpo_mode]`` for GiGPO's variants, graphgpo and 3spo
+      (:data:`_GIGPO_MODE`), ``norm_adv_by_std_in_grpo`` for empg (on verl-agent's GRPO),
+      ``MODES[hgpo_mode]`` (default mean_std_norm) for every other one;
+    - ``step_advantage_w``: ``omega`` (gigpo_similarity, gigpo_dynamic), ``graph_step_weight``
+      (graphgpo); ``episode_advantage_w`` (the GraphGPO recipe's; default 1):
+      ``graph_episode_weight``; ``gigpo_similarity_thresh`` (default 0.95):
+      ``gigpo_similarity_thresh``;
+    - ``history_length`` (default 2): ``K``; ``epsilon`` (default 1e-6): ``eps``;
+    - the invalid-action penalty as verl-agent's trainer applies it: ``invalid_penalty`` =
+      ``invalid_action_penalty_coef`` (default :data:`VERL_AGENT_PENALTY`), subtracted after
+      discounting (``penalty_mode="after_discount"``).
+
+    On ``reference_config(name)`` (verl-agent's std, pooling and singleton rules, as its
+    golden cases check them) where the estimator has a reference preset, on
+    ``EstimatorConfig()`` otherwise (3spo, users' estimators). A bad value is a ValueError
+    naming the option."""
+    if name == "empg":
+        norm = (
+            "mean_std" if check_bool("norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo) else "mean"
+        )
+    else:
+        key, mode = (("gigpo_mode", gigpo_mode) if name in _GIGPO_MODE
+                     else ("hgpo_mode", kwargs.get("hgpo_mode", "mean_std_norm")))  # fmt: skip
+        if not isinstance(mode, str) or mode not in MODES:
+            raise bad(key, "'mean_std_norm' or 'mean_norm'", mode)
+        norm = MODES[mode]
+    opts: dict[str, Any] = dict(
+        gamma=gamma, norm=norm, K=kwargs.get("history_length", 2),
+        eps=kwargs.get("epsilon", 1e-6), penalty_mode="after_discount",
+        invalid_penalty=kwargs.get("invalid_action_penalty_coef", VERL_AGENT_PENALTY),
+    )  # fmt: skip
+    if name in ("gigpo_similarity", "gigpo_dynamic"):
+        opts["omega"] = step_advantage_w
+    if name == "gigpo_similarity":
+        opts["gigpo_similarity_thresh"] = kwargs.get("gigpo_similarity_thresh", 0.95)
+    if name == "graphgpo":
+        opts.update(graph_gamma=gamma, graph_step_weight=step_advantage_w,
+                    graph_episode_weight=kwargs.get("episode_advantage_w", 1.0))  # fmt: skip
+    if name in REFERENCE_ESTIMATORS:
+        return reference_config(name, **opts)
+    return EstimatorConfig.from_options(**opts)
+
+
+def _check_active(data: Any) -> None:
+    """verl-agent's batch holds the steps of running episodes only (``gather_rollout_data``
+    drops the rows whose ``active_masks`` is False): a ValueError naming a row that is not."""
+    if "active_masks" not in data.non_tensor_batch:
+        return
+    active = np.asarray(data.non_tensor_batch["active_masks"]).tolist()
+    off = [i for i, a in enumerate(active) if not a]
+    if off:
+        raise ValueError(
+            f"non_tensor_batch['active_masks'][{off[0]}] is {active[off[0]]!r}: a row after its "
+            "episode ended (verl-agent's gather_rollout_data keeps the active rows only)"
+        )
+
+
+def compute_contract_advantage(name: str, data: Any, cfg: EstimatorConfig) -> tuple[Any, Any]:
+    """``compute_advantages(name, StepBatch, cfg, **inputs)`` on verl-agent's batch, as
+    ``(A[row] * response_mask[row],) * 2`` in ``token_level_rewards``' dtype (verl-agent's
+    estimators return the advantage twice).
+
+    The StepBatch is the metadata contract's (:func:`hgpo.integrations.dataproto.
+    step_batch_from_dataproto`): groups ``uid``, trajectories ``traj_uid``, steps in batch
+    order, states ``anchor_obs``, reward ``non_tensor_batch['rewards']`` (each step's env
+    reward, without the penalty: needed here, a MissingMetadataError naming it otherwise),
+    invalid ``not is_action_valid``, next_state ``next_obs`` when the batch has it; the inputs
+    the estimator reads as :func:`hgpo.integrations.dataproto.step_inputs` gives them
+    (``entropy`` from ``step_entropy`` or ``entropys``, ``observations`` from ``anchor_obs``).
+    An estimator that reads state values is refused (verl-agent's critic gives token values)."""
     reads = estimator_reads(name)
-    if "entropy" in reads:
-        check_step_inputs(data, ("entropy",), f"adv_estimator={shown!r}")
+    what = f"estimator {name!r}"
+    if "values" in reads:
+        raise OptionError(f"{what}: {NOT_ROUTED_WHY}")
+    check_metadata(data, what, extra=("rewards",))
+    check_step_inputs(data, reads, what)
+    _check_active(data)
+    rows = step_batch_from_dataproto(data)
+    out = compute_advantages(name, rows.batch, cfg, **step_inputs(data, rows, reads))
+    adv = to_tokens(
+        rows.to_rows(out.advantages), data.batch["response_mask"], data.batch["token_level_rewards"]
+    )
+    return adv, adv
 
 
-def _dispatch(name: str, data: Any, multi_turn: bool, norm_adv_by_std_in_grpo: Any,
+def _dispatch(name: str, data: Any, multi_turn: bool, gamma: Any, norm_adv_by_std_in_grpo: Any,
               step_advantage_w: Any, gigpo_mode: Any, kwargs: dict[str, Any]) -> tuple:  # fmt: skip
     """Our function for registry estimator ``name``, with the arguments verl-agent's
     ``compute_advantage`` gives its own (the HGPO recipe's for hgpo)."""
+    if name not in _GLUE:
+        cfg = contract_config(name, gamma, norm_adv_by_std_in_grpo, step_advantage_w,
+                              gigpo_mode, **kwargs)  # fmt: skip
+        return compute_contract_advantage(name, data, cfg)
     b, nt = data.batch, data.non_tensor_batch
     common = dict(token_level_rewards=b["token_level_rewards"], response_mask=b["response_mask"],
                   index=nt["uid"], traj_index=nt["traj_uid"])  # fmt: skip
@@ -166,13 +330,7 @@ def _dispatch(name: str, data: Any, multi_turn: bool, norm_adv_by_std_in_grpo: A
                      base_group=kwargs.get("hgpo_base_group", False))  # fmt: skip
     if name == "hgpo":
         return compute_hgpo_outcome_advantage(**common, **hgpo_opts)
-    if name in _STEP_ESTIMATORS:
-        return compute_step_advantage(name, **common, **hgpo_opts)
-    entropy = row_entropy(data) if "entropy" in estimator_reads(name) else None
-    return compute_registry_advantage(
-        name, **common, history_length=hgpo_opts["history_length"], mode=hgpo_opts["mode"],
-        entropy=entropy,
-    )  # fmt: skip
+    return compute_step_advantage(name, **common, **hgpo_opts)
 
 
 def _router(original: Callable[..., Any], response_mask_fn: Callable[[Any], Any] | None):
@@ -192,6 +350,9 @@ def _router(original: Callable[..., Any], response_mask_fn: Callable[[Any], Any]
                                 norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
                                 step_advantage_w=step_advantage_w, gigpo_mode=gigpo_mode,
                                 **kwargs)  # fmt: skip
+            why = _not_routed_why(shown)
+            if why is not None:
+                raise OptionError(f"adv_estimator={shown!r} is not routed to verl-agent: {why}")
             raise OptionError(
                 f"adv_estimator: unknown estimator {shown!r}; hgpo's: {', '.join(routed)}; "
                 f"verl-agent's own: {', '.join(n for n in VERL_AGENT_ESTIMATORS if n not in routed)}"
@@ -203,7 +364,7 @@ def _router(original: Callable[..., Any], response_mask_fn: Callable[[Any], Any]
                     f"adv_estimator={shown!r}: the batch lacks batch['response_mask']"
                 )
             data.batch["response_mask"] = response_mask_fn(data)
-        adv, ret = _dispatch(name, data, bool(multi_turn), norm_adv_by_std_in_grpo,
+        adv, ret = _dispatch(name, data, bool(multi_turn), gamma, norm_adv_by_std_in_grpo,
                              step_advantage_w, gigpo_mode, kwargs)  # fmt: skip
         data.batch["advantages"] = adv
         data.batch["returns"] = ret
@@ -310,7 +471,10 @@ def install(module: types.ModuleType | str | None = None) -> list[types.ModuleTy
     yourself); without either it is a MissingMetadataError naming both keys.
 
     Returns the modules patched. An estimator name it does not know is a ValueError listing
-    ours and verl-agent's; a batch without a key the estimator reads is a ValueError naming it.
+    ours and verl-agent's (one of ours that is not routed: a ValueError saying why); a batch
+    without a key the estimator reads is a ValueError naming it (the glue's keys) or a
+    :class:`MissingMetadataError` (a KeyError) listing the contract's keys, ``rewards``
+    included, for the estimators on the contract (:func:`compute_contract_advantage`).
     """
     if module is None:
         mods = [sys.modules[m] for m in TRAINER_MODULES if m in sys.modules]

@@ -9,9 +9,9 @@ commit 796ed31). This module has functions with exactly their signatures and out
 - :func:`compute_grpo_outcome_advantage`, :func:`compute_rloo_outcome_advantage` (verl-agent's
   ``verl/trainer/ppo/core_algos.py``, which take a ``traj_index`` that upstream verl's do not);
 
-and :func:`compute_step_advantage` for the registry's step-return estimators verl-agent lacks,
-:func:`compute_registry_advantage` for any other registered estimator (a user's, with the
-per-step inputs it reads).
+and :func:`compute_step_advantage` for the registry's step-return estimators verl-agent lacks.
+(Every other registered estimator runs on verl-agent's batch itself, with each step's env
+reward: ``hgpo.integrations.verl_agent.compute_contract_advantage``.)
 ``hgpo.integrations.verl_agent`` re-exports them with ``install()``, which routes verl-agent's
 ``compute_advantage`` to them by name.
 
@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from hgpo import StepBatch, compute_advantages, estimator_reads, reference_config
+from hgpo import StepBatch, compute_advantages, reference_config
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import level_weights
 from hgpo.extras import MissingExtraError, installed
@@ -71,7 +71,6 @@ __all__ = [
     "compute_gigpo_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_hgpo_outcome_advantage",
-    "compute_registry_advantage",
     "compute_rloo_outcome_advantage",
     "compute_step_advantage",
     "with_base_level",
@@ -477,62 +476,4 @@ def compute_step_advantage(
         empty = torch.zeros(response_mask.shape, dtype=dtype, device=response_mask.device)
         return empty, empty
     adv = _broadcast(_hgpo_family(name, rows, cfg, base_group), response_mask, dtype)
-    return adv, adv
-
-
-def compute_registry_advantage(
-    name: str,
-    token_level_rewards: torch.Tensor,
-    step_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    anchor_obs: np.ndarray,
-    index: np.ndarray,
-    traj_index: np.ndarray,
-    history_length: int = 2,
-    epsilon: float = 1e-6,
-    mode: str = "mean_std_norm",
-    entropy: np.ndarray | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Any other estimator of the registry (a user's, an entry point's, a newer built-in) on
-    verl-agent's inputs: run on the step batch (reward = ``step_rewards`` with gamma = 0, so
-    ``step_returns`` is verl-agent's R_t exactly; states from ``anchor_obs``) with
-    ``EstimatorConfig(K=history_length, gamma=0, norm=MODES[mode], eps=epsilon)``, given the
-    per-step inputs it reads: ``entropy`` (float64[n], the policy's entropy per row, batch
-    order) and ``observations`` (``anchor_obs``, each a str). An estimator that reads state
-    values is refused (verl-agent's critic gives token values, not V(s_t) per step)."""
-    reads = estimator_reads(name)
-    if "values" in reads:
-        raise OptionError(f"compute_registry_advantage: estimator {name!r} reads state values, "
-                          "which verl-agent's batch does not carry per step")  # fmt: skip
-    K = check_int("history_length", history_length, lo=0)
-    cfg = EstimatorConfig().replace(
-        K=K, gamma=0.0, norm=_norm("mode", mode), eps=_number("epsilon", epsilon, lo=0.0)
-    )
-    rows = _rows(token_level_rewards, step_rewards, response_mask, anchor_obs, index, traj_index)
-    n = rows.S.shape[0]
-    inputs: dict[str, Any] = {}
-    if "entropy" in reads:
-        if entropy is None:
-            raise OptionError(f"compute_registry_advantage: estimator {name!r} reads the "
-                              "policy's entropy; pass entropy (float64[n], one per row)")  # fmt: skip
-        inputs["entropy"] = np.asarray(entropy, dtype=np.float64)
-    elif entropy is not None:
-        raise OptionError(f"entropy: estimator {name!r} does not read it; leave it out")
-    if "observations" in reads:
-        obs = _object_column("anchor_obs", anchor_obs, n).tolist()
-        for i, o in enumerate(obs):
-            if not isinstance(o, str):
-                raise bad(f"anchor_obs[{i}]", f"a str (estimator {name!r} reads observations)", o)
-        inputs["observations"] = obs
-    dtype = torch.promote_types(torch.float32, response_mask.dtype)
-    if n == 0:
-        empty = torch.zeros(response_mask.shape, dtype=dtype, device=response_mask.device)
-        return empty, empty
-    batch, order = _step_batch(rows)
-    for key in ("entropy", "observations"):
-        if key in inputs:
-            col = inputs[key]
-            inputs[key] = col[order] if key == "entropy" else [col[i] for i in order.tolist()]
-    out = compute_advantages(name, batch, config=cfg, **inputs)
-    adv = _broadcast(_unsorted(out.advantages, order), response_mask, dtype)
     return adv, adv

@@ -106,7 +106,7 @@ s_t before each step (an int; :attr:`hgpo.train.episodes.Rollout.hidden`)."""
 
 CONTRACT_KEYS = ("uid", "traj_uid", "anchor_obs")
 """The contract's required ``non_tensor_batch`` keys (optional: step_index, rewards,
-is_action_valid)."""
+is_action_valid, next_obs)."""
 
 SETTINGS = {
     "env": "env",

@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 
 from benchmarks.make_verl_agent_golden import case_batch, classify, ours, rounding_decided  # noqa: E402
 from benchmarks.verl_agent_glue import MODES, authors_inputs, call_ours  # noqa: E402
-from hgpo import compute_advantages, estimator_reads, reference_config  # noqa: E402
+from hgpo import EstimatorConfig, compute_advantages, estimator_reads, reference_config  # noqa: E402
 from hgpo.integrations import verl_agent as va  # noqa: E402
 from tests.integrations import verl_agent_live as live  # noqa: E402
 
@@ -327,15 +327,22 @@ def _check_admits(AE, step_member: str) -> None:
     assert "stepwise" != AE.GRPO and AE.GAE == "gae" and AE.REMAX != "stepwise"  # noqa: SIM300
 
 
-def _data(args, with_entropy: bool = False) -> types.SimpleNamespace:
-    """verl-agent's batch of ``args`` (with ``step_entropy`` for the estimators that read it)."""
+def _data(args, with_entropy: bool = False, rewards=None) -> types.SimpleNamespace:
+    """verl-agent's batch of ``args`` (with ``step_entropy`` for the estimators that read it;
+    ``rewards``: each step's env reward, default that of ``_coincident(CASES[0])``, whose
+    ``args`` the tests use)."""
     n, L = args["response_mask"].shape
+    if rewards is None:
+        rewards = _coincident(CASES[0])[0].reward
     data = types.SimpleNamespace(
         batch={"token_level_rewards": args["token_level_rewards"],
                "step_rewards": args["step_rewards"], "responses": torch.zeros((n, L)),
                "attention_mask": torch.cat([torch.ones((n, 2)), args["response_mask"]], 1)},
         non_tensor_batch={"uid": args["index"], "traj_uid": args["traj_index"],
-                          "anchor_obs": args["anchor_obs"]},
+                          "anchor_obs": args["anchor_obs"],
+                          "rewards": np.array(list(rewards), dtype=object),
+                          "is_action_valid": np.array([True] * n, dtype=object),
+                          "active_masks": np.array([True] * n, dtype=object)},
     )  # fmt: skip
     if with_entropy:
         data.non_tensor_batch["step_entropy"] = _entropy(n).astype(object)
@@ -345,6 +352,21 @@ def _data(args, with_entropy: bool = False) -> types.SimpleNamespace:
 def _entropy(n: int) -> np.ndarray:
     """A step entropy per row (for the estimators that read it)."""
     return (np.arange(n) % 3) * 0.5
+
+
+def _expected_config(name: str, norm: str, omega: float, **common) -> EstimatorConfig:
+    """contract_config's rules written out for the tests: the reference preset where one
+    exists, the step weight as omega (GiGPO's variants) or graph_step_weight (GraphGPO, whose
+    graph gamma is the call's gamma), EstimatorConfig() for 3spo and users' estimators."""
+    if name == "graphgpo":
+        return reference_config(name, norm=norm, graph_gamma=common["gamma"],
+                                graph_step_weight=omega, graph_episode_weight=1.0, **common)  # fmt: skip
+    if name == "gigpo_similarity":
+        return reference_config(name, norm=norm, omega=omega, gigpo_similarity_thresh=0.95,
+                                **common)  # fmt: skip
+    if name == "empg":
+        return reference_config(name, norm=norm, **common)
+    return EstimatorConfig(norm=norm, **common)
 
 
 def _direct(name: str, args, opts) -> torch.Tensor:
@@ -360,11 +382,21 @@ def _direct(name: str, args, opts) -> torch.Tensor:
         return va.compute_hgpo_outcome_advantage(**args, **hgpo_opts)[0]
     if name in ("stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform"):
         return va.compute_step_advantage(name, **args, **hgpo_opts)[0]
-    entropy = (
-        _entropy(args["response_mask"].shape[0]) if "entropy" in estimator_reads(name) else None
-    )
-    return va.compute_registry_advantage(name, **args, history_length=opts["history_length"],
-                                         mode=opts["hgpo_mode"], entropy=entropy)[0]  # fmt: skip
+    # Every other one: the registry on the StepBatch of the same episodes (env rewards), with
+    # the options of contract_config written out, as the test calls the router (gamma 0.95,
+    # gigpo_mode mean_std_norm, hgpo_mode mean_norm, step_advantage_w 1), broadcast to tokens.
+    batch = _coincident(CASES[0])[0]
+    common = dict(gamma=0.95, K=opts["history_length"], eps=1e-6, invalid_penalty=0.1,
+                  penalty_mode="after_discount")  # fmt: skip
+    norm = "mean_std" if name in ("graphgpo", "gigpo_similarity", "empg", "3spo") else "mean"
+    cfg = _expected_config(name, norm, omega=1.0, **common)
+    inputs = {}
+    if "entropy" in estimator_reads(name):
+        inputs["entropy"] = _entropy(batch.n_steps)
+    if "observations" in estimator_reads(name):
+        inputs["observations"] = list(args["anchor_obs"])
+    A = compute_advantages(name, batch, cfg, **inputs).advantages  # (batch in row order)
+    return torch.as_tensor(A, dtype=torch.float64)[:, None] * args["response_mask"]
 
 
 def test_install_routes_every_name_to_the_registry(args):
@@ -423,6 +455,227 @@ def test_install_errors_are_named(args):
         mod.compute_advantage(data, "grpo")
     with pytest.raises(ValueError, match="no verl-agent compute_advantage"):
         va.install(types.ModuleType("upstream_verl_trainer"))
+
+
+# --------------------------------------------------------------------------- the contract route
+#
+# Every routed estimator without verl-agent glue (the newer built-ins, users') runs on the
+# StepBatch of verl-agent's batch itself: each step's env reward (non_tensor_batch['rewards']),
+# its invalid flag, the penalty as verl-agent's trainer applies it (0.1 after discounting).
+
+NEW_ROUTES = ("graphgpo", "gigpo_similarity", "empg", "3spo")
+"""The built-ins this route made correct (UNROUTED_BUILTINS before it)."""
+
+
+def _agent_data(case: dict, anchor=None, next_obs=None, entropy=None) -> types.SimpleNamespace:
+    """verl-agent's batch at the advantage step for a case's episodes (rollout_loop.py's
+    non_tensor_batch at 796ed31; float64 rewards so that the comparisons are exact): the
+    episode reward less 0.1 x invalid at each step's last response token, no step_rewards."""
+    n, L = len(case["group"]), max(case["resp_len"])
+    traj, invalid = np.asarray(case["traj"]), np.asarray(case["invalid"], dtype=bool)
+    episode = np.bincount(traj, weights=np.asarray(case["reward"], dtype=np.float64))
+    mask = torch.zeros((n, L), dtype=torch.float64)
+    tlr = torch.zeros((n, L), dtype=torch.float64)
+    for i, m in enumerate(case["resp_len"]):
+        mask[i, :m] = 1.0
+        tlr[i, m - 1] = episode[traj[i]] - 0.1 * invalid[i]
+    obj = lambda v: np.array(list(v), dtype=object)  # noqa: E731
+    nt = {"uid": obj(f"g{g}" for g in case["group"]), "traj_uid": obj(f"t{t:04d}" for t in traj),
+          "anchor_obs": obj(anchor if anchor is not None else (f"obs {s}" for s in case["state"])),
+          "rewards": obj(float(r) for r in case["reward"]),
+          "is_action_valid": obj(~invalid), "active_masks": obj([True] * n)}  # fmt: skip
+    if next_obs is not None:
+        nt["next_obs"] = obj(next_obs)
+    if entropy is not None:
+        nt["step_entropy"] = obj(entropy)
+    return types.SimpleNamespace(batch={"token_level_rewards": tlr, "response_mask": mask},
+                                 non_tensor_batch=nt)  # fmt: skip
+
+
+def _rows(data: types.SimpleNamespace, p: np.ndarray) -> types.SimpleNamespace:
+    """The batch with its rows in order ``p``."""
+    return types.SimpleNamespace(
+        batch={k: v[torch.as_tensor(p)] for k, v in data.batch.items()},
+        non_tensor_batch={k: v[p] for k, v in data.non_tensor_batch.items()},
+    )
+
+
+def _routed(data, name: str, **call) -> np.ndarray:
+    """The advantage of each row after verl-agent's compute_advantage (a stand-in with
+    install()), checked to be broadcast over the response tokens."""
+    mod = _verl_agent_stand_in()
+    va.install(mod)
+    out = mod.compute_advantage(data, name, **call)
+    adv, mask = out.batch["advantages"], out.batch["response_mask"]
+    assert out.batch["returns"] is adv and adv.dtype == data.batch["token_level_rewards"].dtype
+    row = adv[:, :1].expand_as(adv) * mask
+    assert torch.equal(adv, row) and mod.calls == []
+    return adv[:, 0].double().numpy()
+
+
+def test_the_new_routes_are_routed_and_gigpo_dynamic_is_not():
+    routed = va.routed_names()
+    for name in NEW_ROUTES:
+        assert routed[name] == name and routed[f"hgpo.{name}"] == name
+    assert set(va.UNROUTED_BUILTINS) == {"gigpo_dynamic"}
+    assert "gigpo_dynamic" not in routed and "hgpo.gigpo_dynamic" not in routed
+    mod = _verl_agent_stand_in()
+    va.install(mod)
+    data = _agent_data(CASES[0])
+    with pytest.raises(ValueError, match=r"'gigpo_dynamic' is not routed.*filter_groups"):
+        mod.compute_advantage(data, "gigpo_dynamic")
+    with pytest.raises(ValueError, match=r"'hgpo.gae' is not routed.*critic"):
+        mod.compute_advantage(data, "hgpo.gae")
+
+
+@pytest.mark.parametrize("name", NEW_ROUTES)
+def test_a_new_route_equals_the_registry_on_the_same_episodes(name):
+    """verl-agent's routed call = compute_advantages(name, StepBatch of the same episodes, cfg,
+    **inputs) broadcast to the tokens, cfg written out from contract_config's rules; the rows
+    interleaved (each trajectory in step order), invalid actions, gamma < 1, both modes."""
+    for case in CASES[:8]:
+        mode = MODES[case["env"]]
+        norm = "mean_std" if mode == "mean_std_norm" else "mean"
+        n = len(case["group"])
+        ent = (np.arange(n) % 5) * 0.3
+        data = _agent_data(case, entropy=ent)
+        p = _interleaved(case)
+        call = dict(gamma=case["gamma"], norm_adv_by_std_in_grpo=mode == "mean_std_norm",
+                    step_advantage_w=0.5, gigpo_mode=mode, hgpo_mode="mean_norm",
+                    history_length=case["K"], epsilon=1e-6)  # fmt: skip
+        got = _routed(_rows(data, p), name, **call)
+        common = dict(gamma=case["gamma"], K=case["K"], eps=1e-6, invalid_penalty=0.1,
+                      penalty_mode="after_discount")  # fmt: skip
+        cfg = _expected_config(name, norm, omega=0.5, **common)
+        inputs = {"empg": {"entropy": ent},
+                  "gigpo_similarity": {"observations": [f"obs {s}" for s in case["state"]]}}  # fmt: skip
+        want = compute_advantages(name, case_batch(case), cfg, **inputs.get(name, {})).advantages
+        np.testing.assert_allclose(got, want[p], rtol=0, atol=1e-12, err_msg=name)
+
+
+def _graphgpo_next_obs(case: dict) -> list:
+    """recipe/GraphGPO/rollout_loop.py's next_obs: the next step's anchor, after the last step
+    'success' when the episode reward is > 0, else the terminal observation (one of the
+    group's or, without next_state in the case, one seen nowhere else)."""
+    traj, state = case["traj"], case["state"]
+    episode = np.bincount(traj, weights=np.asarray(case["reward"]))
+    out = []
+    for i, t in enumerate(traj):
+        if i + 1 < len(traj) and traj[i + 1] == t:
+            out.append(f"obs {state[i + 1]}")
+        elif episode[t] > 0:
+            out.append("success")
+        else:
+            out.append(f"obs {case['terminal'][t]}" if case["with_next_state"] else f"end {t}")
+    return out
+
+
+def test_graphgpo_on_verl_agents_batch_reproduces_the_authors_code():
+    """The GraphGPO golden cases (recipe/GraphGPO, verl-agent@234a913) as the GraphGPO
+    recipe's trainer hands them over (next_obs, algorithm.gamma = the graph's gamma, its step
+    and episode weights, gigpo_mode): the routed call equals our verified graphgpo and the
+    authors' float64 run. (normalize_distance is an option of the
+    recipe's return computation, not of compute_advantage: those cases are left out.)"""
+    from benchmarks.make_graphgpo_golden import GOLDEN as GRAPH_GOLDEN
+    from benchmarks.make_graphgpo_golden import ours as graph_ours
+
+    cases = json.loads(GRAPH_GOLDEN.read_text())["cases"]
+    checked = 0
+    for case in (c for c in cases if not c["normalize_distance"]):
+        data = _agent_data(case, next_obs=_graphgpo_next_obs(case))
+        got = _routed(data, "graphgpo", gamma=reference_config("graphgpo", env=case["env"])
+                      .graph_gamma, step_advantage_w=case["step_weight"],
+                      episode_advantage_w=case["episode_weight"], gigpo_mode=case["mode"],
+                      epsilon=1e-6)  # fmt: skip
+        want = graph_ours(case)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+        f64 = np.asarray(case["reference_f64"])  # (every golden row agrees with it)
+        assert np.all(np.abs(got - f64) <= F64_TOL * np.maximum(1.0, np.abs(got)))
+        checked += 1
+    assert checked >= 16
+
+
+def test_gigpo_similarity_and_empg_on_verl_agents_batch_reproduce_the_public_code():
+    """The gigpo_variants golden cases (verl-agent's GiGPO with enable_similarity at
+    vanzll/verl-agent@d0b9724; ARLArena's EMPG): the routed call equals our verified estimator
+    with the case's options (EMPG's k, k', zeta are not compute_advantage arguments: the
+    defaults 1, 1, 0.1), and the public float64 run on the cases with those defaults."""
+    from benchmarks.make_gigpo_variants_golden import GOLDEN as VARIANTS
+    from benchmarks.make_gigpo_variants_golden import ours as variant_ours
+    from benchmarks.make_gigpo_variants_golden import step_entropy
+
+    cases = json.loads(VARIANTS.read_text())["cases"]
+    checked = {"gigpo_similarity": 0, "empg": 0}
+    for case in (c for c in cases if c["estimator"] in checked):
+        name, mode = case["estimator"], MODES[case["env"]]
+        data = _agent_data(case, anchor=case["observations"], entropy=step_entropy(case))
+        got = _routed(data, name, gamma=case["gamma"], step_advantage_w=1.0, gigpo_mode=mode,
+                      norm_adv_by_std_in_grpo=mode == "mean_std_norm",
+                      gigpo_similarity_thresh=case["thresh"])  # fmt: skip
+        default = {**case, "k": 1.0, "k_f": 1.0, "zeta": 0.1}
+        np.testing.assert_allclose(got, variant_ours(default), rtol=0, atol=1e-12, err_msg=name)
+        if name == "gigpo_similarity" or (case["k"], case["k_f"], case["zeta"]) == (1, 1, 0.1):
+            f64 = np.asarray(case["reference_f64"])
+            np.testing.assert_allclose(got, f64, rtol=0, atol=F64_TOL * max(1.0, np.abs(f64).max()))
+            checked[name] += 1
+    assert checked["gigpo_similarity"] == 8 and checked["empg"] >= 1
+
+
+def _episode_sum_is_advantage(batch, cfg, values=None):
+    """A user's estimator: each step's advantage is its episode's return, the sum of the
+    batch's rewards over the trajectory."""
+    return np.bincount(batch.traj_index, weights=batch.reward)[batch.traj_index]
+
+
+def test_a_users_estimator_sums_the_true_env_rewards():
+    """Before this route a user's estimator got verl-agent's discounted step returns (less the
+    penalty) as its reward column: a sum over a trajectory was not the episode return."""
+    from hgpo import register_estimator, unregister_estimator
+
+    case = next(c for c in CASES if c["gamma"] < 1 and any(c["invalid"])
+                and len(set(c["traj"])) < len(c["traj"]))  # fmt: skip
+    x = authors_inputs(case, float64=True)  # verl-agent's step_rewards, as the trainer has them
+    data = _agent_data(case)
+    data.batch["step_rewards"] = x.step_rewards
+    register_estimator("test_episode_sum", _episode_sum_is_advantage)
+    try:
+        got = _routed(data, "test_episode_sum", gamma=case["gamma"])
+    finally:
+        unregister_estimator("test_episode_sum")
+    traj = np.asarray(case["traj"])
+    want = np.array([sum(r for r, u in zip(case["reward"], traj, strict=True) if u == t)
+                     for t in traj])  # fmt: skip
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_a_batch_without_rewards_is_named_before_any_work():
+    mod = _verl_agent_stand_in()
+    va.install(mod)
+    data = _agent_data(CASES[0])
+    del data.non_tensor_batch["rewards"]
+    with pytest.raises(va.MissingMetadataError, match=r"lacks non_tensor_batch 'rewards'.*"
+                       r"verl-agent's rollout loop sets non_tensor_batch\['rewards'\]"):  # fmt: skip
+        mod.compute_advantage(data, "graphgpo")
+    assert "advantages" not in data.batch and "response_mask" in data.batch
+    with pytest.raises(KeyError, match="'rewards'"):
+        va.compute_contract_advantage("3spo", data, EstimatorConfig())
+
+
+def test_contract_route_bad_rows_are_named():
+    mod = _verl_agent_stand_in()
+    va.install(mod)
+    data = _agent_data(CASES[0])
+    data.non_tensor_batch["active_masks"][3] = False
+    with pytest.raises(ValueError, match=r"active_masks'\]\[3\] is False"):
+        mod.compute_advantage(data, "graphgpo")
+    data = _agent_data(CASES[0], next_obs=["elsewhere"] * len(CASES[0]["group"]))
+    with pytest.raises(ValueError, match=r"DataProto -> StepBatch: StepBatch.next_state"):
+        mod.compute_advantage(data, "graphgpo")
+    data = _agent_data(CASES[0])
+    with pytest.raises(KeyError, match=r"'step_entropy'.*'entropys'"):
+        mod.compute_advantage(data, "empg")
+    with pytest.raises(ValueError, match="gigpo_mode"):
+        mod.compute_advantage(_agent_data(CASES[0]), "graphgpo", gigpo_mode="std")
 
 
 # --------------------------------------------------------------------------- live check

@@ -137,6 +137,44 @@ def test_a_users_values_reader_gets_the_critics_first_token_value(hv, ray_traine
         ray_trainer.compute_advantage(data, adv_estimator="test_val", config=algo_config({}))
 
 
+def _next_state_is_advantage(batch, cfg, values=None):
+    assert batch.next_state is not None
+    return batch.next_state.astype(np.float64)
+
+
+def _state_is_advantage(batch, cfg, values=None):
+    return batch.state.astype(np.float64)
+
+
+def test_next_obs_becomes_the_step_batchs_next_state(hv, ray_trainer):
+    """The contract's optional next_obs (GraphGPO's rollout loop sets it) is the StepBatch's
+    next_state, keyed together with anchor_obs (rows shuffled, step_index given): two keys are
+    equal exactly where the observations are, across the two columns; a next_obs that is not
+    the next step's anchor_obs is a named error."""
+    ep, rows, data = _data()
+    ends = {i: ep.obs[i][0] if i % 2 else f"end {i}" for i in range(len(ep.groups))}
+    nxt = [ep.obs[i][t + 1] if t + 1 < len(ep.obs[i]) else ends[i] for i, t in rows]
+    anchor = [ep.obs[i][t] for i, t in rows]
+    data.non_tensor_batch["next_obs"] = np.array(nxt, dtype=object)
+    register_estimator("test_next", _next_state_is_advantage)
+    register_estimator("test_state", _state_is_advantage)
+    try:
+        cfg = algo_config({})
+        next_key = _row_advantage(ray_trainer.compute_advantage(data, "test_next", config=cfg))
+        key = _row_advantage(ray_trainer.compute_advantage(data, "test_state", config=cfg))
+    finally:
+        unregister_estimator("test_next")
+        unregister_estimator("test_state")
+    assert len(set(nxt) - set(anchor)) > 0 and len(set(nxt) & set(anchor)) > 1
+    for a in range(len(rows)):
+        for b in range(len(rows)):
+            assert (next_key[a] == next_key[b]) == (nxt[a] == nxt[b])
+            assert (next_key[a] == key[b]) == (nxt[a] == anchor[b])
+    data.non_tensor_batch["next_obs"] = np.array(["elsewhere"] * len(rows), dtype=object)
+    with pytest.raises(ValueError, match=r"DataProto -> StepBatch: StepBatch.next_state\["):
+        ray_trainer.compute_advantage(data, adv_estimator="hgpo.graphgpo", config=algo_config({}))
+
+
 def test_the_legacy_trainers_old_log_prob_pass_keeps_the_step_entropy(hv, ray_trainer):
     """verl 0.9.1's fit: old_log_prob = _compute_old_log_prob(batch); pop('entropys');
     batch.union(old_log_prob); compute_advantage(batch): the wrapped pass leaves each row's
@@ -241,7 +279,7 @@ def test_verl_agent_routes_users_estimators_with_their_inputs():
         np.testing.assert_array_equal(out.batch["advantages"][:, 0].double().numpy(), want)
         with pytest.raises(KeyError, match=r"'step_entropy'.*'entropys'.*verl-agent's fit pops"):
             mod.compute_advantage(agent_data(args), "test_agent_ent", history_length=2)
-        with pytest.raises(ValueError, match="unknown estimator 'test_agent_val'"):
+        with pytest.raises(ValueError, match=r"'test_agent_val' is not routed.*critic value"):
             mod.compute_advantage(agent_data(args), "test_agent_val", history_length=2)
     finally:
         for name in ("test_agent_ent", "test_agent_obs", "test_agent_val"):
