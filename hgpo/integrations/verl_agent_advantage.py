@@ -35,18 +35,21 @@ scores from one reward column, while these functions receive the two as separate
 
 Then, with ``cfg = reference_config(name, ...)``:
 GiGPO  A = grpo(episode batch) + step_advantage_w * stepwise(step batch), Eq. (8) of GiGPO;
+       with ``enable_similarity`` the step batch's states are gigpo_similarity's clusters of
+       the ``anchor_obs`` texts (see :func:`compute_gigpo_outcome_advantage`);
 HGPO   A = hgpo(step batch), and with ``base_group`` Eq. (7) over the levels of hgpo(step batch)
        plus the base level grpo(episode batch) of raw weight 1 (see :func:`with_base_level`);
 GRPO / RLOO  A = grpo / rloo(episode batch).
 Outputs are ``A[row] * response_mask`` in the dtype and on the device the authors' code gives,
 returned twice ``(advantages, returns)``, as theirs are.
 
-An option the registry does not have (``enable_similarity=True``, an unknown ``mode``,
-``compute_mean_std_cross_steps=False``) is a ValueError naming it: never a different estimator.
+An option the registry does not have (an unknown ``mode``, ``compute_mean_std_cross_steps=False``)
+is a ValueError naming it: never a different estimator.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +60,8 @@ from hgpo import StepBatch, compute_advantages, estimator_reads, reference_confi
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import level_weights
 from hgpo.extras import MissingExtraError, installed
-from hgpo.options import OptionError, bad, check_bool, check_int
+from hgpo.gigpo_variants import similarity_clusters
+from hgpo.options import OptionError, bad, check_bool, check_int, check_number
 
 if not installed("torch"):  # pragma: no cover - CI installs the extras
     raise MissingExtraError(
@@ -362,20 +366,25 @@ def compute_gigpo_outcome_advantage(
     stepwise(step batch) with ``reference_config("gigpo", norm=mode, eps=epsilon)`` (sample
     std in both terms, a one-row episode group passes through).
 
-    ``enable_similarity=True`` (grouping near-equal observations) is not in the registry: a
-    ValueError. ``similarity_thresh`` is only read with it (as in the authors' code). Returns
-    ``(A * response_mask,) * 2`` in the dtype torch gives the authors' sum of
+    ``enable_similarity=True`` is our ``gigpo_similarity``: the step groups are, within each
+    rollout group, the greedy clusters of the ``anchor_obs`` texts whose difflib ratio with a
+    cluster's representative is >= ``similarity_thresh`` (in (0, 1), read only then, as in the
+    authors' code), :func:`hgpo.gigpo_variants.similarity_clusters`, taken in the order of
+    the rows as given, as the authors' ``build_step_group`` takes them (their order decides
+    the clusters); ``anchor_obs`` must then be str (a named error otherwise, as theirs
+    raises). Returns ``(A * response_mask,) * 2`` in the dtype torch gives the authors' sum of
     ``token_level_rewards * response_mask`` and ``step_rewards * response_mask``."""
-    if check_bool("enable_similarity", enable_similarity):
-        raise OptionError(
-            "enable_similarity: True (grouping observations whose difflib ratio passes "
-            "similarity_thresh) is not supported by hgpo's registry, which groups equal "
-            "observations only; use enable_similarity=False"
-        )
+    similar = check_bool("enable_similarity", enable_similarity)
+    if similar:
+        thresh = check_number("similarity_thresh", similarity_thresh, lo=0.0, hi=1.0,
+                              lo_open=True, hi_open=True)  # fmt: skip
     norm = _norm("mode", mode)
     eps = _number("epsilon", epsilon, lo=0.0)
     w = _number("step_advantage_w", step_advantage_w)
     rows = _rows(token_level_rewards, step_rewards, response_mask, anchor_obs, index, traj_index)
+    texts = None
+    if similar:
+        texts = _texts(anchor_obs, rows.S.shape[0], "enable_similarity=True compares the texts")
     dtype = torch.promote_types(
         torch.promote_types(token_level_rewards.dtype, response_mask.dtype),
         torch.promote_types(step_rewards.dtype, response_mask.dtype),
@@ -383,9 +392,22 @@ def compute_gigpo_outcome_advantage(
     if rows.S.shape[0] == 0:
         empty = torch.zeros(response_mask.shape, dtype=dtype, device=response_mask.device)
         return empty, empty
-    A = _gigpo(rows, reference_config("gigpo", norm=norm, eps=eps, gamma=0.0), w)
-    adv = _broadcast(A, response_mask, dtype)
+    cfg = reference_config("gigpo", norm=norm, eps=eps, gamma=0.0)
+    if texts is not None:  # the rows' order, as build_step_group meets them
+        clusters = similarity_clusters(_episode_batch(rows), texts, thresh)
+        rows = dataclasses.replace(rows, state=clusters)
+    adv = _broadcast(_gigpo(rows, cfg, w), response_mask, dtype)
     return adv, adv
+
+
+def _texts(anchor_obs: Any, n: int, why: str) -> list[str]:
+    """``anchor_obs`` as n str (the observation texts), or a named error at the first that is
+    not one."""
+    obs = _object_column("anchor_obs", anchor_obs, n).tolist()
+    for i, o in enumerate(obs):
+        if not isinstance(o, str):
+            raise bad(f"anchor_obs[{i}]", f"a str ({why})", o)
+    return obs
 
 
 def _gigpo(rows: _Rows, cfg: EstimatorConfig, w: float) -> np.ndarray:
@@ -519,11 +541,7 @@ def compute_registry_advantage(
     elif entropy is not None:
         raise OptionError(f"entropy: estimator {name!r} does not read it; leave it out")
     if "observations" in reads:
-        obs = _object_column("anchor_obs", anchor_obs, n).tolist()
-        for i, o in enumerate(obs):
-            if not isinstance(o, str):
-                raise bad(f"anchor_obs[{i}]", f"a str (estimator {name!r} reads observations)", o)
-        inputs["observations"] = obs
+        inputs["observations"] = _texts(anchor_obs, n, f"estimator {name!r} reads observations")
     dtype = torch.promote_types(torch.float32, response_mask.dtype)
     if n == 0:
         empty = torch.zeros(response_mask.shape, dtype=dtype, device=response_mask.device)
