@@ -16,7 +16,18 @@ key                       needed    meaning
                                     penalty; when absent ``token_level_rewards[row].sum()``
 ``is_action_valid``       optional  bool, False marks an invalid action (the estimators apply
                                     the penalty, ``EstimatorConfig.penalty_mode``)
+``next_obs``              optional  the observation the step led to, keyed as ``anchor_obs``:
+                                    the next step's ``anchor_obs``, and after a trajectory's
+                                    last step its terminal observation (the key of the
+                                    authors' GraphGPO rollout loop, verl-agent
+                                    ``recipe/GraphGPO/rollout_loop.py``); read into
+                                    ``StepBatch.next_state`` (graphgpo's terminal states)
 ========================  ========  ==========================================================
+
+Without ``next_obs`` the batch has no ``next_state`` and graphgpo takes each failed trajectory to
+end in a state seen nowhere else (its "dead_end" reading, ``diagnostics["graph"]["terminal"]``).
+On a successful trajectory's last row ``next_obs`` is not read (the authors' loop puts
+``'success'`` there). ``hgpo.integrations.verl_loop`` sets it on every output.
 
 Token tensors (``batch``): ``response_mask`` (padding = 0) and ``token_level_rewards`` always;
 ``responses`` with ``include_actions`` (the action key is the step's unpadded response tokens).
@@ -45,13 +56,14 @@ Needs torch (the DataProto's tensors); verl itself is not imported here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hgpo import StepBatch, state_ids
+from hgpo import StateIndexer, StepBatch, state_ids
 
 __all__ = [
     "NEEDED_KEYS",
@@ -73,7 +85,7 @@ __all__ = [
 
 NEEDED_KEYS: tuple[str, ...] = ("uid", "traj_uid", "anchor_obs")
 """The ``non_tensor_batch`` keys every estimator of this project needs."""
-OPTIONAL_KEYS: tuple[str, ...] = ("step_index", "rewards", "is_action_valid")
+OPTIONAL_KEYS: tuple[str, ...] = ("step_index", "rewards", "is_action_valid", "next_obs")
 """The ``non_tensor_batch`` keys read when present."""
 TOKEN_KEYS: tuple[str, ...] = ("response_mask", "token_level_rewards")
 """The ``batch`` tensors every estimator needs."""
@@ -239,7 +251,11 @@ def step_batch_from_dataproto(
     n = int(data.batch["response_mask"].shape[0])
     group = state_ids(_column(non_tensor, "uid", n).tolist())
     traj = state_ids(_column(non_tensor, "traj_uid", n).tolist())
-    state = state_ids(_column(non_tensor, "anchor_obs", n).tolist())
+    obs_keys = StateIndexer()  # anchor_obs and next_obs: one set of keys
+    state = obs_keys(_column(non_tensor, "anchor_obs", n).tolist())
+    next_state = None
+    if "next_obs" in non_tensor:
+        next_state = obs_keys(_column(non_tensor, "next_obs", n).tolist())
     step = _step_index(non_tensor, traj)
     invalid = _invalid(non_tensor, n)
     reward = _rewards(data, n)
@@ -261,6 +277,14 @@ def step_batch_from_dataproto(
         )
     except ValueError as exc:
         raise ValueError(f"DataProto -> StepBatch: {exc}") from None
+    if next_state is not None:
+        try:
+            batch = dataclasses.replace(batch, next_state=next_state[order])
+        except ValueError as exc:
+            raise ValueError(
+                f"DataProto -> StepBatch: non_tensor_batch['next_obs'] (the observation each step "
+                f"led to, the next step's anchor_obs within a trajectory): {exc}"
+            ) from None
     return StepRows(batch, order)
 
 

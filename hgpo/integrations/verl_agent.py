@@ -79,7 +79,8 @@ def routed_names() -> dict[str, str]:
     reinforce_plus_plus(_baseline), grpo_passk), which keep verl-agent's code. An estimator
     that reads the policy's entropy takes it from ``non_tensor_batch['step_entropy']`` or
     ``batch['entropys']`` (see :func:`install`), one that reads observations from
-    ``anchor_obs``."""
+    ``anchor_obs``; ``StepBatch.next_state`` (graphgpo's terminal states) comes from
+    ``non_tensor_batch['next_obs']`` when the batch has it (verl-agent's GraphGPO recipe)."""
     names = {"hgpo": "hgpo", "gigpo": "gigpo", "grpo": "grpo", "rloo": "rloo"}
     for name in ESTIMATORS:
         if "values" in estimator_reads(name):
@@ -158,7 +159,7 @@ def _dispatch(name: str, data: Any, multi_turn: bool, norm_adv_by_std_in_grpo: A
     entropy = row_entropy(data) if "entropy" in estimator_reads(name) else None
     return compute_registry_advantage(
         name, **common, history_length=hgpo_opts["history_length"], mode=hgpo_opts["mode"],
-        entropy=entropy,
+        entropy=entropy, next_obs=nt.get("next_obs"),
     )  # fmt: skip
 
 

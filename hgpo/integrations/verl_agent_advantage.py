@@ -97,11 +97,12 @@ class _Rows:
     state: np.ndarray  # int64[n] dense observation key (from anchor_obs)
     R: np.ndarray | None  # float64[n] step_rewards
     S: np.ndarray  # float64[n] token_level_rewards summed per row
+    next_state: np.ndarray | None = None  # int64[n] key of next_obs, the keys of state
 
 
-def _obs_key(x: Any, i: int) -> Any:
-    """The key verl-agent's ``to_hashable`` makes of observation ``anchor_obs[i]`` (the same
-    equalities: numbers by value, arrays by their flattened values, lists as tuples)."""
+def _obs_key(x: Any, where: str) -> Any:
+    """The key verl-agent's ``to_hashable`` makes of observation ``where`` (``anchor_obs[i]``;
+    the same equalities: numbers by value, arrays by their flattened values, lists as tuples)."""
     if isinstance(x, int | float | str | bool):
         return x
     if isinstance(x, np.integer | np.floating):
@@ -109,10 +110,18 @@ def _obs_key(x: Any, i: int) -> Any:
     if isinstance(x, np.ndarray):
         return tuple(x.flatten())
     if isinstance(x, list | tuple):
-        return tuple(_obs_key(e, i) for e in x)
+        return tuple(_obs_key(e, where) for e in x)
     if isinstance(x, dict):
-        return tuple(sorted((k, _obs_key(v, i)) for k, v in x.items()))
-    raise bad(f"anchor_obs[{i}]", "a str, number, numpy array, list, tuple or dict", x)
+        return tuple(sorted((k, _obs_key(v, where)) for k, v in x.items()))
+    raise bad(where, "a str, number, numpy array, list, tuple or dict", x)
+
+
+def _obs_keys(name: str, value: Any, n: int) -> list[Any]:
+    """The observation keys of column ``name`` (``anchor_obs``, ``next_obs``)."""
+    keys = _object_column(name, value, n).tolist()
+    if not all(type(o) is str for o in keys):  # text observations (the usual) are keys
+        keys = [_obs_key(o, f"{name}[{i}]") for i, o in enumerate(keys)]
+    return keys
 
 
 def _object_column(where: str, value: Any, n: int) -> np.ndarray:
@@ -150,9 +159,11 @@ def _rows(
     anchor_obs: Any,
     index: Any,
     traj_index: Any,
+    next_obs: Any = None,
 ) -> _Rows:
     """Check the inputs (named errors, before any work) and turn them into :class:`_Rows`.
-    ``step_rewards`` and ``anchor_obs`` may be None (GRPO, RLOO)."""
+    ``step_rewards`` and ``anchor_obs`` may be None (GRPO, RLOO); ``next_obs`` (the
+    observation each step led to) is keyed with ``anchor_obs``'s keys when given."""
     tlr = _tensor("token_level_rewards", token_level_rewards, 2)
     mask = _tensor("response_mask", response_mask, 2)
     if tuple(mask.shape) != tuple(tlr.shape):
@@ -174,24 +185,26 @@ def _rows(
     idx = _object_column("index", index, n).tolist()
     traj = _object_column("traj_index", traj_index, n).tolist()
     state = np.zeros(n, dtype=np.int64)
+    next_state = None
     if anchor_obs is not None:
-        obs = _object_column("anchor_obs", anchor_obs, n)
-        keys = obs.tolist()
-        if not all(type(o) is str for o in keys):  # text observations (the usual) are keys
-            keys = [_obs_key(o, i) for i, o in enumerate(keys)]
-        state = _dense("anchor_obs", keys)
+        ids: dict[Any, int] = {}
+        state = _dense("anchor_obs", _obs_keys("anchor_obs", anchor_obs, n), ids)
+        if next_obs is not None:
+            next_state = _dense("next_obs", _obs_keys("next_obs", next_obs, n), ids)
     return _Rows(
         group=_dense("index", idx),
         traj=_dense("traj_index", list(zip(idx, traj, strict=True))),
         state=state,
         R=R,
         S=S,
+        next_state=next_state,
     )
 
 
-def _dense(where: str, keys: list[Any]) -> np.ndarray:
-    """int64 dense ids of hashable keys, first seen = 0 (equal keys, equal ids)."""
-    ids: dict[Any, int] = {}
+def _dense(where: str, keys: list[Any], ids: dict[Any, int] | None = None) -> np.ndarray:
+    """int64 dense ids of hashable keys, first seen = 0 (equal keys, equal ids); ``ids``: the
+    ids given so far, to extend (for a second column with the same keys)."""
+    ids = {} if ids is None else ids
     try:
         out = [ids.setdefault(k, len(ids)) for k in keys]
     except TypeError:
@@ -221,6 +234,14 @@ def _step_batch(rows: _Rows) -> tuple[StepBatch, np.ndarray]:
     batch = StepBatch(
         group=rows.group[order], traj=traj, step=step, reward=rows.R[order], state=rows.state[order]
     )
+    if rows.next_state is not None:
+        try:
+            batch = dataclasses.replace(batch, next_state=rows.next_state[order])
+        except ValueError as exc:
+            raise OptionError(
+                f"next_obs: must be the observation each step led to (the next step's "
+                f"anchor_obs within a trajectory, rows in step order): {exc}"
+            ) from None
     return batch, order
 
 
@@ -514,6 +535,7 @@ def compute_registry_advantage(
     epsilon: float = 1e-6,
     mode: str = "mean_std_norm",
     entropy: np.ndarray | None = None,
+    next_obs: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Any other estimator of the registry (a user's, an entry point's, a newer built-in) on
     verl-agent's inputs: run on the step batch (reward = ``step_rewards`` with gamma = 0, so
@@ -521,7 +543,13 @@ def compute_registry_advantage(
     ``EstimatorConfig(K=history_length, gamma=0, norm=MODES[mode], eps=epsilon)``, given the
     per-step inputs it reads: ``entropy`` (float64[n], the policy's entropy per row, batch
     order) and ``observations`` (``anchor_obs``, each a str). An estimator that reads state
-    values is refused (verl-agent's critic gives token values, not V(s_t) per step)."""
+    values is refused (verl-agent's critic gives token values, not V(s_t) per step).
+
+    ``next_obs``: the observation each step led to, as the GraphGPO recipe's rollout loop
+    stores it (``non_tensor_batch['next_obs']``: the next step's ``anchor_obs``, after a
+    trajectory's last step its terminal observation, ``'success'`` there when it succeeded),
+    keyed as ``anchor_obs`` into ``StepBatch.next_state`` (graphgpo's terminal states); None:
+    no ``next_state`` (graphgpo's dead-end reading)."""
     reads = estimator_reads(name)
     if "values" in reads:
         raise OptionError(f"compute_registry_advantage: estimator {name!r} reads state values, "
@@ -530,7 +558,8 @@ def compute_registry_advantage(
     cfg = EstimatorConfig().replace(
         K=K, gamma=0.0, norm=_norm("mode", mode), eps=_number("epsilon", epsilon, lo=0.0)
     )
-    rows = _rows(token_level_rewards, step_rewards, response_mask, anchor_obs, index, traj_index)
+    rows = _rows(token_level_rewards, step_rewards, response_mask, anchor_obs, index, traj_index,
+                 next_obs)  # fmt: skip
     n = rows.S.shape[0]
     inputs: dict[str, Any] = {}
     if "entropy" in reads:

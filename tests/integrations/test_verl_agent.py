@@ -573,3 +573,53 @@ def test_install_against_the_authors_compute_advantage():
         assert not bad.any(), f"{name}: rows {np.flatnonzero(bad)}"
         checked += 1
     assert checked == len(CASES)
+
+
+def _next_obs(batch, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(next_obs texts, next_state keys): the next row's state within a trajectory; after its
+    last step one of states 0..3 (which may rejoin the group's graph) or a state seen nowhere
+    else (key 1000), as verl-agent's GraphGPO rollout loop records them."""
+    rng = np.random.default_rng(seed)
+    ns = np.empty_like(batch.state)
+    ns[:-1] = batch.state[1:]
+    last = batch.traj_start + batch.traj_len - 1
+    ns[last] = np.where(rng.random(last.size) < 0.7, rng.integers(0, 4, last.size), 1000)
+    return np.array([str(s) for s in ns], dtype=object), ns
+
+
+def test_graphgpo_reads_verl_agents_next_obs():
+    """compute_registry_advantage("graphgpo", next_obs=...) = graphgpo on the step batch with
+    next_state (keyed as anchor_obs), and the route passes non_tensor_batch['next_obs'] (the
+    GraphGPO recipe's key); without it, graphgpo's dead-end reading, which differs here."""
+    import dataclasses
+
+    from hgpo import EstimatorConfig
+
+    case = next(c for c in CASES if c["estimator"] == "gigpo" and len(set(c["traj"])) > 4)
+    batch, args = _coincident(case)
+    next_obs, ns = _next_obs(batch)
+    cfg = EstimatorConfig().replace(K=2, gamma=0.0, norm="mean_std")
+    R = args["step_rewards"].numpy()
+    step = dataclasses.replace(batch, reward=R, next_state=ns)
+    want = compute_advantages("graphgpo", step, config=cfg).advantages
+    adv, _ = va.compute_registry_advantage("graphgpo", **args, next_obs=next_obs)
+    np.testing.assert_allclose(_first_token(adv), want, rtol=0, atol=1e-12)
+    plain, _ = va.compute_registry_advantage("graphgpo", **args)
+    dead_end = compute_advantages(
+        "graphgpo", dataclasses.replace(step, next_state=None), config=cfg
+    )
+    np.testing.assert_allclose(_first_token(plain), dead_end.advantages, rtol=0, atol=1e-12)
+    assert not np.allclose(want, dead_end.advantages)
+    mod = _verl_agent_stand_in()
+    va.install(mod)
+    data = _data(args)
+    data.non_tensor_batch["next_obs"] = next_obs
+    out = mod.compute_advantage(data, "graphgpo", gigpo_mode="mean_std_norm")
+    assert torch.equal(out.batch["advantages"], adv)
+    bad = next_obs.copy()
+    bad[0] = "elsewhere"  # row 0 is not a trajectory's last step
+    assert batch.traj_len[0] > 1
+    with pytest.raises(ValueError, match=r"^next_obs: must be the observation each step led to"):
+        va.compute_registry_advantage("graphgpo", **args, next_obs=bad)
+    with pytest.raises(ValueError, match=r"^next_obs: must have one value per row"):
+        va.compute_registry_advantage("graphgpo", **args, next_obs=next_obs[:-1])
