@@ -1,6 +1,7 @@
 """Time every estimator at the paper's batch size and at 10^5, 10^6 and 10^7 steps.
 
     python -m benchmarks.bench_estimators [--sizes 6400 100000 1000000 10000000] [--K 4]
+        [--estimators hgpo gigpo_similarity] [--options gigpo_similarity_thresh=0.9]
 
 Prints, per estimator and size, the median wall and CPU time, steps per second and the peak memory
 that numpy allocated (tracemalloc sees numpy's buffers), and the machine's load average before
@@ -23,7 +24,7 @@ import tracemalloc
 import numpy as np
 
 from hgpo import ESTIMATORS, EstimatorConfig, StepBatch, compute_advantages, estimator_reads
-from hgpo.options import ArgumentParser
+from hgpo.options import ArgumentParser, parse_name_values
 
 
 def synthetic_batch(
@@ -111,13 +112,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--K", type=int, default=4)
     p.add_argument("--estimators", nargs="+", default=list(ESTIMATORS))
     p.add_argument("--repeat", type=int, default=0, help="timed runs per cell (0: by size)")
+    p.add_argument("--options", default="",
+                   help="estimator options for every estimator, name=value,... (EstimatorConfig "
+                        "fields, e.g. gigpo_similarity_thresh=0.9)")  # fmt: skip
     args = p.parse_args(argv)
     for name in args.estimators:
         if name not in ESTIMATORS:
             p.error(f"--estimators: unknown estimator {name!r}; known: {', '.join(ESTIMATORS)}")
-    cfg = EstimatorConfig(K=args.K)
+    try:
+        cfg = EstimatorConfig(K=args.K).replace(
+            **parse_name_values(args.options, where="--options")
+        )
+    except ValueError as exc:
+        p.error(f"--options: {exc}" if not str(exc).startswith("--options") else str(exc))
+    shown = f", {args.options}" if args.options else ""
     print(
-        f"numpy {np.__version__}, {platform.processor() or platform.machine()}, K={args.K}, one core"
+        f"numpy {np.__version__}, {platform.processor() or platform.machine()}, K={args.K}"
+        f"{shown}, one core"
     )
     print("wall = elapsed time; cpu = this process's CPU time (what one core costs when others")
     print("compete for the machine); steps/s from cpu")

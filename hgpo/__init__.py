@@ -1,6 +1,7 @@
 """HGPO: Hierarchy-of-Groups Policy Optimization, and every group-based advantage estimator.
 
-The core is pure numpy: build a :class:`StepBatch`, pick an estimator by name::
+The core is numpy (plus scipy for graphgpo's shortest paths and rapidfuzz for gigpo_similarity's
+pre-filter): build a :class:`StepBatch`, pick an estimator by name::
 
     from hgpo import StepBatch, compute_advantages
     adv = compute_advantages("hgpo", batch, K=2).advantages

@@ -18,7 +18,7 @@ from hgpo.options import OptionError, bad
 
 EXTRAS: dict[str, tuple[str, ...]] = {
     "llm": ("torch", "transformers", "deepspeed"),
-    "webshop": ("bm25s", "rapidfuzz"),
+    "webshop": ("bm25s",),
     "alfworld": ("alfworld", "textworld", "fast_downward"),
     "ray": ("ray",),
     "gpu": ("vllm",),

@@ -27,43 +27,38 @@ from hgpo.returns import episode_returns
 
 __all__ = ["dynamic_keep", "gigpo_dynamic", "gigpo_similarity", "similarity_clusters"]
 
-# A bound at most this far below the threshold still sends the pair to difflib: the bound is
-# exact, its float rounding need not be difflib's.
-_SLACK = 1e-9
-
-
 # --------------------------------------------------------------------------- similarity
 
 
-_BLOCK = 64  # rows of the (rows, D, V) character-count minimum computed at once
+def lcs_bounds(texts: list[str]) -> np.ndarray:
+    """float64[D, D] an exact upper bound of difflib's ratio for every pair of ``texts``:
+    bound[a, b] = 2 LCS(a, b) / (|a| + |b|) >= SequenceMatcher(None, a, b).ratio(), in either
+    argument order (1 for two empty texts, as difflib's ratio).
 
+    Why it bounds: difflib's ratio is 2 M / (|a| + |b|), M the summed sizes of its matching
+    blocks (``get_matching_blocks``). Each block is a run of equal characters a[i:i+k] ==
+    b[j:j+k]; the blocks come from disjoint sub-ranges found recursively left and right of
+    each longest match, so in order they rise in both texts: together they are a common
+    subsequence, M <= LCS. The autojunk heuristic (b of 200 characters or more: characters
+    filling more than 1% + 1 of b are not used to seed a match) only keeps difflib from some
+    matches, so it lowers M, never raises it. In floats the bound is exact too: LCS comes as an
+    integer, 2 LCS = |a| + |b| - Indel distance, and 2.0 * LCS / S is computed as difflib
+    computes 2.0 * M / S (one correctly rounded division, monotone in the numerator).
 
-def _candidates(codes: list[np.ndarray], thresh: float) -> list[list[int]]:
-    """For each text a of a group, the earlier texts b < a whose upper bound on difflib's
-    ratio(a, b) reaches thresh: difflib's own quick_ratio, 2 |multiset intersection of the
-    characters| / (|a| + |b|) >= ratio (Ratcliff-Obershelp's matches are common characters).
-
-    codes: the texts as arrays of code points. Computed for all pairs at once from the
-    character counts, in blocks of rows.
+    The Indel distances come from rapidfuzz's ``process.cdist`` (bit-parallel LCS in C, each
+    pair once: the scorer is symmetric and the queries are the choices).
     """
-    D = len(codes)
-    lengths = np.fromiter((c.size for c in codes), np.int64, D)
-    flat = np.concatenate(codes)
-    present = np.zeros(int(flat.max()) + 1 if flat.size else 1, dtype=np.bool_)
-    present[flat] = True  # the group's characters, ranked without a sort
-    dense = np.cumsum(present) - 1
-    V = max(int(dense[-1]) + 1, 1)
-    row = np.repeat(np.arange(D, dtype=np.int64), lengths)
-    counts = np.bincount(row * V + dense[flat], minlength=D * V).reshape(D, V)
-    out: list[list[int]] = []
-    for lo in range(0, D, _BLOCK):
-        hi = min(D, lo + _BLOCK)
-        common = np.minimum(counts[lo:hi, None, :], counts[None, :hi, :]).sum(axis=2)
-        bound = 2.0 * common / np.maximum(lengths[lo:hi, None] + lengths[None, :hi], 1)
-        ok = bound >= thresh - _SLACK
-        ok &= np.arange(hi)[None, :] < np.arange(lo, hi)[:, None]  # earlier texts only
-        out += [np.flatnonzero(r).tolist() if r.any() else [] for r in ok]
-    return out
+    from rapidfuzz import process
+    from rapidfuzz.distance import Indel
+
+    D = len(texts)
+    dist = process.cdist(texts, texts, scorer=Indel.distance, processor=None, dtype=np.int64)
+    lengths = np.fromiter(map(len, texts), np.int64, D)
+    total = lengths[:, None] + lengths[None, :]
+    with np.errstate(invalid="ignore"):  # two empty texts: 0 / 0, difflib's ratio is 1
+        bound = (total - dist).astype(np.float64) / total
+    bound[total == 0] = 1.0
+    return bound
 
 
 def _self_similar(x: str, thresh: float) -> bool:
@@ -88,23 +83,24 @@ def _greedy_literal(obs: Sequence[str], thresh: float) -> list[int]:
     return out
 
 
-def _greedy_distinct(
-    distinct: list[str], codes: list[np.ndarray], thresh: float
-) -> list[int] | None:
+def _greedy_distinct(distinct: list[str], thresh: float) -> list[int] | None:
     """The greedy clusters of a group's distinct observations (in order of first occurrence),
     or None when some x starting a cluster has ratio(x, x) < thresh (then a later copy of x
     would not follow the first one: the caller runs the literal loop).
 
-    A pair goes to difflib only when its upper bound (:func:`_candidates`) reaches thresh;
-    representatives are tried in order of creation, as in the authors' loop.
+    A pair goes to difflib only when its exact upper bound (:func:`lcs_bounds`) reaches
+    thresh; representatives are tried in order of creation, as in the authors' loop.
     """
-    candidates = _candidates(codes, thresh)
+    D = len(distinct)
+    maybe = np.tril(lcs_bounds(distinct) >= thresh, -1)  # earlier texts b < a only
+    has = maybe.any(axis=1).tolist()
     cluster_of: list[int] = []  # cluster of each distinct text so far
     rep_of: list[int] = []  # each cluster's representative (a position in ``distinct``)
     matchers: dict[int, SequenceMatcher] = {}  # b = the representative: difflib caches b
-    for a, x in enumerate(distinct):
+    for a in range(D):
+        x = distinct[a]
         cluster = -1
-        for b in candidates[a]:
+        for b in np.flatnonzero(maybe[a]).tolist() if has[a] else ():
             j = cluster_of[b]
             if rep_of[j] != b:
                 continue  # b joined a cluster: not a representative
@@ -132,17 +128,14 @@ def similarity_clusters(batch: StepBatch, observations: Sequence[str], thresh: f
     representative r (its first row) has ``SequenceMatcher(None, obs, r).ratio() >= thresh``
     (the argument order is the authors': the ratio is not symmetric past 200 characters),
     else it starts a cluster. Identical observations always land in one cluster (the ratio of
-    a string with itself is checked), so only distinct texts are compared, and difflib's exact
-    upper bound quick_ratio skips the pairs that cannot match (:func:`_greedy_distinct`).
+    a string with itself is checked), so only distinct texts are compared, and an exact upper
+    bound of the ratio (:func:`lcs_bounds`) skips the pairs that cannot match
+    (:func:`_greedy_distinct`).
     """
     n = batch.n_steps
     sid_of: dict[str, int] = {}
     sid = np.fromiter((sid_of.setdefault(o, len(sid_of)) for o in observations), np.int64, n)
     texts = list(sid_of)
-    # code points, ranked over the batch's characters (small per-group count tables)
-    raw = [np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32) for t in texts]
-    _, dense = np.unique(np.concatenate(raw), return_inverse=True)
-    codes = np.split(dense.reshape(-1).astype(np.int64), np.cumsum([c.size for c in raw])[:-1])
     g, _ = dense_rank(batch.group)
     key, n_keys = dense_rank(g * len(texts) + sid)
     first = np.full(n_keys, n, dtype=np.int64)
@@ -157,9 +150,7 @@ def similarity_clusters(batch: StepBatch, observations: Sequence[str], thresh: f
     for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
         keys = order[lo:hi]
         group_texts = sid[first[keys]].tolist()
-        labels = _greedy_distinct(
-            [texts[t] for t in group_texts], [codes[t] for t in group_texts], thresh
-        )
+        labels = _greedy_distinct([texts[t] for t in group_texts], thresh)
         if labels is None:  # pragma: no cover - needs a text whose ratio with itself < thresh
             literal.append(int(groups_of_keys[lo]))
             continue
@@ -220,8 +211,8 @@ def gigpo_similarity(
     check_inputs("gigpo_similarity", batch, cfg)
     obs = check_observations("gigpo_similarity", batch, observations)
     clusters = similarity_clusters(batch, obs, cfg.gigpo_similarity_thresh)
-    try:
-        clustered = dataclasses.replace(batch, state=clusters)
+    try:  # (the clusters replace the states: a next_state in the batch's keys would not fit)
+        clustered = dataclasses.replace(batch, state=clusters, next_state=None)
     except ValueError as exc:  # a branch whose first observation differs from its parent's
         raise ValueError(f"gigpo_similarity: observations: {exc}") from None
     return gigpo(clustered, cfg)

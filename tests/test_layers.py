@@ -14,7 +14,8 @@ The layer order, lowest first (a module may import its own layer and the layers 
 It fails on (a) a circle between modules, (b) an import of a private module (a name part that
 starts with ``_``) from outside the package that holds it, (c) a library module (hgpo, toyenvs,
 agentenvs, hgpo.train, hgpo.integrations) importing ``studies``, (d) an import against the layer order, (e) a core
-module importing an optional extra (torch, Ray, vLLM, ...: the core is numpy only).
+module importing an optional extra (torch, Ray, vLLM, ...: the core needs numpy, scipy for
+graphgpo's shortest paths and rapidfuzz for gigpo_similarity's pre-filter, all core dependencies).
 
 Every import statement counts wherever it sits: at the top, inside a function (it runs later,
 but the dependency is the same) or under ``if TYPE_CHECKING:`` (a circle of types is still a

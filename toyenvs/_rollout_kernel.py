@@ -17,7 +17,7 @@ LANES = 8  # trajectories in flight at once in rollout_kernel_fast
 @njit(cache=True)
 def fill_step_rows(n_rollouts, horizon, n_obs, n_actions, powM, K, obs_of_state, invalid,
                    reward_enter, final, o_group, o_traj, o_step, o_reward, o_obs, o_action,
-                   o_invalid, o_hidden, o_ctx, o_keys, o_len):  # fmt: skip
+                   o_invalid, o_hidden, o_ctx, o_next, o_keys, o_len):  # fmt: skip
     """Second pass of :func:`rollout_kernel_fast`: compact the rows and fill the other columns.
 
     On entry step t of trajectory tr sits at the padded position tr * horizon + t of
@@ -25,8 +25,9 @@ def fill_step_rows(n_rollouts, horizon, n_obs, n_actions, powM, K, obs_of_state,
     forward to their contiguous place (a row never moves to a later index, and every source
     row is read before anything is written over it), and group / traj / step, observation,
     invalid flag and reward are filled in (the reward of a step is ``reward_enter`` of the next
-    step's hidden state, or of ``final[tr]`` on the last step); then the k-step context keys
-    come from :func:`context_keys_pass`. Returns the number of rows.
+    step's hidden state, or of ``final[tr]`` on the last step), and ``o_next``, the observation
+    of that state (the next row's observation, or ``final[tr]``'s on the last step); then the
+    k-step context keys come from :func:`context_keys_pass`. Returns the number of rows.
     """
     row = 0
     for tr in range(final.shape[0]):  # o_len may be longer than this call's trajectories
@@ -49,6 +50,7 @@ def fill_step_rows(n_rollouts, horizon, n_obs, n_actions, powM, K, obs_of_state,
             o_obs[r] = obs_of_state[U(s)]
             o_invalid[r] = invalid[U(s), U(a)]
             o_reward[r] = reward_enter[U(s2)]
+            o_next[r] = obs_of_state[U(s2)]
             o_keys[0, r] = obs_of_state[U(s)]
         row += L
     context_keys_pass(row, K, n_obs, n_actions, powM, o_step, o_obs, o_action, o_keys)
@@ -168,8 +170,8 @@ def rollout_kernel_fast(
     starts, n_rollouts, seed, horizon, K, n_obs, powM,
     obs_of_state, next_state, next_prob, invalid, reward_enter, terminal,
     htab, codes, logits, cdf, count, init_mode, init_seed, init_scale, inv_temp,
-    o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_keys,
-    o_success, o_len,
+    o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_next,
+    o_keys, o_success, o_len,
 ):  # fmt: skip
     """Same contract and same trajectories as the one-at-a-time ``rollout_kernel`` (kept in
     ``tests/toyenvs/reference_kernels.py``), bit for bit, faster.
@@ -206,6 +208,6 @@ def rollout_kernel_fast(
         return -1
     return fill_step_rows(
         n_rollouts, horizon, n_obs, A, powM, K, obs_of_state, invalid, reward_enter, final,
-        o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_keys,
-        o_len,
+        o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_next,
+        o_keys, o_len,
     )  # fmt: skip

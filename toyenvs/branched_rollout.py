@@ -74,6 +74,7 @@ def branched_rollout(
     batch = StepBatch(
         group=res["group"], traj=res["traj"], step=res["step"], reward=res["reward"],
         state=res["state"], action=res["action"], invalid=res["invalid"], parent=res["parent"],
+        next_state=res["next_state"],
     )  # fmt: skip
     return res, batch
 
@@ -81,7 +82,7 @@ def branched_rollout(
 _COLUMNS = (
     ("group", np.int64), ("traj", np.int64), ("parent", np.int64), ("step", np.int64),
     ("reward", np.float64), ("state", np.int64), ("action", np.int64), ("invalid", np.bool_),
-    ("hidden", np.int64), ("context", np.int64),
+    ("hidden", np.int64), ("context", np.int64), ("next_state", np.int64),
 )  # fmt: skip
 
 
@@ -781,14 +782,15 @@ def branch_kernel(
     htab, codes, logits, cdf, count, init_mode, init_seed, init_scale, inv_temp,
     steps, root_steps, rule, at_depth, spo3,
     o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx,
-    o_keys, o_success,
+    o_next, o_keys, o_success,
 ):  # fmt: skip
     """Every group: roots until ``root_steps`` rows (at least one), then branches by ``rule``
     until ``steps`` rows. Returns (rows, trajectories), or (-1, 0) when the table filled up.
     ``spo3``: float64[5] the options of ``branch:3spo`` (:func:`spo3_params`).
 
-    Outputs (capacity n_groups * (steps + horizon) rows) as ``rollout_kernel_fast``'s, plus
-    ``o_parent`` (the parent's traj id, -1 for a root); the keys of the n rows fill the first
+    Outputs (capacity n_groups * (steps + horizon) rows) as ``rollout_kernel_fast``'s (``o_next``
+    the observation each step led to), plus ``o_parent`` (the parent's traj id, -1 for a
+    root); the keys of the n rows fill the first
     (K + 1) n entries of ``o_keys`` as one C-ordered [K + 1, n] array. The step loop is
     ``rollout_kernel_fast``'s (inline probe, draw and move; past part P from a ring of the last
     K pairs) over groups in lanes instead of trajectories; it records hidden state, action,
@@ -824,7 +826,7 @@ def branch_kernel(
     return compact(
         trajs, groups, cap_g, K, n_obs, next_state.shape[1], powM, inv_powM, obs_of_state,
         invalid, reward_enter, o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action,
-        o_invalid, o_hidden, o_ctx, keys, o_success,
+        o_invalid, o_hidden, o_ctx, keys, o_success, o_next,
     )  # fmt: skip
 
 
@@ -910,12 +912,13 @@ def run_lanes(
 @njit(cache=True, _nrt=False)
 def compact(trajs, groups, cap_g, K, n_obs, n_actions, powM, inv_powM, obs_of_state, invalid,
             reward_enter, o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action,
-            o_invalid, o_hidden, o_ctx, o_keys, o_success):  # fmt: skip
+            o_invalid, o_hidden, o_ctx, o_keys, o_success, o_next):  # fmt: skip
     """Second pass, group by group: move the group's rows from its padded rows to their
     contiguous place (a row never moves later and is read before anything is written over
     it), then fill the columns in a few simple passes over the group's rows (a loop that
     touches few arrays keeps them in registers) and over its trajectories. Returns (rows,
-    trajectories).
+    trajectories). ``o_next``: the next row's observation within a trajectory, the observation
+    of its final state on its last row.
 
     Keys: key_K = P n_obs + o; key_k, 0 < k < K, by the recursion of
     ``_rollout_kernel.context_keys_pass`` from the row before, and at a trajectory's first row
@@ -961,6 +964,13 @@ def compact(trajs, groups, cap_g, K, n_obs, n_actions, powM, inv_powM, obs_of_st
             o_invalid[a] = invalid[U(s), U(o_action[a])]
             o_keys[uK, a] = o_keys[uK, a] * n_obs + o  # P -> the full context code
             o_keys[0, a] = o  # (after: for K = 0 it is the same row, and P = 0)
+        for r in range(lo, hi - 1):  # the observation each step led to: the next row's ...
+            o_next[U(r)] = o_obs[U(r + 1)]
+        r = lo
+        for jj in range(n_tr):  # ... a trajectory's last: its final state's
+            k = U(rec0 + jj)
+            r += trajs[k, REC_LENGTH]
+            o_next[U(r - 1)] = obs_of_state[U(trajs[k, REC_FINAL])]
         for kk in range(1, K):
             for r in range(lo + 1, hi):
                 a, b = U(r), U(r - 1)

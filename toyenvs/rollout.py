@@ -29,7 +29,9 @@ class Rollouts:
     Attributes:
         batch: the estimators' StepBatch. group = task slot (index into ``tasks``), traj =
             slot * n_rollouts + j, step, reward = env reward excluding the invalid penalty,
-            state = observation id, action = action id, invalid = invalid-action flag.
+            state = observation id, action = action id, invalid = invalid-action flag,
+        next_state = the observation id of the state each step led to (after a trajectory's
+        last step: of the state it ended in, a goal, a trap or where the horizon cut it).
         hidden: int64[n] hidden state s_t of each step.
         context: int64[n] the policy's dense context row of each step (row of ``pol.logits``).
         code: int64[n] full K-step context code of each step.
@@ -84,7 +86,7 @@ def env_args(env: POMDP) -> tuple[np.ndarray, ...]:
 _BUFFERS = {
     "group": np.int64, "traj": np.int64, "step": np.int64, "reward": np.float64,
     "state": np.int64, "action": np.int64, "invalid": np.bool_, "hidden": np.int64,
-    "context": np.int64,
+    "context": np.int64, "next_state": np.int64,
 }  # fmt: skip
 """The per-row output columns of the rollout kernel and their dtypes."""
 
@@ -127,7 +129,7 @@ def rollout_arrays(
         raise ValueError(f"buffers hold fewer than {cap} rows or {n_traj} trajectories")
     b = buffers
     pol.cover(env, tasks)
-    names = ("group", "traj", "step", "reward", "state", "action", "invalid", "hidden", "context")
+    names = tuple(_BUFFERS)  # (the kernel's order)
 
     def call(tables: tuple) -> int:
         return kn.rollout_kernel_fast(
@@ -187,7 +189,7 @@ def rollout(
     r = rollout_arrays(env, pol, tasks, n_rollouts, seed)  # (its checks cost a few us)
     batch = StepBatch(
         group=r["group"], traj=r["traj"], step=r["step"], reward=r["reward"], state=r["state"],
-        action=r["action"], invalid=r["invalid"],
+        action=r["action"], invalid=r["invalid"], next_state=r["next_state"],
     )  # fmt: skip
     return Rollouts(
         batch=batch, hidden=r["hidden"], context=r["context"], code=r["context_keys"][pol.K],

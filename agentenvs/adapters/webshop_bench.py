@@ -105,7 +105,7 @@ WEBSHOP = Benchmark(
         "Buy Now Description Features Reviews size color price lower than 40.00 dollars",
     ),
     extras=("webshop",),
-    modules=("bm25s", "rapidfuzz"),
+    modules=("bm25s",),
     paper=True,
     reference_profile="webshop",
     expert_plans=expert_plans,

@@ -23,6 +23,11 @@ key                       needed    meaning
                                     the observation after the last step (read by graphgpo, 3spo)
 ========================  ========  ==========================================================
 
+Without ``next_obs`` the batch has no ``next_state`` and graphgpo takes each failed trajectory to
+end in a state seen nowhere else (its "dead_end" reading, ``diagnostics["graph"]["terminal"]``).
+On a successful trajectory's last row ``next_obs`` is not read (the authors' loop puts
+``'success'`` there). ``hgpo.integrations.verl_loop`` sets it on every output.
+
 Token tensors (``batch``): ``response_mask`` (padding = 0) and ``token_level_rewards`` always;
 ``responses`` with ``include_actions`` (the action key is the step's unpadded response tokens).
 
@@ -50,6 +55,7 @@ Needs torch (the DataProto's tensors); verl itself is not imported here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -274,10 +280,17 @@ def step_batch_from_dataproto(
             state=state[order],
             action=pick(action),
             invalid=pick(invalid),
-            next_state=pick(next_state),
         )
     except ValueError as exc:
         raise ValueError(f"DataProto -> StepBatch: {exc}") from None
+    if next_state is not None:
+        try:
+            batch = dataclasses.replace(batch, next_state=next_state[order])
+        except ValueError as exc:
+            raise ValueError(
+                f"DataProto -> StepBatch: non_tensor_batch['next_obs'] (the observation each step "
+                f"led to, the next step's anchor_obs within a trajectory): {exc}"
+            ) from None
     return StepRows(batch, order)
 
 

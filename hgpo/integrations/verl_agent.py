@@ -131,7 +131,9 @@ def routed_names() -> dict[str, str]:
     verl-agent's token-level estimators (gae, remax, reinforce_plus_plus(_baseline),
     grpo_passk), which keep verl-agent's code. An estimator that reads the policy's entropy
     takes it from ``non_tensor_batch['step_entropy']`` or ``batch['entropys']`` (see
-    :func:`install`), one that reads observations from ``anchor_obs``."""
+    :func:`install`), one that reads observations from ``anchor_obs``; ``StepBatch.next_state`` (graphgpo's and
+    3spo's terminal states) comes from ``non_tensor_batch['next_obs']`` when the batch has it
+    (verl-agent's GraphGPO recipe)."""
     names = {"hgpo": "hgpo", "gigpo": "gigpo", "grpo": "grpo", "rloo": "rloo"}
     for name in ESTIMATORS:
         if "values" in estimator_reads(name) or name in UNROUTED_BUILTINS:

@@ -35,18 +35,21 @@ scores from one reward column, while these functions receive the two as separate
 
 Then, with ``cfg = reference_config(name, ...)``:
 GiGPO  A = grpo(episode batch) + step_advantage_w * stepwise(step batch), Eq. (8) of GiGPO;
+       with ``enable_similarity`` the step batch's states are gigpo_similarity's clusters of
+       the ``anchor_obs`` texts (see :func:`compute_gigpo_outcome_advantage`);
 HGPO   A = hgpo(step batch), and with ``base_group`` Eq. (7) over the levels of hgpo(step batch)
        plus the base level grpo(episode batch) of raw weight 1 (see :func:`with_base_level`);
 GRPO / RLOO  A = grpo / rloo(episode batch).
 Outputs are ``A[row] * response_mask`` in the dtype and on the device the authors' code gives,
 returned twice ``(advantages, returns)``, as theirs are.
 
-An option the registry does not have (``enable_similarity=True``, an unknown ``mode``,
-``compute_mean_std_cross_steps=False``) is a ValueError naming it: never a different estimator.
+An option the registry does not have (an unknown ``mode``, ``compute_mean_std_cross_steps=False``)
+is a ValueError naming it: never a different estimator.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +60,8 @@ from hgpo import StepBatch, compute_advantages, reference_config
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import level_weights
 from hgpo.extras import MissingExtraError, installed
-from hgpo.options import OptionError, bad, check_bool, check_int
+from hgpo.gigpo_variants import similarity_clusters
+from hgpo.options import OptionError, bad, check_bool, check_int, check_number
 
 if not installed("torch"):  # pragma: no cover - CI installs the extras
     raise MissingExtraError(
@@ -92,11 +96,12 @@ class _Rows:
     state: np.ndarray  # int64[n] dense observation key (from anchor_obs)
     R: np.ndarray | None  # float64[n] step_rewards
     S: np.ndarray  # float64[n] token_level_rewards summed per row
+    next_state: np.ndarray | None = None  # int64[n] key of next_obs, the keys of state
 
 
-def _obs_key(x: Any, i: int) -> Any:
-    """The key verl-agent's ``to_hashable`` makes of observation ``anchor_obs[i]`` (the same
-    equalities: numbers by value, arrays by their flattened values, lists as tuples)."""
+def _obs_key(x: Any, where: str) -> Any:
+    """The key verl-agent's ``to_hashable`` makes of observation ``where`` (``anchor_obs[i]``;
+    the same equalities: numbers by value, arrays by their flattened values, lists as tuples)."""
     if isinstance(x, int | float | str | bool):
         return x
     if isinstance(x, np.integer | np.floating):
@@ -104,10 +109,18 @@ def _obs_key(x: Any, i: int) -> Any:
     if isinstance(x, np.ndarray):
         return tuple(x.flatten())
     if isinstance(x, list | tuple):
-        return tuple(_obs_key(e, i) for e in x)
+        return tuple(_obs_key(e, where) for e in x)
     if isinstance(x, dict):
-        return tuple(sorted((k, _obs_key(v, i)) for k, v in x.items()))
-    raise bad(f"anchor_obs[{i}]", "a str, number, numpy array, list, tuple or dict", x)
+        return tuple(sorted((k, _obs_key(v, where)) for k, v in x.items()))
+    raise bad(where, "a str, number, numpy array, list, tuple or dict", x)
+
+
+def _obs_keys(name: str, value: Any, n: int) -> list[Any]:
+    """The observation keys of column ``name`` (``anchor_obs``, ``next_obs``)."""
+    keys = _object_column(name, value, n).tolist()
+    if not all(type(o) is str for o in keys):  # text observations (the usual) are keys
+        keys = [_obs_key(o, f"{name}[{i}]") for i, o in enumerate(keys)]
+    return keys
 
 
 def _object_column(where: str, value: Any, n: int) -> np.ndarray:
@@ -145,9 +158,11 @@ def _rows(
     anchor_obs: Any,
     index: Any,
     traj_index: Any,
+    next_obs: Any = None,
 ) -> _Rows:
     """Check the inputs (named errors, before any work) and turn them into :class:`_Rows`.
-    ``step_rewards`` and ``anchor_obs`` may be None (GRPO, RLOO)."""
+    ``step_rewards`` and ``anchor_obs`` may be None (GRPO, RLOO); ``next_obs`` (the
+    observation each step led to) is keyed with ``anchor_obs``'s keys when given."""
     tlr = _tensor("token_level_rewards", token_level_rewards, 2)
     mask = _tensor("response_mask", response_mask, 2)
     if tuple(mask.shape) != tuple(tlr.shape):
@@ -169,24 +184,26 @@ def _rows(
     idx = _object_column("index", index, n).tolist()
     traj = _object_column("traj_index", traj_index, n).tolist()
     state = np.zeros(n, dtype=np.int64)
+    next_state = None
     if anchor_obs is not None:
-        obs = _object_column("anchor_obs", anchor_obs, n)
-        keys = obs.tolist()
-        if not all(type(o) is str for o in keys):  # text observations (the usual) are keys
-            keys = [_obs_key(o, i) for i, o in enumerate(keys)]
-        state = _dense("anchor_obs", keys)
+        ids: dict[Any, int] = {}
+        state = _dense("anchor_obs", _obs_keys("anchor_obs", anchor_obs, n), ids)
+        if next_obs is not None:
+            next_state = _dense("next_obs", _obs_keys("next_obs", next_obs, n), ids)
     return _Rows(
         group=_dense("index", idx),
         traj=_dense("traj_index", list(zip(idx, traj, strict=True))),
         state=state,
         R=R,
         S=S,
+        next_state=next_state,
     )
 
 
-def _dense(where: str, keys: list[Any]) -> np.ndarray:
-    """int64 dense ids of hashable keys, first seen = 0 (equal keys, equal ids)."""
-    ids: dict[Any, int] = {}
+def _dense(where: str, keys: list[Any], ids: dict[Any, int] | None = None) -> np.ndarray:
+    """int64 dense ids of hashable keys, first seen = 0 (equal keys, equal ids); ``ids``: the
+    ids given so far, to extend (for a second column with the same keys)."""
+    ids = {} if ids is None else ids
     try:
         out = [ids.setdefault(k, len(ids)) for k in keys]
     except TypeError:
@@ -216,6 +233,14 @@ def _step_batch(rows: _Rows) -> tuple[StepBatch, np.ndarray]:
     batch = StepBatch(
         group=rows.group[order], traj=traj, step=step, reward=rows.R[order], state=rows.state[order]
     )
+    if rows.next_state is not None:
+        try:
+            batch = dataclasses.replace(batch, next_state=rows.next_state[order])
+        except ValueError as exc:
+            raise OptionError(
+                f"next_obs: must be the observation each step led to (the next step's "
+                f"anchor_obs within a trajectory, rows in step order): {exc}"
+            ) from None
     return batch, order
 
 
@@ -361,20 +386,25 @@ def compute_gigpo_outcome_advantage(
     stepwise(step batch) with ``reference_config("gigpo", norm=mode, eps=epsilon)`` (sample
     std in both terms, a one-row episode group passes through).
 
-    ``enable_similarity=True`` (grouping near-equal observations) is not in the registry: a
-    ValueError. ``similarity_thresh`` is only read with it (as in the authors' code). Returns
-    ``(A * response_mask,) * 2`` in the dtype torch gives the authors' sum of
+    ``enable_similarity=True`` is our ``gigpo_similarity``: the step groups are, within each
+    rollout group, the greedy clusters of the ``anchor_obs`` texts whose difflib ratio with a
+    cluster's representative is >= ``similarity_thresh`` (in (0, 1), read only then, as in the
+    authors' code), :func:`hgpo.gigpo_variants.similarity_clusters`, taken in the order of
+    the rows as given, as the authors' ``build_step_group`` takes them (their order decides
+    the clusters); ``anchor_obs`` must then be str (a named error otherwise, as theirs
+    raises). Returns ``(A * response_mask,) * 2`` in the dtype torch gives the authors' sum of
     ``token_level_rewards * response_mask`` and ``step_rewards * response_mask``."""
-    if check_bool("enable_similarity", enable_similarity):
-        raise OptionError(
-            "enable_similarity: True (grouping observations whose difflib ratio passes "
-            "similarity_thresh) is not supported by hgpo's registry, which groups equal "
-            "observations only; use enable_similarity=False"
-        )
+    similar = check_bool("enable_similarity", enable_similarity)
+    if similar:
+        thresh = check_number("similarity_thresh", similarity_thresh, lo=0.0, hi=1.0,
+                              lo_open=True, hi_open=True)  # fmt: skip
     norm = _norm("mode", mode)
     eps = _number("epsilon", epsilon, lo=0.0)
     w = _number("step_advantage_w", step_advantage_w)
     rows = _rows(token_level_rewards, step_rewards, response_mask, anchor_obs, index, traj_index)
+    texts = None
+    if similar:
+        texts = _texts(anchor_obs, rows.S.shape[0], "enable_similarity=True compares the texts")
     dtype = torch.promote_types(
         torch.promote_types(token_level_rewards.dtype, response_mask.dtype),
         torch.promote_types(step_rewards.dtype, response_mask.dtype),
@@ -382,9 +412,22 @@ def compute_gigpo_outcome_advantage(
     if rows.S.shape[0] == 0:
         empty = torch.zeros(response_mask.shape, dtype=dtype, device=response_mask.device)
         return empty, empty
-    A = _gigpo(rows, reference_config("gigpo", norm=norm, eps=eps, gamma=0.0), w)
-    adv = _broadcast(A, response_mask, dtype)
+    cfg = reference_config("gigpo", norm=norm, eps=eps, gamma=0.0)
+    if texts is not None:  # the rows' order, as build_step_group meets them
+        clusters = similarity_clusters(_episode_batch(rows), texts, thresh)
+        rows = dataclasses.replace(rows, state=clusters)
+    adv = _broadcast(_gigpo(rows, cfg, w), response_mask, dtype)
     return adv, adv
+
+
+def _texts(anchor_obs: Any, n: int, why: str) -> list[str]:
+    """``anchor_obs`` as n str (the observation texts), or a named error at the first that is
+    not one."""
+    obs = _object_column("anchor_obs", anchor_obs, n).tolist()
+    for i, o in enumerate(obs):
+        if not isinstance(o, str):
+            raise bad(f"anchor_obs[{i}]", f"a str ({why})", o)
+    return obs
 
 
 def _gigpo(rows: _Rows, cfg: EstimatorConfig, w: float) -> np.ndarray:

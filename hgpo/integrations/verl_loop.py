@@ -43,6 +43,9 @@ those dicts into columns) hold the metadata contract of ``hgpo.integrations``:
 - ``rewards``: the env reward r_t of the step, WITHOUT the invalid-action penalty;
 - ``is_action_valid``: False where the parser found the response malformed (or, on a toy env,
   the action invalid in its state), exactly the trainer's ``Rollout.invalid``;
+- ``next_obs``: the state key of the observation the step led to (the next step's
+  ``anchor_obs``; after the episode's last step its terminal observation's), the trainer's
+  ``Rollout.next_key`` (graphgpo's terminal states);
 
 plus ``hidden_state`` (a toy env's hidden state s_t, -1 elsewhere), ``won`` and ``task_score``
 of the episode, and the keys verl's workers expect (``reward_extra_info``, ``turn_scores``,
@@ -121,7 +124,9 @@ __all__ = [
 GENERATE_TIMEOUT_S = 1800.0
 """Default bound on one call to verl's server manager (seconds)."""
 
-CONTRACT_KEYS = ("uid", "traj_uid", "anchor_obs", "step_index", "rewards", "is_action_valid")
+CONTRACT_KEYS = (
+    "uid", "traj_uid", "anchor_obs", "step_index", "rewards", "is_action_valid", "next_obs",
+)  # fmt: skip
 """The ``non_tensor_batch`` keys of the hgpo.integrations metadata contract every output has."""
 
 
@@ -243,6 +248,7 @@ def step_metadata(roll: Rollout, row: int, uid: str, traj_uid: str) -> dict[str,
         "uid": uid,
         "traj_uid": traj_uid,
         "anchor_obs": roll.key[row],
+        "next_obs": roll.next_key[row],
         "step_index": int(roll.step[row]),
         "rewards": float(roll.reward[row]),
         "is_action_valid": not roll.invalid[row],

@@ -255,7 +255,7 @@ class VerlTruth:
         if missing:
             raise ValueError(
                 f"hgpo truth: the verl batch lacks {missing}; it needs non_tensor_batch "
-                f"{[*CONTRACT_KEYS, TRUTH_KEY]} (+ optional step_index, rewards, "
+                f"{[*CONTRACT_KEYS, TRUTH_KEY]} (+ optional step_index, rewards, next_obs, "
                 "is_action_valid) and batch responses, response_mask (+ token_level_rewards)"
             )
         rows = step_batch_from_dataproto(data, tokens=("response_mask",))  # rewards checked above

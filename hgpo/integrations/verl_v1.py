@@ -13,7 +13,7 @@ tensors only: the outputs' ``extra_fields`` (where an agent loop puts ``anchor_o
 - ``compute_advantage_for_multi_trajectories`` (as ``trainer_base`` imported it) is wrapped to
   fill the contract's keys from them (:func:`attach_v1_metadata`: ``traj_uid`` =
   ``{uid}_{session}``, ``step_index`` = ``index``, and ``anchor_obs`` / ``rewards`` /
-  ``is_action_valid`` from each output's ``extra_fields``), then to call our
+  ``is_action_valid`` / ``next_obs`` from each output's ``extra_fields``), then to call our
   ``compute_advantage``.
 
 For an estimator that reads the policy's entropy, the first wrapper also fetches the queue's
@@ -47,7 +47,7 @@ from hgpo.integrations.dataproto import STEP_ENTROPY_KEY, MissingMetadataError, 
 __all__ = ["V1_MODULE", "attach_v1_metadata", "on_import"]
 
 V1_MODULE = "verl.trainer.ppo.v1.trainer_base"
-FROM_EXTRA_FIELDS = ("anchor_obs", "rewards", "is_action_valid", "step_index")
+FROM_EXTRA_FIELDS = ("anchor_obs", "rewards", "is_action_valid", "step_index", "next_obs")
 """The contract keys read from an output's ``extra_fields`` (``step_index`` there wins over the
 key's index)."""
 

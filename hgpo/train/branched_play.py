@@ -301,7 +301,7 @@ class _Game:
         obs, rewards, dones, infos, snaps = self.envs.step_and_snapshot(actions)
         for i in live:
             tr = self.trajs[self.slots.holder[i]]
-            after_step(tr.steps[-1], float(rewards[i]), infos[i])
+            after_step(tr.steps[-1], float(rewards[i]), infos[i], self.envs.key(i, obs[i]))
             self.slots.obs[i], self.slots.infos[i] = obs[i], infos[i]
             self.slots.pending[i] = snaps[i]
             if dones[i] or tr.t >= self.plan.max_steps:

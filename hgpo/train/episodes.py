@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from agentenvs.registry import BENCHMARKS, benchmark
-from hgpo import StepBatch, state_ids
+from hgpo import StateIndexer, StepBatch
 from hgpo.train.envs import EnvSet
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,8 @@ class Rollout:
     """The step samples of one batch of episodes, trajectory by trajectory.
 
     Per step (n rows, trajectories contiguous, steps 0..T-1): prompt_ids, response_ids, group,
-    traj, step, reward (env reward, no penalty), invalid, key (state key text), engine_logprobs.
+    traj, step, reward (env reward, no penalty), invalid, key (state key text), next_key (the
+    state key of the observation the step led to), engine_logprobs.
     Per trajectory: success, score, task_type, length.
     """
 
@@ -214,6 +215,10 @@ class Rollout:
     reward: list[float] = field(default_factory=list)
     invalid: list[bool] = field(default_factory=list)
     key: list[str] = field(default_factory=list)
+    next_key: list[str | None] = field(default_factory=list)
+    """The state key (as ``key``) of the observation each step led to: the next step's key, and
+    after a trajectory's last step its terminal observation's (the env's observation when it
+    ended, or when ``max_steps`` cut it); None where it was not recorded."""
     engine_logprobs: list[list[float] | None] = field(default_factory=list)
     """The rollout engine's log-probs of each response's tokens, where it reports them (vLLM)."""
     hidden: list[int] = field(default_factory=list)
@@ -302,26 +307,41 @@ class Rollout:
             self.reward.append(rec.reward)
             self.invalid.append(rec.invalid)
             self.key.append(rec.key)
+            self.next_key.append(rec.next_key)
             self.engine_logprobs.append(rec.engine_logprobs)
             self.hidden.append(rec.hidden)
             self.observation.append(rec.observation)
             self.candidate_entropy.append(rec.candidate_entropy)
 
     def step_batch(self) -> StepBatch:
-        """The estimator input: state = id of the raw-observation key within this batch; a
-        branched rollout's batch has the ``parent`` column (hgpo.branched_batch)."""
+        """The estimator input: state = id of the raw-observation key within this batch,
+        ``next_state`` = id of ``next_key`` with the same ids (one interning of both; None when
+        no step recorded its next key); a branched rollout's batch has the ``parent`` column
+        (hgpo.branched_batch)."""
         traj = np.asarray(self.traj, dtype=np.int64)
         parent = None
         if self.n_branches:  # trajectory i is traj id i
             parent = np.asarray(self.parent, dtype=np.int64)[traj]
+        keys = StateIndexer()
+        state = keys(self.key)
+        next_state = None
+        missing = [i for i, k in enumerate(self.next_key) if k is None]
+        if len(missing) < len(self.next_key):
+            if missing:
+                raise ValueError(
+                    f"Rollout.next_key[{missing[0]}] is None but other steps recorded theirs: "
+                    "every step of a batch records the key of the observation it led to, or none"
+                )
+            next_state = keys(self.next_key)
         return StepBatch(
             group=np.asarray(self.group, dtype=np.int64),
             traj=traj,
             step=np.asarray(self.step, dtype=np.int64),
             reward=np.asarray(self.reward, dtype=np.float64),
-            state=state_ids(self.key),
+            state=state,
             invalid=np.asarray(self.invalid, dtype=bool),
             parent=parent,
+            next_state=next_state,
         )
 
 
@@ -341,6 +361,8 @@ class StepRecord:
     """The observation text the step was taken from, as the env returned it."""
     candidate_entropy: float | None = None
     """action_mode="score": the entropy of the policy over the step's candidates; else None."""
+    next_key: str | None = None
+    """The state key of the observation the step led to (filled after the env stepped)."""
 
 
 @dataclass
@@ -444,7 +466,7 @@ def run_episodes(
         obs, rewards, dones, infos = envs.step(actions)
         env_s += time.perf_counter() - t
         for i in live:
-            after_step(per[i][-1], float(rewards[i]), infos[i])
+            after_step(per[i][-1], float(rewards[i]), infos[i], envs.key(i, obs[i]))
             last_info[i] = infos[i]
             crashed[i] |= bool(infos[i].get("crashed"))
         done = dones.copy()
@@ -457,11 +479,13 @@ def run_episodes(
     return out
 
 
-def after_step(record: StepRecord, reward: float, info: dict[str, Any]) -> None:
-    """Fill in a step's env reward and env-side invalid flag once the env has stepped."""
+def after_step(record: StepRecord, reward: float, info: dict[str, Any], next_key: str) -> None:
+    """Fill in a step's env reward, env-side invalid flag and the state key of the observation
+    it led to (``EnvSet.key`` of the env's returned observation) once the env has stepped."""
     record.reward = reward
     # a toy action invalid in its state costs the penalty too
     record.invalid |= bool(info.get("invalid", False))
+    record.next_key = next_key
 
 
 def warn_crashed(roll: Rollout) -> None:

@@ -150,7 +150,6 @@ def test_bad_arguments():
 
 def test_webshop_groups_share_the_start():
     pytest.importorskip("bm25s", reason="WebShop search needs bm25s (extra [webshop])")
-    pytest.importorskip("rapidfuzz", reason="WebShop reward needs rapidfuzz (extra [webshop])")
     from agentenvs.factories import observation_key, webshop_factory
     from agentenvs.webshop.env import webshop_task
 

@@ -44,7 +44,6 @@ def test_ray_actors_give_what_worker_processes_give(ray_cluster):
 
 def test_webshop_on_ray_equals_processes(ray_cluster):
     pytest.importorskip("bm25s", reason="WebShop search needs bm25s (extra [webshop])")
-    pytest.importorskip("rapidfuzz", reason="WebShop reward needs rapidfuzz (extra [webshop])")
     from agentenvs.factories import webshop_factory
 
     factory = webshop_factory(n_products=200, n_goals=40, seed=3)
@@ -93,7 +92,6 @@ def test_snapshots_travel_between_actors(ray_cluster):
     """A snapshot taken in actor 0 restores into a slot of actor 1 (on the other node) and
     replays the continuation, as with worker processes (tests/agentenvs/test_snapshot.py)."""
     pytest.importorskip("bm25s", reason="WebShop search needs bm25s (extra [webshop])")
-    pytest.importorskip("rapidfuzz", reason="WebShop reward needs rapidfuzz (extra [webshop])")
     from agentenvs.factories import webshop_factory
     from agentenvs.toytext import parse_toy_spec, toy_factory
     from tests.agentenvs.test_snapshot import _batched_branch_replays

@@ -141,7 +141,6 @@ def test_toy_restore_refuses_another_env():
 @pytest.fixture(scope="module")
 def shop_world():
     pytest.importorskip("bm25s", reason="WebShop search needs bm25s (extra [webshop])")
-    pytest.importorskip("rapidfuzz", reason="WebShop reward needs rapidfuzz (extra [webshop])")
     from agentenvs.webshop.env import make_world
 
     return make_world(seed=0, n_products=300, n_goals=40, n_eval=10)

@@ -4,7 +4,6 @@ import re
 
 import pytest
 
-pytest.importorskip("rapidfuzz", reason="WebShop reward needs rapidfuzz (extra [webshop])")
 pytest.importorskip("bm25s", reason="WebShop search needs bm25s (extra [webshop])")
 
 from agentenvs.webshop.catalog import Goal, Product, generate_catalog, generate_goals

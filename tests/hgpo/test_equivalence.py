@@ -1,11 +1,15 @@
 """The fast estimators equal the slow reference implementation (to 1e-12) on generated batches."""
 
+import dataclasses
+from difflib import SequenceMatcher
+
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hgpo import ESTIMATORS, compute_advantages, context_keys, step_returns
+from hgpo.gigpo_variants import lcs_bounds, similarity_clusters
 from hgpo.graphgpo import graph_distances
 from tests.hgpo.reference_impl import (
     ref_context,
@@ -15,9 +19,12 @@ from tests.hgpo.reference_impl import (
     ref_graphgpo,
     ref_levels,
     ref_returns,
+    ref_similarity_clusters,
 )
 from tests.hgpo.strategies import (
+    OBSERVATIONS,
     configs,
+    default_inputs,
     graph_batches,
     graph_configs,
     spo3_options,
@@ -98,3 +105,74 @@ def test_3spo_equals_reference_over_its_options(estimator, batch, cfg, spo3, man
     fast = compute_advantages(estimator, batch, cfg).advantages
     ref = np.asarray(ref_estimate(estimator, batch, cfg))
     np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "estimator", [name for name in ESTIMATORS if name not in ("graphgpo", "3spo")]
+)
+@settings(max_examples=25)
+@given(batch=step_batches(), cfg=configs(), data=st.data())
+def test_next_state_changes_no_estimator_but_graphgpo(estimator, batch, cfg, data):
+    """StepBatch.next_state is graphgpo's and 3spo's column: every other estimator gives the same result,
+    bit for bit, with it (terminal states drawn among the batch's states and new ones)."""
+    last = batch.traj_start + batch.traj_len - 1
+    ns = np.empty_like(batch.state)
+    ns[:-1] = batch.state[1:]
+    ns[last] = data.draw(st.lists(st.integers(0, 5), min_size=batch.n_traj, max_size=batch.n_traj))
+    with_next = dataclasses.replace(batch, next_state=ns)
+    inputs = default_inputs(estimator, batch)
+    a = compute_advantages(estimator, batch, cfg, **inputs)
+    b = compute_advantages(estimator, with_next, cfg, **inputs)
+    np.testing.assert_array_equal(a.advantages, b.advantages)
+    np.testing.assert_array_equal(a.returns, b.returns)
+
+
+# Texts past 200 characters whose most common characters difflib's autojunk leaves out (each
+# fills more than 1% + 1 of the text), so that its ratio is far below the LCS ratio.
+_TEXTS = st.text(alphabet="ab c", max_size=30) | st.sampled_from(OBSERVATIONS) | st.builds(
+    lambda x, k: (x * k)[:400], st.text(alphabet="abcde ", min_size=1, max_size=12),
+    st.integers(10, 60),
+)  # fmt: skip
+
+
+@given(a=_TEXTS, b=_TEXTS)
+def test_lcs_bound_is_an_upper_bound_of_difflibs_ratio(a, b):
+    """lcs_bounds (rapidfuzz's Indel distance) >= difflib's ratio in both argument orders,
+    autojunk included, and equal to it computed as difflib computes 2.0 * M / S with M the
+    LCS: the pre-filter of gigpo_similarity may skip a pair only when difflib cannot match."""
+    bound = lcs_bounds([a, b])
+    assert bound[0, 1] == bound[1, 0]
+    assert bound[0, 0] == bound[1, 1] == 1.0
+    assert SequenceMatcher(None, a, b).ratio() <= bound[0, 1]
+    assert SequenceMatcher(None, b, a).ratio() <= bound[1, 0]
+    lcs = _lcs(a, b)
+    assert bound[0, 1] == (2.0 * lcs / (len(a) + len(b)) if a or b else 1.0)
+
+
+def _lcs(a: str, b: str) -> int:
+    """The longest common subsequence's length, by the textbook dynamic programme."""
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+@given(texts=st.lists(_TEXTS, min_size=2, max_size=8), pick=st.data())
+def test_similarity_clusters_at_a_threshold_equal_to_a_pairs_ratio(texts, pick):
+    """The threshold set to a pair's own difflib ratio: that pair sits exactly on it, so
+    the pre-filter must let it through; the clusters equal the literal loop's."""
+    i, j = pick.draw(st.integers(0, len(texts) - 1)), pick.draw(st.integers(0, len(texts) - 1))
+    thresh = SequenceMatcher(None, texts[i], texts[j]).ratio()
+    if not 0.0 < thresh < 1.0:
+        thresh = 0.5
+    n = len(texts)
+    from hgpo import StepBatch
+
+    batch = StepBatch(np.zeros(n, np.int64), np.arange(n), np.zeros(n, np.int64), np.zeros(n),
+                      np.zeros(n, np.int64))  # fmt: skip
+    got = similarity_clusters(batch, texts, thresh)
+    want = [c for _, c in ref_similarity_clusters(batch, texts, thresh)]
+    np.testing.assert_array_equal(got, want)

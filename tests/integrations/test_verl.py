@@ -345,3 +345,67 @@ def test_a_copied_row_with_step_index_is_a_named_error(hv, ray_trainer):
     data = DataProto.concat([data, data.select_idxs(np.array([3]))])
     with pytest.raises(ValueError, match=r"DataProto -> StepBatch: StepBatch\.step\["):
         ray_trainer.compute_advantage(data, adv_estimator="hgpo", config=algo_config({}))
+
+
+def _with_next_obs(ep, rows, data, seed: int) -> list[str]:
+    """Give ``data`` verl-agent's GraphGPO key ``next_obs`` (the next step's observation; after
+    a trajectory's last step its terminal observation: a room of its group, which may rejoin
+    the graph, or a place seen nowhere else); returns each trajectory's terminal."""
+    rng = np.random.default_rng(seed)
+    end = [
+        f"task {g}: room {int(rng.integers(0, 4))}" if rng.random() < 0.7 else f"end {i}"
+        for i, g in enumerate(ep.groups)
+    ]
+    nxt = [ep.obs[i][t + 1] if t + 1 < len(ep.obs[i]) else end[i] for i, t in rows]
+    data.non_tensor_batch["next_obs"] = np.array(nxt, dtype=object)
+    return end
+
+
+@pytest.mark.parametrize("layout", ["emitted", "shuffled"])
+def test_graphgpo_reads_next_obs_as_the_terminal_states(hv, ray_trainer, layout):
+    """non_tensor_batch['next_obs'] (verl-agent's GraphGPO key) becomes StepBatch.next_state,
+    keyed as anchor_obs: verl's compute_advantage with graphgpo equals ours on the episodes'
+    own batch with those terminal states; without the key, ours without them (the dead-end
+    reading); and the two differ here (a failed trajectory's end rejoins the graph)."""
+    from hgpo import StateIndexer, StepBatch, compute_advantages
+
+    seed = 31
+    ep = make_episodes(seed, n_per_group=6)
+    rows = rows_of(ep, layout, seed)
+    order = list(dict.fromkeys(i for i, _ in rows))
+    keys = StateIndexer()
+    states = [keys(ep.obs[i]).tolist() for i in order]
+    cfg = EstimatorConfig(gamma=GAMMA)
+    got = {}
+    for given in (True, False):
+        data = make_dataproto(ep, rows, step_index=layout == "shuffled")
+        end = _with_next_obs(ep, rows, data, seed) if given else None
+        out = ray_trainer.compute_advantage(
+            data, adv_estimator=hv.verl_name("graphgpo"), gamma=GAMMA, config=algo_config({})
+        )
+        batch = StepBatch.from_trajectories(
+            [ep.groups[i] for i in order], [ep.rewards[i] for i in order], states,
+            invalid=[[not v for v in ep.valid[i]] for i in order],
+            terminal_states=keys([end[i] for i in order]) if given else None,
+        )  # fmt: skip
+        ref = compute_advantages("graphgpo", batch, cfg)
+        assert ref.diagnostics["graph"]["terminal"] == ("next_state" if given else "dead_end")
+        start = dict(zip(order, batch.traj_start.tolist(), strict=True))
+        at = [start[i] + t for i, t in rows]
+        mask = data.batch["response_mask"].float()
+        want = torch.tensor(ref.advantages[at], dtype=torch.float32)[:, None] * mask
+        assert torch.equal(out.batch["advantages"], want)
+        got[given] = out.batch["advantages"]
+    assert not torch.equal(got[True], got[False])
+
+
+def test_a_next_obs_that_is_not_the_next_step_is_a_named_error(hv, ray_trainer):
+    ep = make_episodes(31)
+    rows = rows_of(ep, "emitted", 31)
+    data = make_dataproto(ep, rows)
+    _with_next_obs(ep, rows, data, 31)
+    data.non_tensor_batch["next_obs"][0] = "somewhere else"  # row 0 is not a last step
+    assert len(ep.obs[rows[0][0]]) > 1
+    with pytest.raises(ValueError, match=r"non_tensor_batch\['next_obs'\].*next_state\[0\]"):
+        ray_trainer.compute_advantage(data, adv_estimator=hv.verl_name("graphgpo"),
+                                      config=algo_config({}))  # fmt: skip

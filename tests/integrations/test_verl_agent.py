@@ -140,6 +140,92 @@ def test_trajectories_need_not_be_contiguous(estimator):
     torch.testing.assert_close(adv_p, adv[p], rtol=0, atol=1e-12)
 
 
+SIMILARITY = [
+    c
+    for c in json.loads(
+        (Path(__file__).parents[1] / "hgpo" / "data" / "gigpo_variants_golden.json").read_text()
+    )["cases"]
+    if c["estimator"] == "gigpo_similarity"
+]
+"""verl-agent's GiGPO with enable_similarity=True on random batches (the golden file of
+tests/hgpo/test_gigpo_variants_golden.py), inputs from the trainer glue of authors_inputs."""
+
+
+def _similarity_call(case: dict, float64: bool) -> torch.Tensor:
+    x = authors_inputs(case, float64=float64)
+    adv, ret = va.compute_gigpo_outcome_advantage(
+        token_level_rewards=x.token_level_rewards, step_rewards=x.step_rewards,
+        response_mask=x.response_mask, anchor_obs=np.array(case["observations"], dtype=object),
+        index=x.index, traj_index=x.traj_index, step_advantage_w=1.0, mode=MODES[case["env"]],
+        enable_similarity=True, similarity_thresh=case["thresh"],
+    )  # fmt: skip
+    assert adv is ret and adv.dtype == (torch.float64 if float64 else torch.float32)
+    return adv
+
+
+def test_enable_similarity_equals_the_authors_runs():
+    """Our gigpo_similarity through verl-agent's signature: every row equals the authors'
+    float64 run to 1e-7 x max(1, |A|) on float64 glue; on the float32 glue (as published),
+    the float32 run to 2e-6 x max(1, |A|) wherever our exact path agrees with both runs."""
+    from benchmarks.make_gigpo_variants_golden import ours as ours_variant
+
+    assert len(SIMILARITY) >= 8
+    assert any(c["thresh"] <= 0.8 and len(set(c["observations"])) > 2 for c in SIMILARITY)
+    for n, case in enumerate(SIMILARITY):
+        a = _first_token(_similarity_call(case, float64=True))
+        f32, f64 = np.asarray(case["reference_f32"]), np.asarray(case["reference_f64"])
+        ok = np.abs(a - f64) <= F64_TOL * np.maximum(1.0, np.abs(a))
+        assert ok.all(), f"case {n}: rows {np.flatnonzero(~ok)}: {a[~ok]} {f64[~ok]}"
+        a32 = _first_token(_similarity_call(case, float64=False))
+        exact_agrees = classify(ours_variant(case), f32, f64) == 0
+        ok = np.abs(a32 - f32) <= SIG32_TOL * np.maximum(1.0, np.abs(a32))
+        bad = exact_agrees & ~ok
+        assert not bad.any(), f"case {n}: rows {np.flatnonzero(bad)}: {a32[bad]} {f32[bad]}"
+
+
+def test_enable_similarity_clusters_in_the_rows_order_hand_worked():
+    """One rollout group of three one-step trajectories with texts A = "aaaa", B = "aaab",
+    C = "aabb" at threshold 0.7: difflib's ratio is 0.75 for (A, B) and (B, C), 0.5 for (A, C).
+    Episode scores all 0 (A^E = 0), step returns R = 1, 2, 4 for A, B, C, mode mean_norm.
+    Rows A, B, C: B joins A's cluster: {A, B} mean 1.5, {C}: A^S = -0.5, 0.5, 0.
+    Rows C, B, A: B joins C's cluster: {C, B} mean 3, {A}: A^S = 0 for A, -1 for B, 1 for C
+    (as the authors' build_step_group, which takes the rows in the order given)."""
+
+    def run(texts, R):
+        n = len(texts)
+        adv, _ = va.compute_gigpo_outcome_advantage(
+            token_level_rewards=torch.zeros((n, 2), dtype=torch.float64),
+            step_rewards=torch.tensor(R, dtype=torch.float64),
+            response_mask=torch.ones((n, 2), dtype=torch.float64),
+            anchor_obs=np.array(texts, dtype=object), index=np.array(["g"] * n, dtype=object),
+            traj_index=np.array([f"t{i}" for i in range(n)], dtype=object),
+            mode="mean_norm", enable_similarity=True, similarity_thresh=0.7,
+        )  # fmt: skip
+        return _first_token(adv).tolist()
+
+    assert run(["aaaa", "aaab", "aabb"], [1.0, 2.0, 4.0]) == [-0.5, 0.5, 0.0]
+    assert run(["aabb", "aaab", "aaaa"], [4.0, 2.0, 1.0]) == [1.0, -1.0, 0.0]
+    # enable_similarity=False groups equal texts only: three singletons
+    adv, _ = va.compute_gigpo_outcome_advantage(
+        token_level_rewards=torch.zeros((3, 2), dtype=torch.float64),
+        step_rewards=torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64),
+        response_mask=torch.ones((3, 2), dtype=torch.float64),
+        anchor_obs=np.array(["aaaa", "aaab", "aabb"], dtype=object),
+        index=np.array(["g"] * 3, dtype=object), traj_index=np.array(["a", "b", "c"], dtype=object),
+        mode="mean_norm",
+    )  # fmt: skip
+    assert _first_token(adv).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_enable_similarity_needs_text_observations(args):
+    args["anchor_obs"] = np.array([7] * len(args["anchor_obs"]), dtype=object)
+    with pytest.raises(
+        ValueError, match=r"^anchor_obs\[0\]: must be a str \(enable_similarity=True"
+    ):
+        va.compute_gigpo_outcome_advantage(**args, enable_similarity=True)
+    va.compute_gigpo_outcome_advantage(**args)  # equal numbers group without similarity
+
+
 def _coincident(case: dict, gamma: float = 1.0):
     """Inputs on which the registry's own one-batch encoding applies: gamma = 1 and no invalid
     actions, so step_rewards = R_t and every row's score = R_0 of its trajectory."""
@@ -221,7 +307,9 @@ def args():
 @pytest.mark.parametrize(
     ("fn", "opts", "names"),
     [
-        ("gigpo", dict(enable_similarity=True), "enable_similarity"),
+        ("gigpo", dict(enable_similarity="yes"), "enable_similarity"),
+        ("gigpo", dict(enable_similarity=True, similarity_thresh=1.0), "similarity_thresh"),
+        ("gigpo", dict(enable_similarity=True, similarity_thresh=True), "similarity_thresh"),
         ("gigpo", dict(mode="mean"), "mode"),
         ("gigpo", dict(step_advantage_w=float("nan")), "step_advantage_w"),
         ("hgpo", dict(history_length=-1), "history_length"),
@@ -417,6 +505,14 @@ def test_install_routes_every_name_to_the_registry(args):
         want = _direct(name, args, opts)
         assert torch.equal(data.batch["advantages"], want), shown
         assert data.batch["returns"] is data.batch["advantages"]
+    # verl-agent's own gigpo with its similarity options (algorithm.gigpo.enable_similarity)
+    args["anchor_obs"] = np.array([f"you see a mug {s}" for s in args["anchor_obs"]], dtype=object)
+    data = mod.compute_advantage(_data(args), "gigpo", gigpo_mode="mean_norm",
+                                 gigpo_enable_similarity=True, gigpo_similarity_thresh=0.9)  # fmt: skip
+    want = va.compute_gigpo_outcome_advantage(**args, mode="mean_norm", enable_similarity=True,
+                                              similarity_thresh=0.9)[0]  # fmt: skip
+    assert torch.equal(data.batch["advantages"], want)
+    assert not torch.equal(want, va.compute_gigpo_outcome_advantage(**args, mode="mean_norm")[0])
     assert mod.calls == []
     mod.compute_advantage(_data(args), "remax")
     assert mod.calls == ["remax"]  # verl-agent's own token-level estimators stay its own
@@ -669,7 +765,10 @@ def test_contract_route_bad_rows_are_named():
     with pytest.raises(ValueError, match=r"active_masks'\]\[3\] is False"):
         mod.compute_advantage(data, "graphgpo")
     data = _agent_data(CASES[0], next_obs=["elsewhere"] * len(CASES[0]["group"]))
-    with pytest.raises(ValueError, match=r"DataProto -> StepBatch: StepBatch.next_state"):
+    with pytest.raises(
+        ValueError,
+        match=r"DataProto -> StepBatch: non_tensor_batch\['next_obs'\].*StepBatch.next_state",
+    ):
         mod.compute_advantage(data, "graphgpo")
     data = _agent_data(CASES[0])
     with pytest.raises(KeyError, match=r"'step_entropy'.*'entropys'"):

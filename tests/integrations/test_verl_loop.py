@@ -24,7 +24,7 @@ pytest.importorskip("tokenizers")
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
 
-from hgpo import state_ids
+from hgpo import StateIndexer, state_ids
 from hgpo.integrations import verl_loop as vl
 from hgpo.integrations import verl_tasks
 from hgpo.options import OptionError
@@ -81,6 +81,7 @@ def compare(tok, env, options, tasks, n, policy=scripted_text):
             ef = out.extra_fields
             assert ef["uid"] == uid and ef["traj_uid"] == f"{uid}_{i % n}"
             assert ef["anchor_obs"] == roll.key[r]
+            assert ef["next_obs"] == roll.next_key[r] is not None
             assert ef["step_index"] == roll.step[r]
             assert ef["rewards"] == roll.reward[r]
             assert ef["is_action_valid"] is (not roll.invalid[r])
@@ -101,6 +102,9 @@ def check_contract(flat, roll):
     np.testing.assert_array_equal(cols["step_index"].astype(np.int64), want.step)
     np.testing.assert_array_equal(cols["rewards"].astype(np.float64), want.reward)
     np.testing.assert_array_equal(state_ids(list(cols["anchor_obs"])), want.state)
+    keys = StateIndexer()  # next_obs keyed as anchor_obs: the trainer's next_state
+    keys(list(cols["anchor_obs"]))
+    np.testing.assert_array_equal(keys(list(cols["next_obs"])), want.next_state)
     np.testing.assert_array_equal(~cols["is_action_valid"].astype(bool), want.invalid)
 
 

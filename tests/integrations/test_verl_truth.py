@@ -100,6 +100,7 @@ def verl_batch(vt, roll, pad_token_id: int, perm: np.ndarray, rewards_key: bool)
         "uid": np.array([f"task-{g}" for g in roll.group], dtype=object),
         "traj_uid": np.array([f"ep-{t}" for t in roll.traj], dtype=object),
         "anchor_obs": np.array(roll.key, dtype=object),
+        "next_obs": np.array(roll.next_key, dtype=object),  # (as verl_loop's outputs carry it)
         "step_index": np.array(roll.step, dtype=object),
         "is_action_valid": np.array([not b for b in roll.invalid], dtype=object),
         vt.TRUTH_KEY: np.array(roll.hidden, dtype=object),
@@ -306,9 +307,9 @@ def test_v1_trainer_mode_logs_the_same_truth(vt, played, monkeypatch):
         for i in range(len(roll)):
             key = f"task-{roll.group[i]}_{roll.traj[i]}_{roll.step[i]}"
             extra = {"uid": f"task-{roll.group[i]}", "traj_uid": f"ep-{roll.traj[i]}",
-                     "anchor_obs": roll.key[i], "step_index": int(roll.step[i]),
-                     "rewards": float(roll.reward[i]), "is_action_valid": not roll.invalid[i],
-                     vt.TRUTH_KEY: int(roll.hidden[i])}  # fmt: skip
+                     "anchor_obs": roll.key[i], "next_obs": roll.next_key[i],
+                     "step_index": int(roll.step[i]), "rewards": float(roll.reward[i]),
+                     "is_action_valid": not roll.invalid[i], vt.TRUTH_KEY: int(roll.hidden[i])}  # fmt: skip
             r = torch.tensor(roll.response_ids[i])
             rows[key] = {"responses": r, "response_mask": torch.ones_like(r),
                          "rm_scores": torch.zeros(r.shape), "extra_fields": extra}  # fmt: skip

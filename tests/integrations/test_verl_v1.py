@@ -82,6 +82,30 @@ def test_attached_v1_metadata_gives_the_verl_agent_batchs_advantages(hv, layout)
     assert got.batch["advantages"].abs().sum() > 0
 
 
+def test_next_obs_comes_from_the_outputs_extra_fields(hv):
+    """An agent loop's ``next_obs`` (hgpo.integrations.verl_loop sets it) becomes the batch's
+    column, row for row, and graphgpo then reads the terminal states: its advantages equal
+    those of the verl-agent-style DataProto with the same column."""
+    from hgpo.integrations.verl_v1 import attach_v1_metadata
+
+    ep = make_episodes(21)
+    rows = rows_of(ep, "shuffled", 21)
+    nxt = [ep.obs[i][t + 1] if t + 1 < len(ep.obs[i]) else f"end {i}" for i, t in rows]
+    keys, extra = v1_outputs(ep, rows)
+    for f, o in zip(extra, nxt, strict=True):
+        f["next_obs"] = o
+    data = v1_dataproto(ep, rows)
+    attach_v1_metadata(data, keys, extra)
+    assert data.non_tensor_batch["next_obs"].tolist() == nxt
+    want = make_dataproto(ep, rows, step_index=True)
+    want.non_tensor_batch["next_obs"] = np.array(nxt, dtype=object)
+    name = hv.verl_name("graphgpo")
+    a = hv.compute_advantage(data, name, gamma=GAMMA, config=algo_config({}))
+    b = hv.compute_advantage(want, name, gamma=GAMMA, config=algo_config({}))
+    assert torch.equal(a.batch["advantages"], b.batch["advantages"])
+    assert a.batch["advantages"].abs().sum() > 0
+
+
 def test_bad_v1_metadata_is_named(hv):
     from hgpo.integrations.verl_v1 import attach_v1_metadata
 

@@ -18,10 +18,11 @@ def walk(
     obs_of_state, next_state, next_prob, invalid, reward_enter, terminal,
     htab, codes, logits, cdf, count, init_mode, init_seed, init_scale, inv_temp,
     o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx,
-    o_keys,
+    o_keys, o_next,
 ):  # fmt: skip
     """Run one trajectory from snapshot (s, P, t) with stream ``st`` until it terminates,
-    writing rows from ``row``, with the dynamics of ``_kernels.rollout_kernel``.
+    writing rows from ``row``, with the dynamics of ``_kernels.rollout_kernel`` (``o_next``:
+    the observation of the state each step led to).
 
     Returns (next row, success, ok); ok is False when the policy table filled up.
     """
@@ -56,6 +57,7 @@ def walk(
         o_invalid[row] = invalid[s, a]
         o_hidden[row] = s
         o_ctx[row] = c
+        o_next[row] = obs_of_state[s2]
         row += 1
         t += 1
         if terminal[s2]:
@@ -232,7 +234,7 @@ def branch_kernel(
     htab, codes, logits, cdf, count, init_mode, init_seed, init_scale, inv_temp,
     steps, root_steps, rule, at_depth, spo3,
     o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx,
-    o_keys, o_success,
+    o_next, o_keys, o_success,
 ):  # fmt: skip
     """Every group: roots until ``root_steps`` rows (at least one), then branches by ``rule``
     until ``steps`` rows. Returns (rows, trajectories), or (-1, 0) when the table filled up."""
@@ -288,7 +290,7 @@ def branch_kernel(
                 obs_of_state, next_state, next_prob, invalid, reward_enter, terminal,
                 htab, codes, logits, cdf, count, init_mode, init_seed, init_scale, inv_temp,
                 o_group, o_traj, o_parent, o_step, o_reward, o_obs, o_action, o_invalid,
-                o_hidden, o_ctx, o_keys,
+                o_hidden, o_ctx, o_keys, o_next,
             )  # fmt: skip
             if not ok:
                 return -1, 0

@@ -15,8 +15,8 @@ def rollout_kernel(
     starts, n_rollouts, seed, horizon, K, n_obs, powM,
     obs_of_state, next_state, next_prob, invalid, reward_enter, terminal,
     htab, codes, logits, cdf, count, init_mode, init_seed, init_scale, inv_temp,
-    o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_keys,
-    o_success, o_len,
+    o_group, o_traj, o_step, o_reward, o_obs, o_action, o_invalid, o_hidden, o_ctx, o_next,
+    o_keys, o_success, o_len,
 ):  # fmt: skip
     """Roll out every start state ``n_rollouts`` times; trajectory g * n_rollouts + j.
 
@@ -24,6 +24,7 @@ def rollout_kernel(
     len(starts) * n_rollouts * horizon) and returns the number of rows, or -1 when the policy
     table filled up (the caller grows it and calls again; nothing else is mutated).
     o_keys: int64[K + 1, cap] the k-step context code of each step (row K = full context).
+    o_next: int64[cap] the observation of the state each step led to.
     """
     A = next_state.shape[1]
     M = (n_obs + 1) * (A + 1)
@@ -74,6 +75,7 @@ def rollout_kernel(
                 o_invalid[row] = invalid[s, a]
                 o_hidden[row] = s
                 o_ctx[row] = c
+                o_next[row] = obs_of_state[s2]
                 row += 1
                 t += 1
                 if terminal[s2]:

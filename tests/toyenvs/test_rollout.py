@@ -71,6 +71,38 @@ def test_batch_follows_the_env(key: str) -> None:
     np.testing.assert_array_equal(rb.context, pol.index_of(rb.code, insert=False))
 
 
+@pytest.mark.parametrize("key", sorted(SMALL))
+@pytest.mark.parametrize("scheme", ["independent", "branch:uniform"])
+def test_next_state_is_the_observation_each_step_led_to(key: str, scheme: str) -> None:
+    """next_state = the next row's state within a trajectory; after its last step, the
+    observation of the state the env moved to: a successor the env draws with positive
+    probability from (s_T-1, a_T-1), whose entering reward is the step's reward and which is
+    terminal unless the horizon cut the trajectory (exactly the env's successor where the move
+    is deterministic). The branched rollouts' too."""
+    env = make_small(key)
+    pol = toyenvs.TabularPolicy(env, K=2, init="random", seed=3)
+    steps = None if scheme == "independent" else 40
+    rb = toyenvs.rollout(env, pol, n_rollouts=5, seed=0, scheme=scheme, steps=steps)
+    b = rb.batch
+    assert b.next_state is not None
+    last = b.traj_start + b.traj_len - 1
+    inner = np.ones(b.n_steps, bool)
+    inner[last] = False
+    np.testing.assert_array_equal(b.next_state[inner], b.state[1:][inner[:-1]])
+    s, a = rb.hidden[last], b.action[last]
+    support, prob = env.next_state[s, a], env.next_prob[s, a]
+    fits = (prob > 0) & (env.obs_of_state[support] == b.next_state[last][:, None])
+    fits &= env.reward_enter[support] == b.reward[last][:, None]
+    cut = b.step[last] + 1 == env.horizon
+    fits &= env.terminal[support] | cut[:, None]
+    assert fits.any(axis=1).all()
+    det = prob[:, 0] == 1.0
+    assert det.any()
+    np.testing.assert_array_equal(b.next_state[last][det], env.obs_of_state[support[det, 0]])
+    if key in ("tmaze", "random"):  # trajectories that end in a terminal state, and others
+        assert cut.any() and (~cut).any()
+
+
 def test_context_keys_match_the_encoding() -> None:
     env = make_small("household")
     K = 3
@@ -104,7 +136,8 @@ def _run_kernel(fn, env: toyenvs.POMDP, K: int = 2) -> tuple[int, dict]:
     pol = toyenvs.TabularPolicy(env, K=K, init="random", seed=1)
     tasks = env.tasks[:3]
     buf = alloc_buffers(3 * 5 * env.horizon, 15, K)
-    names = ("group", "traj", "step", "reward", "state", "action", "invalid", "hidden", "context")
+    names = ("group", "traj", "step", "reward", "state", "action", "invalid", "hidden", "context",
+             "next_state")  # fmt: skip
     with np.errstate(over="ignore"):
         n = fn(tasks, 5, 9, env.horizon, K, pol.n_obs, pol.powM, *env_args(env),
                *pol.kernel_tables(), *(buf[k] for k in names), buf["context_keys"],

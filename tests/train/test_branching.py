@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from agentenvs.toytext import parse_toy_spec, render
 from hgpo.keys import hierarchy
 from hgpo.options import OptionError
 from hgpo.train.branched_play import BranchPlan, Candidates, Traj, choose, play_branched
@@ -76,6 +77,15 @@ def test_every_scheme_plays_a_valid_branched_batch(tiny, scheme):
 def _check_prefixes(roll) -> None:
     batch = roll.step_batch()  # the core validates parents, branch steps and first states
     assert batch.branches is not None and roll.n_branches > 0
+    # next_state: validated against the next row within a trajectory; after a trajectory's
+    # last step, the observation of one of the env's successors of its hidden state
+    assert batch.next_state is not None
+    env = parse_toy_spec(ENV).build()
+    text = render(env)
+    for i in (batch.traj_start + batch.traj_len - 1).tolist():
+        h = roll.hidden[i]
+        after = {text.obs_text[int(env.obs_of_state[s])] for s in env.next_state[h].ravel()}
+        assert roll.next_key[i] in after | {text.obs_text[int(env.obs_of_state[h])]}
     rows_of = {}
     for r, (tr, t) in enumerate(zip(roll.traj, roll.step, strict=True)):
         rows_of.setdefault(tr, {})[t] = r

@@ -1,6 +1,7 @@
 """The per-step inputs the trainer hands the estimator it trains (hgpo.STEP_INPUTS): the
 policy's entropy (score mode: exact over the candidates; generate mode: the mean token entropy
-of the scoring pass) and the observation text, each only to an estimator that reads it."""
+of the scoring pass) and the observation text, each only to an estimator that reads it; and
+the batch's ``next_state`` column (graphgpo's terminal states)."""
 
 from __future__ import annotations
 
@@ -158,6 +159,45 @@ def test_score_mode_entropy_comes_from_the_rollouts_candidates(tiny, reader):
     inputs = estimator_inputs("test_reader", roll, Scored([]), "score")
     np.testing.assert_allclose(inputs["entropy"], want, rtol=1e-9)
     assert inputs["observations"] == _observation_texts(roll)
+
+
+def test_the_batch_records_the_observation_each_step_led_to(tiny, monkeypatch):
+    """Rollout.next_key / StepBatch.next_state: within a trajectory the next step's key; after
+    its last step the key of the observation the env returned (checked against the env's own
+    hidden state after that step, whether the episode ended or max_steps cut it), keyed with
+    the states' keys; graphgpo then reads it."""
+    from hgpo import compute_advantages
+    from hgpo.train.envs import EnvSet
+
+    final: dict[int, int] = {}  # slot -> the env's hidden state after its last step
+    step = EnvSet.step
+
+    def recording(self, actions):
+        live = [i for i in range(len(actions)) if not self.done(i)]
+        out = step(self, actions)
+        for i in live:
+            final[i] = int(out[3][i]["hidden_state"])
+        return out
+
+    monkeypatch.setattr(EnvSet, "step", recording)
+    cfg = _cfg(max_steps=4, action_mode="score")  # (valid moves: the states change)
+    roll = _play(tiny, cfg)
+    batch = roll.step_batch()
+    assert batch.next_state is not None and len(roll.next_key) == len(roll)
+    last = batch.traj_start + batch.traj_len - 1
+    inner = np.setdiff1d(np.arange(len(roll)), last)
+    assert [roll.next_key[i] for i in inner] == [roll.key[i + 1] for i in inner]
+    assert any(roll.key[i] != roll.key[i + 1] for i in inner)
+    env = parse_toy_spec(ENV).build()
+    text = render(env)
+    want = [text.obs_text[int(env.obs_of_state[final[tr]])] for tr in range(batch.n_traj)]
+    assert [roll.next_key[i] for i in last] == want
+    keys = {k: s for k, s in zip(roll.key, batch.state.tolist(), strict=True)}
+    for i in last:  # a terminal observation seen as a state has that state's key
+        if roll.next_key[i] in keys:
+            assert batch.next_state[i] == keys[roll.next_key[i]]
+    out = compute_advantages("graphgpo", batch, cfg.estimator_config())
+    assert out.diagnostics["graph"]["terminal"] == "next_state"
 
 
 def test_a_values_reader_trains_a_critic_and_an_unknown_name_lists_the_registered():
