@@ -21,10 +21,19 @@ How the figures are made:
 
 A claim "holds" only when significant (studies.verdict): an interval of the difference clear
 of 0, or a Holm-corrected p < 0.05.
+
+**Units.** bias^2, variance and MSE compare an estimate with A* in reward units, which is fair
+only for an estimator whose advantages are deviations of the env's own step returns. Some are
+not: GraphGPO's returns are 10 gamma^d of a graph distance, 3SPO's a shaped reward. Each
+estimator is probed once (:func:`in_reward_units`: are its ``returns`` the env's
+``hgpo.step_returns`` on a small toy batch?); the summary ranks bias^2, variance and MSE among
+the estimators in reward units only and names the others, whose scale-free figures (sign
+agreement, gradient cosine) are the ones to compare. The table shows every figure.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -33,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from hgpo import compute_advantages, step_returns
 from hgpo.estimator_registry import get_spec
 from studies.bias_variance_report import base_rows, best_counts
 from studies.io import write_csv
@@ -54,6 +64,29 @@ METRICS = (
     ("grad_cos", "gradient cosine", False),
 )
 """(column, name, lower is better) of the bias/variance figures."""
+
+UNIT_METRICS = ("bias2", "variance", "mse")
+"""The figures in reward units, ranked among the estimators in reward units only."""
+
+
+@functools.cache
+def in_reward_units(name: str) -> bool:
+    """Whether estimator ``name``'s advantages are deviations of the env's step returns: its
+    ``returns`` equal ``hgpo.step_returns`` (norm = mean, gae_lambda = 1 as the studies run
+    it) on a fixed toy batch (keydoor 4x4, a random table policy, 4 groups x 4 rollouts), with
+    the inputs it reads from studies.step_inputs (values 0)."""
+    import toyenvs
+    from hgpo import EstimatorConfig
+    from studies.step_inputs import StepInputs
+
+    env = toyenvs.make("keydoor", size=4)
+    pol = toyenvs.TabularPolicy(env, K=2, init="random", seed=0)
+    rb = toyenvs.rollout(env, pol, env.tasks[:4], 4, 0)
+    cfg = EstimatorConfig(K=2, norm="mean", gae_lambda=1.0)
+    inputs = StepInputs(env, rb, np.zeros(rb.n_steps), lambda: pol.probs(rb.context))
+    out = compute_advantages(name, rb.batch, cfg, **inputs.of(name))
+    return bool(np.allclose(out.returns, step_returns(rb.batch, cfg), rtol=1e-9, atol=1e-12))
+
 
 ALPHA = 0.05
 
@@ -192,7 +225,8 @@ def build_table(cfg: Any, bv: dict, tt: dict, llm: dict | None) -> tuple[list[di
             spec = get_spec(e) if _registered(e) else None
             row: dict[str, Any] = {"policy": _policy_label(p, cfg), "estimator": e,
                                    "origin": spec.origin if spec else "?",
-                                   "reads": " ".join(spec.reads) if spec else ""}  # fmt: skip
+                                   "reads": " ".join(spec.reads) if spec else "",
+                                   "reward_units": in_reward_units(e)}  # fmt: skip
             for m, _, _ in METRICS:
                 f = llm_figure(batches, e, m) if p == "llm" else cell_figure(bv[p], e, m)
                 row.update({m: f.value, f"{m}_lo": f.lo, f"{m}_hi": f.hi})
@@ -242,7 +276,11 @@ def table_md(table: list[dict[str, Any]], base: str) -> str:
             cells.append(f"{r['auc_diff']:+.3f} ({r['auc_p_holm']:.2g}){star}")
         else:
             cells.append("-")
-        lines.append(f"| {r['policy']} | {r['estimator']} | " + " | ".join(cells) + " |")
+        mark = "" if r.get("reward_units", True) else " †"
+        lines.append(f"| {r['policy']} | {r['estimator']}{mark} | " + " | ".join(cells) + " |")
+    if any(not r.get("reward_units", True) for r in table):
+        lines += ["", "† not in reward units: its bias², variance and MSE are not comparable with "
+                  "the others' (see the summary)."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -265,7 +303,11 @@ def diffs_md(table: list[dict], diffs: list[dict], base: str) -> str:
             cells.append(f"{r['auc_diff']:+.3f} ({r['auc_p']:.2g}, {r['auc_p_holm']:.2g}){star}")
         else:
             cells.append("-")
-        lines.append(f"| {r['policy']} | {r['estimator']} | " + " | ".join(cells) + " |")
+        mark = "" if r.get("reward_units", True) else " †"
+        lines.append(f"| {r['policy']} | {r['estimator']}{mark} | " + " | ".join(cells) + " |")
+    if any(not r.get("reward_units", True) for r in table):
+        lines += ["", "† not in reward units: its bias², variance and MSE are not comparable with "
+                  "the others' (see the summary)."]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -292,10 +334,10 @@ def _winner_line(p: str, rows: list[dict], bv: dict, batches: list[dict], m: str
                  lower: bool, ests: tuple[str, ...]) -> str:  # fmt: skip
     """``MSE: lowest oracle 3.2 [..], next hgpo 3.4 [..]; oracle's lead 0.19 (95% CI [..]) is not
     significant; per cell: ...``"""
-    ranked = sorted((r for r in rows if math.isfinite(r[m])), key=lambda r: r[m],
-                    reverse=not lower)  # fmt: skip
+    ranked = sorted((r for r in rows if math.isfinite(r[m]) and _comparable(r, m)),
+                    key=lambda r: r[m], reverse=not lower)  # fmt: skip
     if len(ranked) < 2:
-        return f"{name}: fewer than two estimators measured"
+        return f"{name}: fewer than two estimators measured in reward units"
     best, nxt = ranked[0], ranked[1]
     d = _diff(p, bv, batches, best["estimator"], nxt["estimator"], m)
     lead = Figure(-d.value, -d.hi, -d.lo, d.n) if lower else d
@@ -316,19 +358,40 @@ def _vs_base_line(p: str, rows: list[dict], diffs: list[dict], m: str, name: str
                   base: str) -> str:  # fmt: skip
     """``Against hgpo on MSE: lower (better): a (-0.3 [..]); higher (worse): b; within noise: c``."""
     by = {d["estimator"]: d for d in diffs if d["policy"] == rows[0]["policy"] and d["metric"] == m}
+    own = {r["estimator"] for r in rows if not _comparable(r, m)}
     better, worse, noise = [], [], []
     for e, d in by.items():
         f = Figure(d["diff"], d["lo"], d["hi"], d["n"])
-        if not math.isfinite(f.value):
+        if not math.isfinite(f.value) or e in own:
             continue
         good = (f.value < 0) == lower
         (noise if not f.significant else better if good else worse).append(
             f"{e} ({f.text('+.3g')})" if f.significant else e
         )
     lo, hi = ("lower", "higher") if lower else ("higher", "lower")
-    return (f"against {base} on {name}: {lo} (better): {', '.join(better) or 'none'}; "
+    line = (f"against {base} on {name}: {lo} (better): {', '.join(better) or 'none'}; "
             f"{hi} (worse): {', '.join(worse) or 'none'}; within noise: "
-            f"{', '.join(noise) or 'none'}.")  # fmt: skip
+            f"{', '.join(noise) or 'none'}")  # fmt: skip
+    return line + (f"; not in reward units: {', '.join(sorted(own))}." if own else ".")
+
+
+def _comparable(row: dict[str, Any], m: str) -> bool:
+    """Whether ``row``'s figure ``m`` can be ranked against the others': a scale-free one, or
+    one in reward units from an estimator in reward units (:func:`in_reward_units`)."""
+    return m not in UNIT_METRICS or bool(row.get("reward_units", True))
+
+
+def _units_note(table: list[dict[str, Any]]) -> list[str]:
+    """The sentence naming the estimators whose advantages are not in reward units."""
+    own = sorted({r["estimator"] for r in table if not r.get("reward_units", True)})
+    if not own:
+        return []
+    names = ", ".join(own)
+    return [
+        f"Not in reward units (the returns they compare are not the env's step returns): "
+        f"{names}; their bias², variance and MSE are in the table but not ranked against the "
+        "others: compare them on sign agreement and gradient cosine."
+    ]
 
 
 def _auc_line(rows: list[dict], tests: list[dict], p: str, base: str, n_envs: int) -> str:
@@ -362,7 +425,8 @@ def summary_lines(cfg: Any, table: list[dict], diffs: list[dict], tests: list[di
           "95% intervals; a lead or a difference is called significant only when its interval "
           "is clear of 0 (bias/variance figures: conservative intervals over the cells; LLM: "
           "paired over batches) or its Holm-corrected Welch p < 0.05 (auc). bias², variance and "
-          "MSE are in squared reward units (norm = mean).", *_inputs_note(table), ""]  # fmt: skip
+          "MSE are in squared reward units (norm = mean).", *_units_note(table), *_inputs_note(table),
+          ""]  # fmt: skip
     for p in [*cfg.policies, *(["llm"] if llm else [])]:
         label = _policy_label(p, cfg)
         rows = [r for r in table if r["policy"] == label]

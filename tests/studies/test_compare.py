@@ -18,6 +18,7 @@ import pytest
 
 import hgpo
 from studies import bias_variance as BV
+from studies import compare_report as R
 from studies import compare_study as C
 from studies import train_toy as TT
 from studies.compare_report import cell_diff, cell_figure, llm_diff
@@ -168,6 +169,28 @@ def test_pooling_over_cells_hand_worked():
     batches = [{"truth/a/mse": x, "truth/b/mse": y} for x, y in ((1, 0), (2, 1), (np.nan, 0))]
     p = llm_diff(batches, "a", "b", "mse")
     assert (p.value, p.n, p.lo, p.hi) == (1.0, 2, 1.0, 1.0)  # the same difference twice
+
+
+def test_estimators_not_in_reward_units_are_not_ranked_on_reward_unit_figures():
+    """graphgpo's returns are 10 gamma^d and 3spo's a shaped reward: not the env's step returns,
+    so their bias^2 / variance / MSE are not ranked (nor compared with the baseline's); the
+    scale-free figures are. Every estimator in reward units is."""
+    assert not R.in_reward_units("graphgpo") and not R.in_reward_units("3spo")
+    for name in ("grpo", "gigpo", "hgpo", "gae", "empg", "gigpo_dynamic", "gigpo_similarity"):
+        assert R.in_reward_units(name), name
+    rows = [{"policy": "tabular", "estimator": e, "mse": v, "mse_lo": v - 0.1, "mse_hi": v + 0.1,
+             "sign": v, "sign_lo": v - 0.1, "sign_hi": v + 0.1, "reward_units": u}
+            for e, v, u in (("own", 0.1, False), ("hgpo", 3.0, True), ("grpo", 9.0, True))]  # fmt: skip
+    line = R._winner_line("tabular", rows, {"tabular": []}, [], "mse", "MSE", True, ())
+    assert line.startswith("MSE: lowest **hgpo** 3") and "own" not in line
+    line = R._winner_line("tabular", rows, {"tabular": []}, [], "sign", "sign", False, ())
+    assert line.startswith("sign: highest **grpo**")
+    diffs = [{"policy": "tabular", "estimator": e, "metric": "mse", "diff": d, "lo": d - 1,
+              "hi": d + 1, "n": 2} for e, d in (("own", -2.9), ("grpo", 6.0))]  # fmt: skip
+    line = R._vs_base_line("tabular", rows, diffs, "mse", "MSE", True, "hgpo")
+    assert "higher (worse): grpo" in line and line.endswith("not in reward units: own.")
+    md = R.table_md(rows, "hgpo")
+    assert "| tabular | own † |" in md and "† not in reward units" in md
 
 
 def test_the_llm_rows_come_from_finished_runs_without_running_them(tmp_path, tiny):
