@@ -348,7 +348,8 @@ def _winner_line(p: str, rows: list[dict], bv: dict, batches: list[dict], m: str
             f"{_fig(best, m).text()}, next {nxt['estimator']} {_fig(nxt, m).text()}; the lead "
             f"{lead.text('.3g')} is **{word}**")  # fmt: skip
     if p != "llm":
-        cells = {k: [r for r in v if r["estimator"] in ests]
+        ranked_names = {r["estimator"] for r in ranked}
+        cells = {k: [r for r in v if r["estimator"] in ests and r["estimator"] in ranked_names]
                  for k, v in base_rows(bv[p], "mean").items()}  # fmt: skip
         line += f"; per cell: {best_counts(cells, m, lower)}"
     return line + "."
