@@ -46,7 +46,7 @@ from hgpo.estimators import (
 )
 from hgpo.gigpo_variants import gigpo_dynamic, gigpo_similarity
 from hgpo.graphgpo import graphgpo
-from hgpo.returns import check_finite, check_step_values
+from hgpo.returns import check_finite, check_step_texts, check_step_values
 from hgpo.threespo import threespo
 
 __all__ = [
@@ -283,22 +283,6 @@ def readers_of(key: str) -> list[str]:
 # --------------------------------------------------------------------------- running one
 
 
-def _check_observations(batch: StepBatch, observations: Any, name: str) -> list[str]:
-    n = batch.n_steps
-    if isinstance(observations, str | bytes) or not isinstance(observations, Sequence | np.ndarray):
-        raise ValueError(
-            f"{name}: must be a sequence of {n} str, one per step, got "
-            f"{type(observations).__name__}"
-        )
-    obs = list(observations)
-    if len(obs) != n:
-        raise ValueError(f"{name}: must be one str per step, {n}, got {len(obs)}")
-    for i, o in enumerate(obs):
-        if not isinstance(o, str):
-            raise ValueError(f"{name}[{i}] is {o!r}; every observation must be a str")
-    return obs
-
-
 def _checked_inputs(
     name: str, spec: EstimatorSpec, batch: StepBatch, given: dict[str, Any]
 ) -> dict[str, Any]:
@@ -318,7 +302,7 @@ def _checked_inputs(
             raise ValueError(f"estimator {name!r} needs {key}: {STEP_INPUTS[key]}")
         where = f"{name}: {key}"
         if key == "observations":
-            out[key] = _check_observations(batch, value, where)
+            out[key] = check_step_texts(batch, value, where)
             continue
         arr = check_step_values(batch, value, where)
         if key == "entropy" and (arr < 0).any():

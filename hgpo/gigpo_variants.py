@@ -23,7 +23,7 @@ from hgpo.batch import StepBatch
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import Advantages, check_inputs, gigpo
 from hgpo.groups import dense_rank
-from hgpo.returns import episode_returns
+from hgpo.returns import check_step_texts, episode_returns
 
 __all__ = ["dynamic_keep", "gigpo_dynamic", "gigpo_similarity", "similarity_clusters"]
 
@@ -173,18 +173,7 @@ def check_observations(name: str, batch: StepBatch, observations: object) -> lis
             f"estimator {name!r} needs observations: a sequence of {n} str, the observation "
             "text of every step"
         )
-    if isinstance(observations, str | bytes) or not isinstance(observations, Sequence | np.ndarray):
-        raise ValueError(
-            f"{name}: observations: must be a sequence of {n} str, one per step, got "
-            f"{type(observations).__name__}"
-        )
-    obs = list(observations)
-    if len(obs) != n:
-        raise ValueError(f"{name}: observations: must be one str per step, {n}, got {len(obs)}")
-    for i, o in enumerate(obs):
-        if not isinstance(o, str):
-            raise ValueError(f"{name}: observations[{i}] is {o!r}; every observation must be a str")
-    return obs
+    return check_step_texts(batch, observations, f"{name}: observations")
 
 
 def gigpo_similarity(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from hgpo.batch import StepBatch
@@ -63,6 +65,23 @@ def check_step_values(batch: StepBatch, values: object, name: str) -> np.ndarray
         i = int(np.flatnonzero(~finite)[0])
         raise ValueError(f"{name}[{i}] is {float(arr[i])}; every value must be finite")
     return arr
+
+
+def check_step_texts(batch: StepBatch, texts: object, name: str) -> list[str]:
+    """``texts`` as a list of str, one per step of ``batch`` (e.g. the observation text of
+    every step); a ValueError naming ``name`` otherwise (one str, another length, a non-str)."""
+    n = batch.n_steps
+    if isinstance(texts, str | bytes) or not isinstance(texts, Sequence | np.ndarray):
+        raise ValueError(
+            f"{name}: must be a sequence of {n} str, one per step, got {type(texts).__name__}"
+        )
+    out = list(texts)
+    if len(out) != n:
+        raise ValueError(f"{name}: must be one str per step, {n}, got {len(out)}")
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise ValueError(f"{name}[{i}] is {t!r}; every observation must be a str")
+    return out
 
 
 def penalised_rewards(batch: StepBatch, invalid_penalty: float) -> np.ndarray:
