@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
-import json
 import sys
 import tempfile
 import types
@@ -66,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.make_verl_agent_golden import write_golden
 from hgpo import EstimatorConfig, StepBatch, compute_advantages
 from hgpo.options import ArgumentParser
 from hgpo.threespo import SPO3_SOURCE, rollout_allocation, state_score, state_visits
@@ -307,26 +307,13 @@ def _compare(args: argparse.Namespace, core: types.ModuleType) -> _Report:
     return rep
 
 
-def _write_golden(golden: list[dict[str, Any]], seed: int) -> None:
-    import torch
-
-    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "about": (
-            "Inputs and the outputs of the 3SPO authors' code (gigpo/core_3spo.py: "
-            "StateScoreManager, compute_3spo_step_reward, get_n_rollouts, "
-            "compute_3spo_advantage) made by benchmarks/make_3spo_golden.py; reference_f32 "
-            "with float32 step rewards, reference_f64 the same in float64; reference_shaped "
-            "the step rewards of Eq. 2, reference_n_rollouts the allocation of Eq. 3 (G_max 8)."
-        ),
-        "reference": SPO3_SOURCE,
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "seed": seed,
-        "cases": golden,
-    }
-    GOLDEN.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size / 1024:.0f} KiB, {len(golden)} cases)")
+ABOUT = (
+    "Inputs and the outputs of the 3SPO authors' code (gigpo/core_3spo.py: "
+    "StateScoreManager, compute_3spo_step_reward, get_n_rollouts, "
+    "compute_3spo_advantage) made by benchmarks/make_3spo_golden.py; reference_f32 "
+    "with float32 step rewards, reference_f64 the same in float64; reference_shaped "
+    "the step rewards of Eq. 2, reference_n_rollouts the allocation of Eq. 3 (G_max 8)."
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -359,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in rep.bad:
         print("MISMATCH", line)
     if args.write:
-        _write_golden(rep.golden, args.seed)
+        write_golden(GOLDEN, ABOUT, SPO3_SOURCE, args.seed, rep.golden)
     return 1 if rep.bad else 0
 
 

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 import types
 from contextlib import redirect_stdout
@@ -65,6 +64,8 @@ from benchmarks.make_verl_agent_golden import (
     _reference_inputs,
     case_batch,
     classify,
+    load_modules,
+    write_golden,
 )
 from hgpo import compute_advantages, reference_config
 from hgpo.options import ArgumentParser
@@ -100,17 +101,17 @@ ENTROPIES = np.array([0.0, 0.3, 0.3, 0.8, 1.7, 2.5, 4.0])
 
 def load_reference(ref_dir: Path, float64: bool) -> dict[str, types.ModuleType]:
     """Import the copied modules (optionally with float32 -> float64)."""
-    sys.path.insert(0, str(ref_dir))  # for the verl stub
-    mods = {}
-    for name in ("core_gigpo", "rollout_utils", "empg_core_algos"):
-        src = (ref_dir / f"{name}.py").read_text()
-        if float64:
-            src = src.replace("float32", "float64")
-        mod = types.ModuleType(f"ref_{name}_{'f64' if float64 else 'f32'}")
-        exec(compile(src, str(ref_dir / f"{name}.py"), "exec"), mod.__dict__)
-        mods[name] = mod
+    mods = load_modules(ref_dir, ("core_gigpo", "rollout_utils", "empg_core_algos"), float64)
     mods["core_hgpo"] = mods["core_gigpo"]  # what _reference_inputs takes DataProto from
     return mods
+
+
+ABOUT = (
+    "Inputs and the outputs of public code for gigpo_similarity and gigpo_dynamic "
+    "(verl-agent) and empg (ARLArena's implementation), made by "
+    "benchmarks/make_gigpo_variants_golden.py; reference_f32 as published, "
+    "reference_f64 the same code with float32 replaced by float64."
+)
 
 
 def random_case(rng: np.random.Generator, estimator: str) -> dict[str, Any]:
@@ -340,21 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         golden += cases
         status |= bool(bad)
     if args.write:
-        doc = {
-            "about": (
-                "Inputs and the outputs of public code for gigpo_similarity and gigpo_dynamic "
-                "(verl-agent) and empg (ARLArena's implementation), made by "
-                "benchmarks/make_gigpo_variants_golden.py; reference_f32 as published, "
-                "reference_f64 the same code with float32 replaced by float64."
-            ),
-            "reference": REF_COMMITS,
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "seed": args.seed,
-            "cases": golden,
-        }
-        GOLDEN.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-        print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size / 1024:.0f} KiB, {len(golden)} cases)")
+        write_golden(GOLDEN, ABOUT, REF_COMMITS, args.seed, golden)
     return status
 
 

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 import types
 from contextlib import redirect_stdout
@@ -63,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.make_verl_agent_golden import CLASSES, classify
+from benchmarks.make_verl_agent_golden import CLASSES, classify, write_golden
 from hgpo import StepBatch, compute_advantages, reference_config
 from hgpo.options import ArgumentParser
 
@@ -322,30 +321,17 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"       NOT EQUAL to the float64 run in {len(bad)} cases, first: {bad[0]}")
     if args.write:
-        _write_golden(golden, args.seed)
+        write_golden(GOLDEN, ABOUT, REF_COMMIT, args.seed, golden)
     return int(bool(bad))
 
 
-def _write_golden(golden: list[dict[str, Any]], seed: int) -> None:
-    import torch
-
-    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "about": (
-            "Inputs and the outputs of the GraphGPO authors' advantage code (verl-agent "
-            "recipe/GraphGPO/core_graph.py with gigpo/core_gigpo.py, after the glue of "
-            "recipe/GraphGPO/rollout_loop.py and graphgpo_ray_trainer.py) made by "
-            "benchmarks/make_graphgpo_golden.py; reference_f32 as published (float32), "
-            "reference_f64 the same code with float32 replaced by float64."
-        ),
-        "reference": REF_COMMIT,
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "seed": seed,
-        "cases": golden,
-    }
-    GOLDEN.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size / 1024:.0f} KiB, {len(golden)} cases)")
+ABOUT = (
+    "Inputs and the outputs of the GraphGPO authors' advantage code (verl-agent "
+    "recipe/GraphGPO/core_graph.py with gigpo/core_gigpo.py, after the glue of "
+    "recipe/GraphGPO/rollout_loop.py and graphgpo_ray_trainer.py) made by "
+    "benchmarks/make_graphgpo_golden.py; reference_f32 as published (float32), "
+    "reference_f64 the same code with float32 replaced by float64."
+)
 
 
 if __name__ == "__main__":

@@ -76,11 +76,14 @@ F64_TOL = 1e-7
 CLASSES = ("both", "float64 only", "float32 only", "neither")
 
 
-def load_reference(ref_dir: Path, float64: bool) -> dict[str, types.ModuleType]:
-    """Import the copied reference modules (optionally with float32 -> float64)."""
+def load_modules(
+    ref_dir: Path, names: tuple[str, ...], float64: bool
+) -> dict[str, types.ModuleType]:
+    """Import the copied reference modules ``names`` from ``ref_dir`` (optionally with
+    float32 -> float64 in their source)."""
     sys.path.insert(0, str(ref_dir))  # for the verl stub
     mods = {}
-    for name in ("core_hgpo", "core_gigpo", "core_algos"):
+    for name in names:
         src = (ref_dir / f"{name}.py").read_text()
         if float64:
             src = src.replace("float32", "float64")
@@ -88,6 +91,11 @@ def load_reference(ref_dir: Path, float64: bool) -> dict[str, types.ModuleType]:
         exec(compile(src, str(ref_dir / f"{name}.py"), "exec"), mod.__dict__)
         mods[name] = mod
     return mods
+
+
+def load_reference(ref_dir: Path, float64: bool) -> dict[str, types.ModuleType]:
+    """Import the copied reference modules (optionally with float32 -> float64)."""
+    return load_modules(ref_dir, ("core_hgpo", "core_gigpo", "core_algos"), float64)
 
 
 def random_case(rng: np.random.Generator, estimator: str) -> dict[str, Any]:
@@ -370,25 +378,26 @@ def _print_report(est: str, cases: int, rep: _Report) -> None:
     )
 
 
-def _write_golden(golden: list[dict[str, Any]], seed: int) -> None:
+def write_golden(
+    path: Path, about: str, reference: Any, seed: int, cases: list[dict[str, Any]]
+) -> None:
+    """The golden file: the cases with the reference outputs, and what made them (the
+    authors' commit, torch, numpy, the seed)."""
     import torch
 
-    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "about": (
-            "Inputs and the outputs of the authors' public advantage code (verl-agent "
-            "recipe/hgpo/core_hgpo.py, gigpo/core_gigpo.py, verl core_algos grpo/rloo) "
-            "made by benchmarks/make_verl_agent_golden.py; reference_f32 as published "
-            "(float32), reference_f64 the same code with float32 replaced by float64."
-        ),
-        "reference": REF_COMMIT,
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "seed": seed,
-        "cases": golden,
-    }
-    GOLDEN.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size / 1024:.0f} KiB, {len(golden)} cases)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"about": about, "reference": reference, "torch": torch.__version__,
+           "numpy": np.__version__, "seed": seed, "cases": cases}  # fmt: skip
+    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB, {len(cases)} cases)")
+
+
+ABOUT = (
+    "Inputs and the outputs of the authors' public advantage code (verl-agent "
+    "recipe/hgpo/core_hgpo.py, gigpo/core_gigpo.py, verl core_algos grpo/rloo) "
+    "made by benchmarks/make_verl_agent_golden.py; reference_f32 as published "
+    "(float32), reference_f64 the same code with float32 replaced by float64."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         golden += rep.golden
         status |= bool(rep.bad_cases)
     if args.write:
-        _write_golden(golden, args.seed)
+        write_golden(GOLDEN, ABOUT, REF_COMMIT, args.seed, golden)
     return status
 
 
