@@ -17,34 +17,19 @@ from hgpo import register_estimator, step_returns, unregister_estimator
 from hgpo.train.episodes import Play, run_episodes, score_candidates
 from hgpo.train.train_config import TrainConfig, uses_critic
 from hgpo.train.update import Scored, mean_token_entropy
-from tests.train.tiny_engine import tiny_engine
+from tests.train.tiny_engine import CharTokenizer, FixedScores, tiny_engine
 
 ENV = "toy:keydoor:size=4,horizon=6"
-
-
-class _Tok:
-    eos_token_id = 0
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) for c in text]}
-
-
-class _FixedScores:
-    def __init__(self, scores):
-        self.scores = scores
-
-    def score(self, prompts, responses):
-        return list(self.scores)
 
 
 def test_score_mode_entropy_is_the_candidate_distributions_hand_worked():
     """Scores (0, ln 3): pi = (1/4, 3/4) at T = 1, H = ln 4 - (3/4) ln 3 = 0.5623351; at
     T = 0.5 the logits are (0, 2 ln 3): pi = (1/10, 9/10), H = -(0.1 ln 0.1 + 0.9 ln 0.9)
     = 0.3250830."""
-    engine = _FixedScores([0.0, math.log(3.0)])
-    got = score_candidates(engine, _Tok(), [[1]], [["a", "b"]], 1.0)
+    engine = FixedScores([0.0, math.log(3.0)])
+    got = score_candidates(engine, CharTokenizer(), [[1]], [["a", "b"]], 1.0)
     assert got.entropy == [pytest.approx(0.5623351446, abs=1e-9)]
-    got = score_candidates(engine, _Tok(), [[1]], [["a", "b"]], 0.5)
+    got = score_candidates(engine, CharTokenizer(), [[1]], [["a", "b"]], 0.5)
     assert got.entropy == [pytest.approx(0.3250829734, abs=1e-9)]
 
 

@@ -19,44 +19,29 @@ from hgpo.train.run_metrics import read_metrics
 from hgpo.train.tiny import build_tiny
 from hgpo.train.train_config import TrainConfig
 from tests.train.conftest import GAMES, run_cli
-
-
-class _Tok:
-    eos_token_id = 0
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) for c in text]}
-
-
-class _FixedScores:
-    def __init__(self, scores):
-        self.scores = scores
-
-    def score(self, prompts, responses):
-        assert len(prompts) == len(responses) == len(self.scores)
-        return list(self.scores)
+from tests.train.tiny_engine import CharTokenizer, FixedScores
 
 
 def test_sampling_follows_the_softmax_of_the_scores():
-    tok = _Tok()
+    tok = CharTokenizer()
     cands = [["a", "bb", "c"]]
     want = [ord(c) for c in response_text("bb")] + [0]
     torch.manual_seed(0)
     picks = [
-        score_and_sample(_FixedScores([-50.0, 0.0, -50.0]), tok, [[1]], cands, 1.0)[0]
+        score_and_sample(FixedScores([-50.0, 0.0, -50.0]), tok, [[1]], cands, 1.0)[0]
         for _ in range(20)
     ]
     assert all(p == want for p in picks)
     counts = {}
     for _ in range(2000):  # equal scores: uniform at any temperature
-        r = score_and_sample(_FixedScores([1.0, 1.0, 1.0]), tok, [[1]], cands, 0.5)[0]
+        r = score_and_sample(FixedScores([1.0, 1.0, 1.0]), tok, [[1]], cands, 0.5)[0]
         counts[len(r)] = counts.get(len(r), 0) + 1
     assert len(counts) == 2 and 0.25 < counts[len(want)] / 2000 < 0.42
 
 
 def test_no_admissible_action_is_a_clear_error():
     with pytest.raises(ValueError, match="no admissible actions"):
-        score_and_sample(_FixedScores([]), _Tok(), [[1]], [[]], 1.0)
+        score_and_sample(FixedScores([]), CharTokenizer(), [[1]], [[]], 1.0)
 
 
 def test_webshop_search_placeholder_becomes_the_task():

@@ -1,4 +1,5 @@
-"""A tiny random Qwen2 and its HF rollout engine, built here for the tests that play envs."""
+"""A tiny random Qwen2 and its HF rollout engine, built here for the tests that play envs;
+and two stand-ins for score mode: a character tokenizer and an engine with fixed scores."""
 
 from __future__ import annotations
 
@@ -20,3 +21,23 @@ def tiny_engine(folder: Path, corpus: list[str], vocab: int, seed: int) -> tuple
     tok = load_tokenizer(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
     return tok, HFEngine(model, tok, 64, torch.device("cpu"))
+
+
+class CharTokenizer:
+    """One token per character (its code point); eos 0."""
+
+    eos_token_id = 0
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}
+
+
+class FixedScores:
+    """An engine whose ``score`` returns the given log-probs, one per (prompt, response)."""
+
+    def __init__(self, scores: list[float]) -> None:
+        self.scores = scores
+
+    def score(self, prompts: list[Any], responses: list[Any]) -> list[float]:
+        assert len(prompts) == len(responses) == len(self.scores)
+        return list(self.scores)
