@@ -264,6 +264,20 @@ def _fig(r: dict[str, Any], m: str) -> Figure:
     return Figure(r.get(m, math.nan), r.get(f"{m}_lo", math.nan), r.get(f"{m}_hi", math.nan), 0)
 
 
+def _row(r: dict[str, Any], cells: list[str]) -> str:
+    """A markdown row: policy, estimator (with † when not in reward units), the cells."""
+    mark = "" if r.get("reward_units", True) else " †"
+    return f"| {r['policy']} | {r['estimator']}{mark} | " + " | ".join(cells) + " |"
+
+
+def _dagger_note(table: list[dict[str, Any]]) -> list[str]:
+    """The footnote for † rows, when there are any."""
+    if all(r.get("reward_units", True) for r in table):
+        return []
+    return ["", "† not in reward units: its bias², variance and MSE are not comparable with "
+            "the others' (see the summary)."]  # fmt: skip
+
+
 def table_md(table: list[dict[str, Any]], base: str) -> str:
     heads = [name for _, name, _ in METRICS] + ["auc", f"auc − {base} (Holm p)"]
     lines = ["| policy | estimator | " + " | ".join(heads) + " |",
@@ -276,12 +290,8 @@ def table_md(table: list[dict[str, Any]], base: str) -> str:
             cells.append(f"{r['auc_diff']:+.3f} ({r['auc_p_holm']:.2g}){star}")
         else:
             cells.append("-")
-        mark = "" if r.get("reward_units", True) else " †"
-        lines.append(f"| {r['policy']} | {r['estimator']}{mark} | " + " | ".join(cells) + " |")
-    if any(not r.get("reward_units", True) for r in table):
-        lines += ["", "† not in reward units: its bias², variance and MSE are not comparable with "
-                  "the others' (see the summary)."]  # fmt: skip
-    return "\n".join(lines)
+        lines.append(_row(r, cells))
+    return "\n".join(lines + _dagger_note(table))
 
 
 def diffs_md(table: list[dict], diffs: list[dict], base: str) -> str:
@@ -303,12 +313,8 @@ def diffs_md(table: list[dict], diffs: list[dict], base: str) -> str:
             cells.append(f"{r['auc_diff']:+.3f} ({r['auc_p']:.2g}, {r['auc_p_holm']:.2g}){star}")
         else:
             cells.append("-")
-        mark = "" if r.get("reward_units", True) else " †"
-        lines.append(f"| {r['policy']} | {r['estimator']}{mark} | " + " | ".join(cells) + " |")
-    if any(not r.get("reward_units", True) for r in table):
-        lines += ["", "† not in reward units: its bias², variance and MSE are not comparable with "
-                  "the others' (see the summary)."]  # fmt: skip
-    return "\n".join(lines)
+        lines.append(_row(r, cells))
+    return "\n".join(lines + _dagger_note(table))
 
 
 def tests_md(tests: list[dict[str, Any]], tt: dict) -> str:
