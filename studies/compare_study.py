@@ -78,7 +78,7 @@ class CompareConfig:
     baseline: str = _what("hgpo")
     """The estimator every other one is tested against (one of --estimators)."""
     policies: tuple[str, ...] = ("tabular", "mlp")
-    """Policy kinds: tabular, mlp, transformer (the transformer's cells take about 13 min)."""
+    """Policy kinds: tabular, mlp, transformer (the transformer's part took 81 min on 2 cores)."""
     quick: bool = _what(False)
     """A smoke run: the bias/variance study's --quick cells (keydoor 4x4, K = 2, 2 stages, 12
     batches), training on the T-maze only for 20 iterations."""
