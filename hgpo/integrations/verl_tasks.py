@@ -149,7 +149,8 @@ def _settings(env: str, splits: dict[str, tuple[str, int]], options: dict[str, A
 def _existing(out_dir: str, settings: str) -> bool:
     """True when ``out_dir`` already holds this dataset (both files and the same settings);
     an OptionError naming the folder and ``--fresh`` when it holds another (files of other
-    settings, or files without a settings record); False when it holds none."""
+    settings, or files without a settings record); False when it holds none, or this
+    dataset with a file missing (to write again)."""
     present = [f for f in (*FILES, SETTINGS_FILE) if os.path.exists(os.path.join(out_dir, f))]
     if not present:
         return False
@@ -158,8 +159,8 @@ def _existing(out_dir: str, settings: str) -> bool:
             same = f.read() == settings
     except OSError:
         same = False
-    if same and len(present) == len(FILES) + 1:
-        return True
+    if same:  # (this dataset; a file of it missing: written again)
+        return len(present) == len(FILES) + 1
     raise OptionError(
         f"--out-dir: {out_dir!r} holds another dataset ({', '.join(present)}, made with other "
         f"settings); give another --out-dir, or --fresh to replace it"

@@ -104,3 +104,12 @@ def test_a_failed_write_leaves_neither_file(tmp_path, capsys, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         verl_tasks.main(["--env", TOY, "--out-dir", str(out), "--train", "2", "--val", "1"])
     assert len(calls) == 2 and files(out) == []
+
+
+def test_a_missing_file_of_the_same_dataset_is_written_again(tmp_path, capsys):
+    out = tmp_path / "data"
+    argv = ["--env", TOY, "--out-dir", str(out), "--train", "2", "--val", "1"]
+    assert run(capsys, *argv)[0] == 0
+    (out / "test.parquet").unlink()
+    assert run(capsys, *argv)[0] == 0
+    assert len(pd.read_parquet(out / "test.parquet")) == 1
