@@ -11,7 +11,8 @@ key                       needed    meaning
 ``anchor_obs``            always    the observation the step was taken from (equal = same state)
 ``step_index``            optional  int, the step t within its trajectory; when absent the rows
                                     of a trajectory are taken in the order the batch holds them
-                                    (verl-agent emits them in step order)
+                                    (verl-agent emits them in step order), which must then be a
+                                    readable one (below), else :class:`StepOrderError`
 ``rewards``               optional  float, the env reward of the step WITHOUT the invalid-action
                                     penalty; when absent ``token_level_rewards[row].sum()``
 ``is_action_valid``       optional  bool, False marks an invalid action (the estimators apply
@@ -44,7 +45,13 @@ an estimator that reads them:
   ``step_entropy`` from verl 0.9's old-log-prob pass, in either trainer;
 - ``observations``: ``non_tensor_batch['anchor_obs']``, each a str (the observation text).
 
-The rows need not be contiguous or in order (verl's ``balance_batch`` permutes them): they
+With ``step_index`` the rows need not be contiguous or in order (verl's ``balance_batch``,
+``trainer.balance_batch=True`` by default, permutes them). Without it the batch order must be one
+a rollout emits: every trajectory's rows contiguous (trajectory-major, verl-agent's
+``gather_rollout_data``), or step-major (each row's rank within its trajectory never smaller than
+the row before's: all first steps, then all second steps, ...); any other order (a permuted
+batch, rows appended after their trajectory, verl-agent's ``adjust_batch`` copies) is a
+:class:`StepOrderError` naming ``step_index``, never a silently scrambled step order. The rows
 are sorted stably by (trajectory in order of first appearance, step) into a ``StepBatch``, and
 the per-step results are put back in the ``DataProto``'s row order, then broadcast to the
 tokens exactly as verl-agent does: ``advantages[row] = A[row] * response_mask[row]``, in the
@@ -72,6 +79,7 @@ __all__ = [
     "TOKEN_ENTROPY_KEY",
     "TOKEN_KEYS",
     "MissingMetadataError",
+    "StepOrderError",
     "StepRows",
     "check_metadata",
     "check_step_inputs",
@@ -104,6 +112,12 @@ class MissingMetadataError(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class StepOrderError(ValueError):
+    """A ``DataProto`` without ``non_tensor_batch['step_index']`` whose row order is not one a
+    rollout emits (trajectory-major or step-major), so the steps' order cannot be read from it
+    (verl's ``balance_batch`` permuted it); the message names ``step_index``."""
 
 
 @dataclass(frozen=True)
@@ -177,9 +191,31 @@ def _column(non_tensor: Mapping[str, Any], key: str, n: int) -> np.ndarray:
     return col
 
 
+def _check_row_order(traj: np.ndarray, rank: np.ndarray, uids: np.ndarray) -> None:
+    """:class:`StepOrderError` unless the rows' order (no ``step_index``) is one a rollout emits:
+    every trajectory contiguous, or ``rank`` (each row's rank within its trajectory in batch
+    order) non-decreasing over the batch (step-major)."""
+    n = traj.shape[0]
+    starts = np.flatnonzero(np.r_[True, traj[1:] != traj[:-1]]) if n else np.zeros(0, int)
+    if starts.shape[0] == np.unique(traj).shape[0] or bool((np.diff(rank) >= 0).all()):
+        return
+    runs = np.bincount(traj[starts])
+    split = int(np.flatnonzero(runs > 1)[0])
+    rows = np.flatnonzero(traj == split)
+    shown = ", ".join(map(str, rows[:6].tolist())) + (", ..." if rows.shape[0] > 6 else "")
+    raise StepOrderError(
+        f"non_tensor_batch has no 'step_index', and the rows are neither trajectory by "
+        f"trajectory nor step by step (trajectory {uids[rows[0]]!r} is in rows {shown}, with "
+        "other trajectories' rows between them), so the step order cannot be read from the row "
+        "order: the batch was reordered (verl's trainer.balance_batch permutes it) or rows were "
+        "added; set non_tensor_batch['step_index'] (the step t of each row within its "
+        "trajectory) on every row, or keep the rows in the order the rollout emits them"
+    )
+
+
 def _step_index(non_tensor: Mapping[str, Any], traj: np.ndarray) -> np.ndarray:
     """int64[n] step t of every row: ``step_index`` if given, else the row's rank within its
-    trajectory in batch order."""
+    trajectory in batch order (a :class:`StepOrderError` when that order is not readable)."""
     n = traj.shape[0]
     if "step_index" in non_tensor:
         col = _column(non_tensor, "step_index", n)
@@ -195,6 +231,7 @@ def _step_index(non_tensor: Mapping[str, Any], traj: np.ndarray) -> np.ndarray:
     first = np.repeat(starts, np.diff(np.r_[starts, n]))
     step = np.empty(n, dtype=np.int64)
     step[by_traj] = np.arange(n) - first
+    _check_row_order(traj, step, _column(non_tensor, "traj_uid", n))
     return step
 
 
@@ -240,8 +277,11 @@ def _actions(data: Any, n: int) -> np.ndarray:
             "include_actions: the DataProto lacks batch 'responses' (the action key of a step "
             "is its unpadded response tokens)"
         )
-    tokens = data.batch["responses"].cpu().numpy()
-    mask = data.batch["response_mask"].cpu().numpy().astype(bool)
+    import torch
+
+    # (as int64 and bool first: numpy has no bf16, verl's tensors may be any dtype)
+    tokens = data.batch["responses"].detach().to("cpu", torch.int64).numpy()
+    mask = data.batch["response_mask"].detach().to("cpu", torch.bool).numpy()
     return state_ids([tokens[i][mask[i]].tobytes() for i in range(n)])
 
 
@@ -253,7 +293,8 @@ def step_batch_from_dataproto(
     Raises MissingMetadataError listing the keys it needs when any is missing (before any
     work), ValueError naming the key and the value for a bad entry, and StepBatch's own
     errors (prefixed with "DataProto -> StepBatch") for rows that do not form trajectories
-    (a trajectory in two ``uid`` groups, a gap in ``step_index``, a repeated step).
+    (a trajectory in two ``uid`` groups, a gap in ``step_index``, a repeated step), and
+    :class:`StepOrderError` for rows without ``step_index`` in an order no rollout emits.
     ``tokens``: the ``batch`` tensors to require (:func:`check_metadata`).
     """
     check_metadata(data, "step_batch_from_dataproto", tokens=tokens)

@@ -35,6 +35,10 @@ Options: ``algorithm.gamma`` is the estimators' ``gamma``, ``algorithm.lam`` gae
 option of :class:`hgpo.EstimatorConfig` goes under ``algorithm.hgpo`` (``+algorithm.hgpo.K=4``).
 Giving ``gamma``, ``gae_lambda`` or ``norm`` there too is an error naming verl's key.
 
+Without ``non_tensor_batch['step_index']`` a batch whose rows verl's ``balance_batch``
+(``trainer.balance_batch=True``, the default) permuted is a :class:`StepOrderError` naming
+``step_index``: the step order is read from the row order only when that is a rollout's.
+
 A registered estimator called the plain verl way (``get_adv_estimator_fn("hgpo")(...)``,
 without the ``DataProto``) raises :class:`MissingMetadataError` naming the keys it needs.
 """
@@ -57,6 +61,7 @@ from hgpo.integrations import verl_v1
 from hgpo.integrations.dataproto import (
     STEP_ENTROPY_KEY,
     MissingMetadataError,
+    StepOrderError,
     check_metadata,
     check_step_inputs,
     mean_over_response,
@@ -72,6 +77,7 @@ __all__ = [
     "REGISTERED",
     "TESTED_VERSIONS",
     "MissingMetadataError",
+    "StepOrderError",
     "UnsupportedVerlVersion",
     "advantages_for",
     "check_verl_version",

@@ -124,7 +124,18 @@ def _obs_keys(name: str, value: Any, n: int) -> list[Any]:
 
 
 def _object_column(where: str, value: Any, n: int) -> np.ndarray:
-    """``value`` as a one-dimensional object array of length n (a named error otherwise)."""
+    """``value`` as a one-dimensional object array of length n (a named error otherwise).
+
+    A torch tensor (any dtype, bf16 included) gives its values as Python numbers
+    (``tolist``): the same keys, and so the same grouping, as a numpy array of the same ids
+    (the tensor's elements themselves are hashed by identity, each row its own key)."""
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 1:
+            raise OptionError(
+                f"{where}: must be one-dimensional (one value per row), got a tensor of shape "
+                f"{tuple(value.shape)}"
+            )
+        value = value.detach().cpu().tolist()
     try:
         arr = np.empty(len(value), dtype=object)
         arr[:] = list(value)

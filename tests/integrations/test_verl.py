@@ -12,6 +12,7 @@ benchmarks/verl_parity.py's), broadcast as ``A[row] * response_mask[row]``.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -409,3 +410,88 @@ def test_a_next_obs_that_is_not_the_next_step_is_a_named_error(hv, ray_trainer):
     with pytest.raises(ValueError, match=r"non_tensor_batch\['next_obs'\].*next_state\[0\]"):
         ray_trainer.compute_advantage(data, adv_estimator=hv.verl_name("graphgpo"),
                                       config=algo_config({}))  # fmt: skip
+
+
+def _balance_batch(data, dp_size: int = 2) -> None:
+    """verl's own ``RayPPOTrainer._balance_batch`` (trainer.balance_batch=True, the default)
+    on ``data``, in place: the rows reordered so that each of ``dp_size`` ranks gets similar
+    token counts (the attention mask here is the response mask)."""
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    data.batch["attention_mask"] = data.batch["response_mask"].clone()
+    trainer = SimpleNamespace(
+        _get_dp_size=lambda worker_group, role: dp_size,
+        actor_rollout_wg=None,
+        use_prefix_grouper=False,
+    )
+    RayPPOTrainer._balance_batch(trainer, data, metrics={})
+
+
+@pytest.mark.parametrize("name", ["hgpo", "gigpo"])
+def test_a_batch_balance_batch_reordered_needs_step_index(hv, ray_trainer, name):
+    """A batch as verl-agent emits it (trajectory by trajectory), reordered by verl's own
+    balance_batch: without step_index its step order cannot be read (StepOrderError naming
+    step_index, where main computed on the scrambled order); with step_index it gives the
+    advantages of the batch before the reordering, row for row."""
+    ep = make_episodes(11)
+    rows = rows_of(ep, "emitted", 11)
+    assert len(rows) % 2 == 0  # (balance_batch splits the rows equally over the 2 ranks)
+    args = dict(adv_estimator=hv.verl_name(name), gamma=GAMMA, config=algo_config({"K": 2}))
+    plain = make_dataproto(ep, rows, step_index=True)
+    want = ray_trainer.compute_advantage(plain, **args).batch["advantages"]
+    for step_index in (False, True):
+        data = make_dataproto(ep, rows, step_index=step_index)
+        data.non_tensor_batch["row"] = np.arange(len(rows), dtype=object)
+        _balance_batch(data)
+        moved = data.non_tensor_batch["row"].astype(np.int64)
+        assert not np.array_equal(moved, np.arange(len(rows)))
+        if not step_index:
+            with pytest.raises(hv.StepOrderError, match=r"no 'step_index'.*set non_tensor_batch"):
+                ray_trainer.compute_advantage(data, **args)
+            continue
+        got = ray_trainer.compute_advantage(data, **args).batch["advantages"]
+        assert torch.equal(got, want[torch.as_tensor(moved)])
+
+
+def test_rows_appended_after_their_trajectory_need_step_index(hv, ray_trainer):
+    """verl-agent's adjust_batch copies rows to the end of the batch: without step_index a
+    copy would be read as a later step of its trajectory; it is a StepOrderError."""
+    from verl import DataProto
+
+    ep = make_episodes(5)
+    data = make_dataproto(ep, rows_of(ep, "emitted", 5))
+    data = DataProto.concat([data, data.select_idxs(np.array([0]))])
+    with pytest.raises(hv.StepOrderError, match=r"trajectory '[^']+' is in rows 0, .*step_index"):
+        ray_trainer.compute_advantage(data, adv_estimator="hgpo", config=algo_config({}))
+
+
+def test_the_docs_names_table_is_the_live_registry(hv):
+    """docs/integrations.md's "Names" table has a row for every built-in estimator of the
+    registry (hgpo.estimator_registry), with the name verl takes (NAMES)."""
+    from hgpo import ESTIMATORS
+    from hgpo.estimator_registry import get_spec
+
+    text = (ROOT / "docs" / "integrations.md").read_text()
+    table = text.split("### Names", 1)[1].split("\n\n| ours", 1)[1].split("\n\n", 1)[0]
+    rows = dict(re.findall(r"^\| `([^`]+)` \| `([^`]+)` \|", table, flags=re.M))
+    builtins = [n for n in ESTIMATORS if get_spec(n).builtin]
+    assert len(builtins) >= 14
+    assert {n: rows.get(n) for n in builtins} == {n: hv.NAMES[n] for n in builtins}
+
+
+def test_bf16_tensors_give_the_float32_advantages(hv, ray_trainer):
+    """verl's tensors in bf16 (token rewards, response mask, values), with the action keys
+    read from the response tokens (include_actions): the advantages of the float32 batch, in
+    bf16 (token_level_rewards' dtype), where main's numpy conversion raised a raw TypeError."""
+    ep = make_episodes(9)
+    rows = rows_of(ep, "emitted", 9)
+    args = dict(adv_estimator="hgpo", gamma=GAMMA, config=algo_config({"include_actions": True}))
+    want = ray_trainer.compute_advantage(make_dataproto(ep, rows), **args).batch["advantages"]
+    data = make_dataproto(ep, rows)
+    for key in ("token_level_rewards", "response_mask", "values"):
+        data.batch[key] = data.batch[key].to(torch.bfloat16)
+    got = ray_trainer.compute_advantage(data, **args).batch["advantages"]
+    assert got.dtype == torch.bfloat16 and want.abs().max() > 0
+    torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-6)

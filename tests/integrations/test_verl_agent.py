@@ -357,6 +357,55 @@ def test_bad_inputs_are_named(args, change, names):
         va.compute_hgpo_outcome_advantage(**args, history_length=2)
 
 
+_ID_CALLS = {
+    "hgpo": lambda a: va.compute_hgpo_outcome_advantage(**a, history_length=2),
+    "gigpo": lambda a: va.compute_gigpo_outcome_advantage(**a),
+    "grpo": lambda a: va.compute_grpo_outcome_advantage(
+        a["token_level_rewards"], a["response_mask"], a["index"], a["traj_index"]),
+    "rloo": lambda a: va.compute_rloo_outcome_advantage(
+        a["token_level_rewards"], a["response_mask"], a["index"], a["traj_index"]),
+    "stepwise": lambda a: va.compute_step_advantage("stepwise", **a),
+}  # fmt: skip
+
+
+def _ids(column: np.ndarray) -> np.ndarray:
+    """int64 ids of the values of an object column (equal values, equal ids)."""
+    return np.unique(column.astype(str), return_inverse=True)[1].astype(np.int64)
+
+
+@pytest.mark.parametrize("fn", sorted(_ID_CALLS))
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bfloat16])
+def test_index_as_a_torch_tensor_groups_as_the_same_ids(args, fn, dtype):
+    """index and traj_index given as torch tensors (int64, or bf16 as verl runs) group the
+    rows as a numpy array of the same ids does (main hashed each element tensor by identity:
+    every row its own group, all advantages 0, or a named error that blamed the length)."""
+    want, _ = _ID_CALLS[fn](args)
+    assert want[:, 0].abs().max() > 0
+    for key in ("index", "traj_index"):
+        ids = _ids(args[key])
+        a = dict(args)
+        a[key] = ids
+        np.testing.assert_array_equal(_ID_CALLS[fn](a)[0].numpy(), want.numpy())
+        a[key] = torch.as_tensor(ids).to(dtype)
+        np.testing.assert_array_equal(_ID_CALLS[fn](a)[0].numpy(), want.numpy())
+    a = dict(args, index=torch.as_tensor(_ids(args["index"]))[:, None])
+    with pytest.raises(ValueError, match=r"index: must be one-dimensional.*shape \(\d+, 1\)"):
+        _ID_CALLS[fn](a)
+
+
+@pytest.mark.parametrize("fn", sorted(_ID_CALLS))
+def test_bf16_inputs_give_the_float32_results(args, fn):
+    """Every tensor in bf16 (verl's training dtype), the ids a bf16 tensor too: the advantages
+    of the same values in float32, to bf16's precision, in the dtype the authors' code gives
+    (hgpo and stepwise: float32; the others: the inputs' bf16)."""
+    bf = {k: (v.to(torch.bfloat16) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    bf["index"] = torch.as_tensor(_ids(args["index"])).to(torch.bfloat16)
+    f32 = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in bf.items()}
+    got, want = _ID_CALLS[fn](bf)[0], _ID_CALLS[fn](f32)[0]
+    assert got.dtype == (torch.float32 if fn in ("hgpo", "stepwise") else torch.bfloat16)
+    torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-6)
+
+
 # --------------------------------------------------------------------------- install()
 
 
