@@ -327,7 +327,54 @@ def run_cell(cfg: StudyConfig, env_spec: str, K: int, stage: str, cell_seed: int
     rows = _estimator_rows(common, draws, steps)
     level_rows = _level_rows(common, draws, steps)
     prop = _cell_proposition_41(cfg, env_spec, stage, draws, steps, level_rows)
-    return {"rows": rows, "levels": level_rows, "prop41": prop}
+    versus = [dict(env=env_spec, K=K, stage=stage, **v) for v in _versus(draws)]
+    return {"rows": rows, "levels": level_rows, "prop41": prop, "versus": versus}
+
+
+VERSUS = ("grpo", "gigpo")
+"""The estimators HGPO is compared with, batch by batch, in every cell (the project's question:
+does HGPO estimate the advantage better than GRPO and GiGPO?)."""
+
+VERSUS_FIGURES = (("mse_batch", "mean"), ("sign", "mean"), ("grad_cos", "mean_std"))
+"""(per-batch figure, norm) of those comparisons: a batch's MSE against A* (reward units), its
+sign agreement, and its gradient cosine at the paper's default normalisation."""
+
+
+def _versus(draws: _Draws) -> list[dict[str, Any]]:
+    """HGPO against each of :data:`VERSUS` on each of :data:`VERSUS_FIGURES`, paired batch by
+    batch (both ran on the same batches): :func:`paired_difference` of hgpo's figure minus the
+    other's. A pair not measured in this run (an estimator or norm left out) is skipped."""
+    out = []
+    for other in VERSUS:
+        for figure, norm in VERSUS_FIGURES:
+            a = draws.per_batch.get(("hgpo", norm), {}).get(figure)
+            b = draws.per_batch.get((other, norm), {}).get(figure)
+            if a is not None and b is not None:
+                out.append(dict(other=other, figure=figure, norm=norm, **paired_difference(a, b)))
+    return out
+
+
+def paired_difference(a: list[float], b: list[float]) -> dict[str, float]:
+    """Mean of a_i - b_i over the pairs where both are finite, its 95% t interval and the
+    two-sided p-value of a paired t-test (statsmodels), n the pairs. Fewer than 2 pairs: no
+    test (NaN interval and p); every difference equal: p = 1 if it is 0, else 0 (the limit of
+    t; statsmodels gives NaN)."""
+    if len(a) != len(b):
+        raise ValueError(f"a, b: paired figures need equal lengths, got {len(a)} and {len(b)}")
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    nan = float("nan")
+    if d.size < 2:
+        return {"diff": float(d.mean()) if d.size else nan, "lo": nan, "hi": nan, "p": nan,
+                "n": int(d.size)}  # fmt: skip
+    m, lo, hi = M.mean_ci(d)
+    if np.ptp(d) == 0:
+        p = 1.0 if d[0] == 0 else 0.0
+    else:
+        from statsmodels.stats.weightstats import DescrStatsW
+
+        p = float(DescrStatsW(d).ttest_mean(0.0)[1])
+    return {"diff": m, "lo": lo, "hi": hi, "p": p, "n": int(d.size)}
 
 
 def _cell_policy(
@@ -649,7 +696,14 @@ def cell_key(cfg: StudyConfig, env: str, K: int, stage: str, cell_seed: int) -> 
     cell = {"env": env, "K": K, "stage": stage, "seed": cell_seed}
     if Path(stage).is_file():
         cell["snapshot"] = hashlib.sha1(Path(stage).read_bytes()).hexdigest()
-    return result_key(f"{env}_K{K}_{stage}"[:80], {"settings": settings, **cell})
+    key = {"settings": settings, "format": CELL_FORMAT, **cell}
+    return result_key(f"{env}_K{K}_{stage}"[:80], key)
+
+
+CELL_FORMAT = 2
+"""The version of a cell file's contents, in its key: 2 added "versus" (HGPO against GRPO and
+GiGPO, :func:`_versus`), so a cell kept by an older version is computed again, not read
+without it."""
 
 
 # ---------------------------------------------------------------------------- command line
@@ -791,11 +845,11 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(summary["table"])
-    print(summary["prop41_text"])
-    print(
-        f"\nwrote {cfg.out}/ (results.csv, results.json, levels.csv, report.md, *.png) in {time.perf_counter() - t0:.0f} s"
-    )
+    # (the table and every cell's Proposition 4.1 checks are in report.md, not here)
+    print(summary["terminal"])
+    print(f"\nwrote {cfg.out}/ in {time.perf_counter() - t0:.0f} s: report.md (this summary, "
+          "every estimator's figures, HGPO against GRPO and GiGPO per cell, Proposition 4.1 per "
+          "cell), results.csv, results.json, levels.csv and the plots (*.png)")  # fmt: skip
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,31 @@ import numpy as np
 
 from hgpo import ESTIMATORS, estimator_reads
 from studies.io import write_csv
-from studies.verdict import DOES_NOT_HOLD, HOLDS, NOT_SIGNIFICANT, Step, ordering_verdict
+from studies.verdict import DOES_NOT_HOLD, HOLDS, NOT_SIGNIFICANT, Step, holm, ordering_verdict
 
-__all__ = ["base_rows", "best_counts", "figures", "prop_checks", "summary_lines", "write_results"]
+__all__ = [
+    "base_rows",
+    "best_counts",
+    "figures",
+    "prop_checks",
+    "summary_lines",
+    "terminal_lines",
+    "versus_lines",
+    "write_results",
+]
+
+ALPHA = 0.05
+"""Significance level of the Holm-corrected comparisons."""
+
+VERSUS_NAMES = {
+    "mse_batch": ("MSE per batch (norm = mean, reward^2; lower is better)", True),
+    "sign": ("sign agreement with A* (norm = mean; higher is better)", False),
+    "grad_cos": ("gradient cosine (norm = mean_std, the paper's default; higher is better)", False),
+}
+"""Per-batch figure of the HGPO comparisons -> (how it reads, lower is better)."""
+
+NAMES = {"grpo": "GRPO", "gigpo": "GiGPO"}
+"""How the estimators HGPO is compared with are named in prose."""
 
 
 def _fmt(x: Any, nd: int = 3) -> str:
@@ -168,26 +191,44 @@ def best_counts(cells: dict[tuple, list[dict]], metric: str, lowest: bool) -> st
 
 
 def summary_lines(rows: list[dict[str, Any]], props: list[dict[str, Any] | None],
-                  settings: dict[str, Any]) -> list[str]:  # fmt: skip
-    """The report's opening: what the run found, computed from its rows and Proposition 4.1's
-    checks (a plain reading of the tables below)."""
+                  settings: dict[str, Any], versus: list[dict[str, Any]]) -> list[str]:  # fmt: skip
+    """The report's opening: what the run found, computed from its rows, the HGPO comparisons
+    (``versus``, :func:`versus_lines`) and Proposition 4.1's checks (a plain reading of the
+    tables below)."""
     mean_cells = base_rows(rows, "mean")
     cells = sorted({(r["env"], r["K"], r["stage"]) for r in rows}, key=str)
     ests = list(dict.fromkeys(r["estimator"] for rs in mean_cells.values() for r in rs))
     md = [
         "## Summary",
         "",
-        f"{len(cells)} cells (environments {', '.join(settings['envs'])}; K = "
-        f"{', '.join(str(k) for k in settings['Ks'])}; policy stages "
-        f"{', '.join(_stage_name(x) for x in settings['stages'])}), {settings['n_batches']} "
-        f"batches of {settings['groups']} groups x {settings['rollouts']} rollouts per cell, "
-        f"seed {settings['seed']}, {settings['policy']} policy; {len(ests)} estimators. bias^2, "
-        "variance and MSE are in squared reward units (norm = mean); intervals are 95%.",
+        f"{len(cells)} cells. A cell is one environment, memory length K and policy stage: "
+        f"environments {', '.join(settings['envs'])}; K = "
+        f"{', '.join(str(k) for k in settings['Ks'])} (the policy's memory and HGPO's hierarchy "
+        f"depth); policy stages {', '.join(_stage_name(x) for x in settings['stages'])} (the "
+        "policy whose advantages are estimated: uniform, or one that imitates an expert until "
+        f"it succeeds at that rate). {settings['n_batches']} batches of {settings['groups']} "
+        f"groups x {settings['rollouts']} rollouts per cell, seed {settings['seed']}, "
+        f"{settings['policy']} policy; {len(ests)} estimators. bias^2, variance and MSE are in "
+        "squared reward units (norm = mean); intervals are 95%.",
+        "",
+        "### HGPO against GRPO and GiGPO",
+        "",
+        *versus_lines(versus),
+        "",
+        "### Proposition 4.1",
+        "",
+        *_prop_summary([p for p in props if p is not None], settings),
+        "",
+        "### Every estimator",
+        "",
+        f"The next three lines compare unpaired 95% intervals, not corrected for multiplicity "
+        f"({len(ests)} estimators in each of {len(mean_cells)} cells): a description, not a test.",
         "",
         f"- Lowest MSE: {best_counts(mean_cells, 'mse', True)}.",
         f"- Lowest bias^2: {best_counts(mean_cells, 'bias2', True)}.",
         "- Highest gradient cosine (norm = mean_std, the paper's default): "
         f"{best_counts(base_rows(rows, 'mean_std'), 'grad_cos', False)}.",
+        _negative_bias2_line(rows),
     ]
     critics = [e for e in ests if e in ESTIMATORS and "values" in estimator_reads(e)]
     if critics:
@@ -195,35 +236,173 @@ def summary_lines(rows: list[dict[str, Any]], props: list[dict[str, Any] | None]
         md.append(f"- {', '.join(critics)} {'uses' if one else 'use'} the exact V as "
                   f"{'its' if one else 'their'} critic: an unbiased reference, not a critic-free "
                   f"method.")  # fmt: skip
-    md += _prop_summary([p for p in props if p is not None], settings)
     return [*md, ""]
+
+
+PROP_CLAIM = (
+    "Proposition 4.1: if |bias| falls and variance rises with the level k (its conditions), "
+    "HGPO's bias lies between its deepest and its shallowest level's (b_K <= b_H <= b_0) and "
+    "its variance between sum w_k^2 v_0 and sum w_k^2 v_K (its conclusions); checked per cell "
+    "on the steps whose level-K group has >= 2 members."
+)
+
+GROUP_MEAN_REASON = (
+    "with group-mean baselines a step's own return is in its group's mean, so the smaller deep "
+    "groups shrink (x - mean) and the variance falls with k instead of rising"
+)
+
+
+def _var_counts(props: list[dict[str, Any]]) -> tuple[int, list[str]]:
+    """(cells checked, the variance condition's status in each)."""
+    checks = [c for c in (prop_checks(p) for p in props) if c]
+    return len(checks), [c[1]["status"] for c in checks]
+
+
+def _status_counts(status: list[str]) -> str:
+    """How many checks have each status, e.g. "holds in 1, does NOT hold in 3" (a status no
+    check has is left out)."""
+    return ", ".join(f"{w} in {status.count(w)}" for w in (HOLDS, NOT_SIGNIFICANT, DOES_NOT_HOLD)
+                     if status.count(w))  # fmt: skip
 
 
 def _prop_summary(props: list[dict[str, Any]], settings: dict[str, Any]) -> list[str]:
     """The summary's lines on Proposition 4.1 (see :func:`prop_checks`)."""
     checks = [c for c in (prop_checks(p) for p in props) if c]
-    n = len(checks)
+    n, var = _var_counts(props)
     if not n:
         return ["- Proposition 4.1: no cell with K >= 1 and HGPO measured on the common support."]
-    var = [c[1]["status"] for c in checks]
-    counts = ", ".join(f"{w} in {var.count(w)}" for w in (HOLDS, NOT_SIGNIFICANT, DOES_NOT_HOLD)
-                       if var.count(w))  # fmt: skip
-    md = ["- Proposition 4.1's variance condition (the variance of A_k rises with k; paired 95% "
-          f"intervals of each step v_k - v_(k-1)), of {n} cells: {counts}."]  # fmt: skip
+    counts = _status_counts(var)
+    md = [f"- {PROP_CLAIM}",
+          "- Its variance condition (the variance of A_k rises with k; paired 95% intervals of "
+          f"each step v_k - v_(k-1)), of {n} cells: {counts}."]  # fmt: skip
     loo = (
         "leave_one_out=true" in str(settings.get("estimator_options", "")).replace(" ", "").lower()
     )
     if var.count(DOES_NOT_HOLD) == n and not loo:
-        md.append("  It fails in every cell. This is expected with group-mean baselines: a step's "
-                  "own return is in its group's mean, so the smaller deep groups shrink "
-                  f"(x - mean) and their variance falls; see {LOO_DOC}.")  # fmt: skip
+        md.append(f"  So the proposition makes no claim in any of these {n} cells. This is "
+                  f"expected: {GROUP_MEAN_REASON}. It says nothing against HGPO's estimate (its "
+                  f"MSE is compared above); see {LOO_DOC}.")  # fmt: skip
     elif var.count(HOLDS) < n:
-        md.append(f"  Where it fails, see {LOO_DOC}.")
+        md.append(f"  Where it does not hold the proposition makes no claim; see {LOO_DOC}.")
     met = [sum(c[i]["met_by_point_figures"] for c in checks) for i in (0, 2, 3)]
     md.append(f"- By the point figures (no interval): bias falls with k in {met[0]} of {n} cells; "
               f"HGPO's bias lies between b_K and b_0 in {met[1]}; its variance within "
-              f"sum w^2 v_0 .. sum w^2 v_K in {met[2]}.")  # fmt: skip
+              f"sum w^2 v_0 .. sum w^2 v_K in {met[2]}. Every cell's checks: the section "
+              f"Proposition 4.1 below.")  # fmt: skip
     return md
+
+
+def terminal_lines(versus: list[dict[str, Any]], props: list[dict[str, Any] | None]) -> list[str]:
+    """What the study prints when it ends: the HGPO comparisons and one line on Proposition
+    4.1 (its per-cell checks are in report.md only)."""
+    n, var = _var_counts([p for p in props if p is not None])
+    lines = versus_lines(versus)
+    if not n:
+        return [*lines, "Proposition 4.1: not checked (no cell with K >= 1 and hgpo measured)."]
+    line = f"Proposition 4.1: its variance condition, of {n} cells: {_status_counts(var)}"
+    if var.count(HOLDS) < n:
+        line += ("; where it does not hold the proposition makes no claim (expected with "
+                 "group-mean baselines: a step's own return is in its group's mean)")  # fmt: skip
+    return [*lines, line + "; every cell's checks are in report.md."]
+
+
+def _versus_family(versus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The comparisons of every cell with their Holm-adjusted p ("p_holm"), Holm over the
+    whole family (every cell x estimator x figure with a test)."""
+    adj = holm([v["p"] for v in versus])
+    return [dict(v, p_holm=q) for v, q in zip(versus, adj, strict=True)]
+
+
+def versus_lines(versus: list[dict[str, Any]]) -> list[str]:
+    """How HGPO compares with GRPO and GiGPO (studies.bias_variance: ``_versus``): per figure
+    and estimator, hgpo minus it averaged over the cells (the cells are independent: half-width
+    sqrt(sum h_c^2) / C), and the cells where it is significantly better, worse or within
+    noise by the paired t-test of the cell's batches, Holm-corrected over the whole family."""
+    fam = _versus_family(versus)
+    if not fam:
+        return ["HGPO against GRPO and GiGPO: not measured in this run (it needs hgpo and grpo "
+                "or gigpo in --estimators)."]  # fmt: skip
+    cells = {(v["env"], v["K"], v["stage"]) for v in fam}
+    tested = sum(1 for v in fam if not math.isnan(v["p_holm"]))
+    others = list(dict.fromkeys(v["other"] for v in fam))
+    figs = list(dict.fromkeys(v["figure"] for v in fam))
+    lines = [
+        f"HGPO against {' and '.join(NAMES.get(o, o) for o in others)} ({len(cells)} cells): "
+        "hgpo minus the other, batch by batch in each cell (both ran on "
+        "the same batches); the mean over the cells with its 95% interval; a cell counts as "
+        f"better or worse when its paired t-test over the batches has p < {ALPHA} after a Holm "
+        f"correction over the family of all {tested} such tests ({len(cells)} cells x "
+        f"{len(others)} estimators x {len(figs)} figures)."
+    ]
+    for fig in figs:
+        name, lower = VERSUS_NAMES[fig]
+        parts = []
+        for other in others:
+            sub = [v for v in fam if v["figure"] == fig and v["other"] == other]
+            parts.append(f"vs {other} {_pooled(sub).strip()}: {_cell_counts(sub, lower)}")
+        lines.append(f"- {name}: " + "; ".join(parts) + ".")
+    return lines
+
+
+def _pooled(sub: list[dict[str, Any]]) -> str:
+    """The mean of the cells' differences with its 95% interval, e.g. "-1.2 [-1.4, -1.0]"."""
+    d = np.array([v["diff"] for v in sub], dtype=np.float64)
+    h = np.array([(v["hi"] - v["lo"]) / 2 for v in sub], dtype=np.float64)
+    ok = np.isfinite(d)
+    if not ok.any():
+        return "not measured"
+    m = float(d[ok].mean())
+    if not np.isfinite(h[ok]).all():
+        return f"{m:+.3g} (no interval)"
+    hw = float(np.sqrt((h[ok] ** 2).sum()) / ok.sum())
+    return f"{m:+.3g} [{m - hw:+.3g}, {m + hw:+.3g}]"
+
+
+def _cell_counts(sub: list[dict[str, Any]], lower: bool) -> str:
+    """E.g. "hgpo better in 8 of 12 cells, worse in 0, within noise in 4" (by Holm p < ALPHA)."""
+    better = worse = noise = untested = 0
+    for v in sub:
+        if math.isnan(v["p_holm"]):
+            untested += 1
+        elif v["p_holm"] >= ALPHA:
+            noise += 1
+        elif (v["diff"] < 0) == lower:
+            better += 1
+        else:
+            worse += 1
+    text = f"hgpo better in {better} of {len(sub)} cells, worse in {worse}, within noise in {noise}"
+    return text + (f", untested in {untested}" if untested else "")
+
+
+def _versus_table(fam: list[dict[str, Any]]) -> list[str]:
+    """The report's per-cell table of the HGPO comparisons (``fam``: with their Holm p)."""
+    if not fam:
+        return []
+    md = ["## HGPO against GRPO and GiGPO, per cell", "",
+          "hgpo minus the other, mean over the cell's batches with its paired 95% t interval; "
+          "p: paired t-test; Holm p: corrected over every row of this table (* < 0.05).", "",
+          "| env | K | stage | against | figure (norm) | hgpo - other | p | Holm p |",
+          "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for v in fam:
+        star = " *" if v["p_holm"] < ALPHA else ""
+        md.append(f"| {v['env'].split(':')[0]} | {v['K']} | {v['stage']} | {v['other']} | "
+                  f"{v['figure']} ({v['norm']}) | {_fmt(v['diff'])} [{_fmt(v['lo'])}, "
+                  f"{_fmt(v['hi'])}] | {v['p']:.2g} | {v['p_holm']:.2g}{star} |")  # fmt: skip
+    return [*md, ""]
+
+
+def _negative_bias2_line(rows: list[dict[str, Any]]) -> str:
+    """What a bias^2 below 0 means, with how many rows have one."""
+    neg = [r for r in rows if r["norm"] == "mean" and r.get("bias2", math.nan) < 0]
+    head = ("- bias^2 is the MSE minus the unbiased variance: an unbiased estimate of a squared "
+            "bias, which can come out below 0 when the true bias is about 0; read such a value as "
+            "0 within its interval.")  # fmt: skip
+    if not neg:
+        return head + " No row here has one."
+    low = min(neg, key=lambda r: r["bias2"])
+    return (f"{head} {len(neg)} of {sum(r['norm'] == 'mean' for r in rows)} rows here have one "
+            f"(the lowest {low['bias2']:.2g}, {low['estimator']} on {low['env'].split(':')[0]} "
+            f"K={low['K']} {_stage_name(low['stage'])}).")  # fmt: skip
 
 
 def _stage_name(stage: Any) -> str:
@@ -355,7 +534,26 @@ def _fig_mse_and_gradient(cells: list[tuple], rows: list[dict]) -> Any:
                       fontsize=10)  # fmt: skip
     axes[1].set_ylabel("cosine (1 = same direction)")
     _legend_outside(axes[0], title="estimator")
+    for ax, metric, norm in ((axes[0], "mse", "mean"), (axes[1], "grad_cos", "mean_std")):
+        missing = _missing(ests, [r for r in rows if r["norm"] == norm], metric, norm)
+        if missing:  # said on the panel, to the right of it (where axes[0] has its legend)
+            ax.text(1.01, 0.0 if ax is axes[0] else 1.0, "not shown (no bar):\n" + "\n".join(missing),
+                    transform=ax.transAxes, va="bottom" if ax is axes[0] else "top",
+                    fontsize=7)  # fmt: skip
     return fig
+
+
+def _missing(ests: list[str], rows: list[dict], metric: str, norm: str) -> list[str]:
+    """A line such as "gae: not measured with norm=mean_std (n/a)" for each estimator of
+    ``ests`` with no finite ``metric`` among ``rows`` (those of one norm)."""
+    out = []
+    for est in ests:
+        mine = [r for r in rows if r["estimator"] == est]
+        if not mine:
+            out.append(f"{est}: not measured with norm={norm} (n/a)")
+        elif not any(np.isfinite(r.get(metric, np.nan)) for r in mine):
+            out.append(f"{est}: no finite {metric} (NaN)")
+    return out
 
 
 def _fig_group_sizes(envs: list[str], levels: list[dict]) -> Any:
@@ -381,34 +579,37 @@ def _fig_group_sizes(envs: list[str], levels: list[dict]) -> Any:
 
 
 def _fig_alpha_and_K(cells: list[tuple], rows: list[dict]) -> Any:
-    """HGPO's MSE against alpha and against the depth it uses (norm=mean)."""
+    """HGPO's MSE against alpha and against the depth it uses (norm=mean): a row of panels per
+    environment (its name in each title), a line per (K, stage) as in bias_variance_vs_k.png,
+    so that no two environments' lines share a panel, a colour or a legend entry."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    shown: list[float] = []
-    for c in cells:
-        sub = {
-            r["estimator"]: r.get("mse", np.nan)
-            for r in rows
-            if (r["env"], r["K"], r["stage"]) == c and r["norm"] == "mean"
-        }
-        al = sorted((float(k.split("=")[1]), v) for k, v in sub.items() if k.startswith("alpha="))
-        ks = sorted((int(k.split("=")[1]), v) for k, v in sub.items() if k.startswith("K="))
-        style = _line_style(cells, c[1], c[2])
-        style["label"] = f"{c[0].split(':')[0]} {style['label']}"
-        if al:
-            axes[0].plot(*zip(*al, strict=True), **style)
-        if ks:
-            axes[1].plot(*zip(*ks, strict=True), **style)
-        shown += [v for _, v in al + ks]
-    axes[0].set_xlabel("alpha (HGPO's level weights (k + 1)^alpha)")
-    axes[1].set_xlabel("hierarchy depth k' used by HGPO (levels 0..k')")
-    _integer_x(axes[1])
-    for ax in axes:
-        _y_scale(ax, shown, "MSE of HGPO (reward$^2$)")
-    axes[0].set_title("HGPO's MSE against alpha (norm=mean)", fontsize=10)
-    axes[1].set_title("HGPO's MSE against its depth (norm=mean)", fontsize=10)
-    _legend_outside(axes[1])
+    envs = sorted({c[0] for c in cells})
+    fig, axes = plt.subplots(len(envs), 2, figsize=(11, 3.8 * len(envs)), squeeze=False)
+    for i, env in enumerate(envs):
+        shown: list[float] = []
+        for c in (c for c in cells if c[0] == env):
+            sub = {r["estimator"]: r.get("mse", np.nan) for r in rows
+                   if (r["env"], r["K"], r["stage"]) == c and r["norm"] == "mean"}  # fmt: skip
+            al = sorted(
+                (float(k.split("=")[1]), v) for k, v in sub.items() if k.startswith("alpha=")
+            )
+            ks = sorted((int(k.split("=")[1]), v) for k, v in sub.items() if k.startswith("K="))
+            style = _line_style(cells, c[1], c[2])
+            if al:
+                axes[i, 0].plot(*zip(*al, strict=True), **style)
+            if ks:
+                axes[i, 1].plot(*zip(*ks, strict=True), **style)
+            shown += [v for _, v in al + ks]
+        name = env.split(":")[0]
+        axes[i, 0].set_xlabel("alpha (HGPO's level weights (k + 1)^alpha)")
+        axes[i, 1].set_xlabel("hierarchy depth k' used by HGPO (levels 0..k')")
+        _integer_x(axes[i, 1])
+        for ax in axes[i]:
+            _y_scale(ax, shown, "MSE of HGPO (reward$^2$)")
+        axes[i, 0].set_title(f"{name}: HGPO's MSE against alpha (norm=mean)", fontsize=10)
+        axes[i, 1].set_title(f"{name}: HGPO's MSE against its depth (norm=mean)", fontsize=10)
+        _legend_outside(axes[i, 1], title="\n".join(textwrap.wrap(env.replace(",", ", "), 34)))
     return fig
 
 
@@ -418,6 +619,7 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [r for res in results for r in res["rows"]]
     levels = [r for res in results for r in res["levels"]]
     props = [res["prop41"] for res in results]
+    versus = _versus_family([v for res in results for v in res["versus"]])
     write_csv(out / "results.csv", rows)
     write_csv(out / "levels.csv", levels)
     settings = asdict(cfg)
@@ -430,6 +632,7 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
                 "levels": levels,
                 "prop41": props,
                 "prop41_checks": [None if p is None else prop_checks(p) for p in props],
+                "versus": versus,
             },
             indent=1,
             default=float,
@@ -439,10 +642,11 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     table = _table(rows)
     prop_text = _prop_text(props)
     files = _plots(out, rows, levels)
-    md = ["# Bias/variance study", "", *summary_lines(rows, props, settings),
+    md = ["# Bias/variance study", "", *summary_lines(rows, props, settings, versus),
           "## Settings", "", "`" + json.dumps({k: v for k, v in settings.items() if k != "extra"}) + "`", "",
           "## Every estimator (norm=mean; cos* = norm=mean_std)", "",
-          "```", table, "```", "", "## Proposition 4.1", "", "```", prop_text, "```", "", "## Per level (HGPO, norm=mean)", "",
+          "```", table, "```", "", *_versus_table(versus),
+          "## Proposition 4.1", "", "```", prop_text, "```", "", "## Per level (HGPO, norm=mean)", "",
           "| env | K | stage | level | utilisation | mean group size | bias2 | variance | mse | bias2 (all steps) | variance (all) |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in levels:
@@ -453,4 +657,5 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
         )
     md += [""] + [f"![{f}]({f})" for f in files]
     (out / "report.md").write_text("\n".join(md) + "\n")
-    return {"table": table, "prop41_text": prop_text, "rows": rows, "levels": levels}
+    return {"table": table, "prop41_text": prop_text, "rows": rows, "levels": levels,
+            "terminal": "\n".join(terminal_lines(versus, props))}  # fmt: skip

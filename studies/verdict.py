@@ -14,14 +14,28 @@ The claim
 
 and the text gives every step's direction, difference and evidence, so that a Holm p = 0.81
 reads as what it is: ``hgpo > gigpo (+0.008, not significant, Holm p = 0.81)``.
+
+A study that makes many comparisons (estimators x figures x cells) corrects them as one family
+with :func:`holm` (statsmodels' ``multipletests``); a comparison that comes with a 95% interval
+only gets its p-value from the interval first (:func:`p_from_interval`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["DOES_NOT_HOLD", "HOLDS", "NOT_SIGNIFICANT", "UNTESTED", "Step", "ordering_verdict"]
+__all__ = [
+    "DOES_NOT_HOLD",
+    "HOLDS",
+    "NOT_SIGNIFICANT",
+    "UNTESTED",
+    "Step",
+    "holm",
+    "ordering_verdict",
+    "p_from_interval",
+]
 
 HOLDS = "holds"
 NOT_SIGNIFICANT = "not significant"
@@ -101,3 +115,39 @@ def ordering_verdict(steps: list[Step], alpha: float = 0.05, num: str = "+.3f") 
     else:
         status = UNTESTED
     return status, f"{status}: " + "; ".join(s.text(alpha, num) for s in steps)
+
+
+def holm(p: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values of one family of comparisons (statsmodels ``multipletests``,
+    method "holm"). A NaN p (a comparison that could not be tested) stays NaN and is not
+    counted in the family; an empty family gives []."""
+    from statsmodels.stats.multitest import multipletests
+
+    for x in p:
+        if not (math.isnan(x) or 0.0 <= x <= 1.0):
+            raise ValueError(f"p: each p-value must be in [0, 1] or NaN, got {x!r}")
+    tested = [i for i, x in enumerate(p) if not math.isnan(x)]
+    out = [math.nan] * len(p)
+    if tested:
+        adj = multipletests([p[i] for i in tested], method="holm")[1]
+        for i, q in zip(tested, adj, strict=True):
+            out[i] = float(q)
+    return out
+
+
+def p_from_interval(diff: float, lo: float, hi: float, level: float = 0.95) -> float:
+    """The two-sided p-value of ``diff`` = 0 read off a symmetric normal ``level`` interval
+    [lo, hi] of it: se = (hi - lo) / (2 z), z the normal quantile of (1 + level) / 2. NaN when
+    a figure is not finite; 1 (no difference) or 0 (its limit) for a zero-width interval."""
+    if not all(math.isfinite(x) for x in (diff, lo, hi)):
+        return math.nan
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level: must be in (0, 1), got {level!r}")
+    if hi < lo:
+        raise ValueError(f"interval: lo must be <= hi, got [{lo!r}, {hi!r}]")
+    from scipy.stats import norm
+
+    se = (hi - lo) / (2.0 * float(norm.ppf((1.0 + level) / 2.0)))
+    if se == 0.0:
+        return 1.0 if diff == 0.0 else 0.0
+    return float(2.0 * norm.sf(abs(diff) / se))

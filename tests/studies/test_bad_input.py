@@ -26,7 +26,8 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> list:
 
     def fake(cfg, progress=True, fresh=False):
         seen.append(cfg)
-        return {"table": "", "prop41_text": "", "orderings_text_auc": "", "schemes_text": ""}
+        return {"table": "", "prop41_text": "", "orderings_text_auc": "", "schemes_text": "",
+                "terminal": ""}  # fmt: skip
 
     monkeypatch.setattr(bv, "run_study", fake)
     monkeypatch.setattr(tt, "run_study", fake)

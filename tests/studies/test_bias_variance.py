@@ -12,7 +12,21 @@ def test_quick_study_writes_results_and_is_reproducible(tmp_path, capsys):
             "--batches", "10", "--groups", "4", "--workers", "1", "--no-progress"]  # fmt: skip
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
-    assert "hgpo" in out and "Proposition 4.1" in out
+    # the terminal ends with a short summary (issue 38 item 16): HGPO against GRPO and GiGPO
+    # with intervals, one line on Proposition 4.1, where the files are; the table and every
+    # cell's checks are in report.md only
+    lines = out.strip().splitlines()
+    assert len(lines) <= 8, out
+    assert lines[0].startswith("HGPO against GRPO and GiGPO (2 cells)")
+    assert "Holm correction over the family of all 12 such tests" in lines[0]
+    assert lines[1].startswith("- MSE per batch (norm = mean, reward^2; lower is better): vs grpo ")
+    assert lines[-3].startswith("Proposition 4.1: its variance condition, of 2 cells: ")
+    assert lines[-1].startswith(f"wrote {tmp_path / 'a'}/ in ") and "report.md" in lines[-1]
+    assert "variance rises with k:" not in out and "keydoor    2 untrained" not in out
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert md.startswith("# Bias/variance study\n\n## Summary\n\n2 cells. A cell is one ")
+    assert md.index("### HGPO against GRPO and GiGPO") < md.index("### Proposition 4.1")
+    assert "variance rises with k:" in md and "keydoor    2 untrained" in md
     for f in ("results.csv", "results.json", "levels.csv", "report.md", "bias_variance_vs_k.png",
               "mse_and_gradient.png", "group_sizes.png", "mse_vs_alpha_and_K.png"):  # fmt: skip
         assert (tmp_path / "a" / f).stat().st_size > 0
@@ -97,3 +111,17 @@ def test_study_config_declares_its_checks_per_field():
     help_text = bv._parser().format_help()
     for title in sections(cls):
         assert help_text.count(f"\n{title}:\n") == 1
+
+
+def test_paired_difference() -> None:
+    from studies.bias_variance import paired_difference
+
+    d = paired_difference([1.0, 2.0, 3.0, float("nan")], [0.0, 0.0, 1.0, 5.0])
+    assert d["n"] == 3 and d["diff"] == pytest.approx(5 / 3) and d["lo"] < d["diff"] < d["hi"]
+    assert 0 < d["p"] < 0.1
+    assert paired_difference([1.0, 1.0], [1.0, 1.0])["p"] == 1.0  # no difference at all
+    assert paired_difference([2.0, 2.0], [1.0, 1.0])["p"] == 0.0  # the limit of t
+    one = paired_difference([1.0], [0.0])
+    assert one["diff"] == 1.0 and one["n"] == 1 and one["p"] != one["p"]  # NaN: no test
+    with pytest.raises(ValueError, match="equal lengths, got 2 and 1"):
+        paired_difference([1.0, 2.0], [1.0])
