@@ -13,7 +13,12 @@ Users add estimators with :func:`register_estimator` or, from an installed packa
 entry point in the ``hgpo.estimators`` group (``name = "package.module:function"``); both
 appear by name everywhere an estimator is chosen (``compute_advantages``, the studies'
 ``--estimators``, ``hgpo.train --estimator``, the verl integration). Entry points are loaded
-the first time the registry is read.
+the first time the registry is read; a broken one is skipped with a warning.
+
+:func:`compute_advantages` hands an estimator read-only views of the batch and of the
+per-step arrays (one batch is shared by every estimator a study runs): a write into them is
+an :class:`EstimatorWriteError` naming the estimator and the field, and a user's estimator
+that raises is an :class:`EstimatorError` naming it.
 """
 
 from __future__ import annotations
@@ -412,8 +417,13 @@ def compute_advantages(
     naming it. An unknown estimator or option, a batch that is not a StepBatch or a config
     that is not an EstimatorConfig raises ValueError naming it, and so does an advantage past
     float64's range (rewards so large that A = n / (n - 1) (R - mean) or GiGPO's sum of two
-    terms overflows) or, from a user's estimator, a result that is not one finite value per
-    step.
+    terms overflows) or, from a user's estimator, a result (advantages or returns) that is not
+    one finite value per step.
+
+    The estimator gets read-only views of the batch's arrays and of ``values`` and
+    ``entropy``: one that writes into them raises :class:`EstimatorWriteError` naming it and
+    the field. A user's estimator that raises is an :class:`EstimatorError` naming it (the
+    original error as ``__cause__``).
     """
     spec = _REGISTRY.spec(name)
     cfg = config if config is not None else EstimatorConfig()
