@@ -316,7 +316,7 @@ class StepBatch:
 
         ``writable_copies_except`` (the registry's error path, naming the field an estimator
         wrote into): every array a writable copy except that one field (a name of
-        :data:`ARRAY_FIELDS`), which stays a read-only view."""
+        :data:`ARRAY_FIELDS`; "": none), which stays a read-only view."""
         out = object.__new__(StepBatch)
         out.__dict__.update(self.__dict__)
         lock = (

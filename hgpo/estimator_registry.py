@@ -448,13 +448,13 @@ def _run(
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported later
             return spec.fn(batch.read_only(), cfg, positional, **views)
     except ValueError as exc:
-        if _is_read_only_error(exc):
-            written = _written_fields(spec, batch, cfg, inputs)
+        written = _written_fields(spec, batch, cfg, inputs) if _is_read_only_error(exc) else []
+        if written:  # (none: a read-only array of the estimator's own)
             raise EstimatorWriteError(
                 f"estimator {name!r} ({spec.origin}) wrote into its input "
-                f"{' and '.join(written) if written else '(a batch or per-step array)'}: "
-                "estimators get read-only views, shared with every other estimator; copy "
-                f"before changing one (e.g. r = batch.reward.copy()) [{exc}]"
+                f"{' and '.join(written)}: estimators get read-only views, shared with every "
+                f"other estimator; copy before changing one (e.g. r = batch.reward.copy()) "
+                f"[{exc}]"
             ) from exc
         if spec.builtin:
             raise
@@ -488,25 +488,37 @@ def _failed(name: str, spec: EstimatorSpec, exc: Exception) -> EstimatorError:
 def _written_fields(
     spec: EstimatorSpec, batch: StepBatch, cfg: EstimatorConfig, inputs: dict
 ) -> list[str]:
-    """(error path) The fields the estimator writes into: it is run again once per field,
-    that field a read-only view and every other array a writable copy."""
+    """(error path) The fields the estimator writes into: it is run again on writable copies
+    of every array (if it still hits a read-only array, that one is its own: none), then once
+    per field, that field a read-only view and every other array a writable copy."""
     fields = [f for f in ARRAY_FIELDS if _field(batch, f) is not None]
-    fields += [f"{k}" for k in _ARRAY_INPUTS if k in inputs]
-    written = []
-    for f in fields:
-        args = {k: _read_only(v) if k == f else v.copy() if k in _ARRAY_INPUTS else list(v)
-                for k, v in inputs.items()}  # fmt: skip
-        positional = args.pop("values", None)
-        view = batch.read_only(writable_copies_except=f)
-        try:
-            with np.errstate(all="ignore"):
-                spec.fn(view, cfg, positional, **args)
-        except ValueError as exc:
-            if _is_read_only_error(exc):
-                written.append(f if f in _ARRAY_INPUTS else f"batch.{f}")
-        except Exception:
-            pass
-    return written
+    fields += [k for k in _ARRAY_INPUTS if k in inputs]
+    if _writes_read_only(spec, batch, cfg, inputs, None):
+        return []
+    return [
+        f if f in _ARRAY_INPUTS else f"batch.{f}"
+        for f in fields
+        if _writes_read_only(spec, batch, cfg, inputs, f)
+    ]
+
+
+def _writes_read_only(
+    spec: EstimatorSpec, batch: StepBatch, cfg: EstimatorConfig, inputs: dict, locked: str | None
+) -> bool:
+    """Whether the estimator hits a read-only array when only field ``locked`` (None: no
+    field) is a read-only view and every other array a writable copy."""
+    args = {k: _read_only(v) if k == locked else v.copy() if k in _ARRAY_INPUTS else list(v)
+            for k, v in inputs.items()}  # fmt: skip
+    positional = args.pop("values", None)
+    view = batch.read_only(writable_copies_except=locked or "")
+    try:
+        with np.errstate(all="ignore"):
+            spec.fn(view, cfg, positional, **args)
+    except ValueError as exc:
+        return _is_read_only_error(exc)
+    except Exception:
+        return False
+    return False
 
 
 def _field(batch: StepBatch, name: str) -> Any:

@@ -398,5 +398,22 @@ def test_no_builtin_estimator_writes_into_its_inputs(name):
         for cfg in ({}, {"invalid_penalty": 0.1, "penalty_mode": "return", "gamma": 0.0}):
             out = compute_advantages(name, batch, **cfg, **inputs)
             assert np.isfinite(out.advantages).all() and out.advantages.flags.writeable
+            assert out.returns.flags.writeable
         for k, v in saved.items():
             np.testing.assert_array_equal(getattr(batch, k), v, err_msg=k)
+
+
+def test_a_read_only_array_of_the_estimators_own_is_its_own_error(registered):
+    def own(batch, cfg, values=None):
+        a = np.broadcast_to(0.0, batch.n_steps)
+        a[0] = 1.0
+
+    register_estimator("own", own)
+    registered.append("own")
+    with pytest.raises(
+        hgpo.estimator_registry.EstimatorError,
+        match=r"estimator 'own' \(register_estimator\) raised ValueError: assignment "
+        r"destination is read-only",
+    ) as info:
+        compute_advantages("own", _batch())
+    assert type(info.value) is hgpo.estimator_registry.EstimatorError
