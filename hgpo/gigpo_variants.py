@@ -122,11 +122,18 @@ def _greedy_distinct(distinct: list[str], thresh: float) -> list[int] | None:
         per_row = _BYTES_PER_PAIR * (len(rep_of) + D - a0)
         a1 = min(D, a0 + max(1, SIMILARITY_BLOCK_BYTES // per_row))
         cols = np.asarray(rep_of + list(range(a0, a1)), dtype=np.int64)  # rising
-        maybe = lcs_bounds([distinct[b] for b in cols.tolist()], distinct[a0:a1]) >= thresh
+        if a1 - a0 == cols.size:  # (the queries are the choices: each pair computed once)
+            maybe = lcs_bounds(distinct[a0:a1]) >= thresh
+        else:
+            maybe = lcs_bounds([distinct[b] for b in cols.tolist()], distinct[a0:a1]) >= thresh
+        maybe &= cols[None, :] < np.arange(a0, a1)[:, None]  # earlier texts b < a only
+        has = maybe.any(axis=1).tolist()
+        col_of = cols.tolist()
         for a in range(a0, a1):
             x = distinct[a]
             cluster = -1
-            for b in cols[maybe[a - a0] & (cols < a)].tolist():
+            for k in np.flatnonzero(maybe[a - a0]).tolist() if has[a - a0] else ():
+                b = col_of[k]
                 j = cluster_of[b]
                 if rep_of[j] != b:
                     continue  # b joined a cluster: not a representative
