@@ -18,7 +18,7 @@ import numpy as np
 
 from hgpo.branched_batch import BranchLayout, bad_parent_change, branch_layout
 
-__all__ = ["StateIndexer", "StepBatch", "state_ids"]
+__all__ = ["ARRAY_FIELDS", "StateIndexer", "StepBatch", "state_ids"]
 
 
 _INT64 = np.iinfo(np.int64)
@@ -309,6 +309,27 @@ class StepBatch:
                 "last step"
             )
 
+    def read_only(self, writable_copies_except: str | None = None) -> StepBatch:
+        """This batch with every array a read-only view (no copy, no checks rerun): what the
+        registry hands an estimator, so that a write into the batch raises instead of
+        changing what every later estimator reads.
+
+        ``writable_copies_except`` (the registry's error path, naming the field an estimator
+        wrote into): every array a writable copy except that one field (a name of
+        :data:`ARRAY_FIELDS`; "": none), which stays a read-only view."""
+        out = object.__new__(StepBatch)
+        out.__dict__.update(self.__dict__)
+        lock = (
+            _read_only if writable_copies_except is None else _copy_unless(writable_copies_except)
+        )
+        for name in _COLUMNS:
+            arr = self.__dict__[name]
+            if arr is not None:
+                out.__dict__[name] = lock(name, arr)
+        if self.branches is not None:  # [branching] the layout's arrays too
+            out.__dict__["branches"] = _layout_view(self.branches, lock)
+        return out
+
     @property
     def n_steps(self) -> int:
         return int(self.group.shape[0])
@@ -413,6 +434,39 @@ class StepBatch:
             invalid=flat("invalid", invalid),
             next_state=next_state,
         )
+
+
+_COLUMNS = (
+    "group", "traj", "step", "reward", "state", "action", "invalid", "parent", "next_state",
+    "traj_start", "traj_len", "traj_index",
+)  # fmt: skip
+_LAYOUT = ("parent", "branch_step", "virtual_len", "first", "virtual_rows")
+ARRAY_FIELDS: tuple[str, ...] = (*_COLUMNS, *(f"branches.{a}" for a in _LAYOUT))
+"""The arrays of a StepBatch (``branches.*``: its branch layout's), as
+:meth:`StepBatch.read_only` names them."""
+
+
+def _read_only(name: str, arr: np.ndarray) -> np.ndarray:
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
+def _copy_unless(locked: str) -> Any:
+    def lock(name: str, arr: np.ndarray) -> np.ndarray:
+        return _read_only(name, arr) if name == locked else arr.copy()
+
+    return lock
+
+
+def _layout_view(layout: BranchLayout, lock: Any) -> BranchLayout:
+    """[branching] A copy of ``layout`` whose arrays pass through ``lock``; its virtual rows
+    are built here, once, on the batch's own layout (the estimators read them)."""
+    out = object.__new__(BranchLayout)
+    out.__dict__.update(layout.__dict__)
+    for name in _LAYOUT:
+        out.__dict__[name] = lock(f"branches.{name}", getattr(layout, name))
+    return out
 
 
 class StateIndexer:

@@ -13,13 +13,20 @@ Users add estimators with :func:`register_estimator` or, from an installed packa
 entry point in the ``hgpo.estimators`` group (``name = "package.module:function"``); both
 appear by name everywhere an estimator is chosen (``compute_advantages``, the studies'
 ``--estimators``, ``hgpo.train --estimator``, the verl integration). Entry points are loaded
-the first time the registry is read.
+the first time the registry is read; a broken one is skipped with a warning.
+
+:func:`compute_advantages` hands an estimator read-only views of the batch and of the
+per-step arrays (one batch is shared by every estimator a study runs): a write into them is
+an :class:`EstimatorWriteError` naming the estimator and the field, and a user's estimator
+that raises is an :class:`EstimatorError` naming it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -27,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from hgpo.batch import StepBatch
+from hgpo.batch import ARRAY_FIELDS, StepBatch
 from hgpo.config import EstimatorConfig
 from hgpo.empg import empg
 from hgpo.estimators import (
@@ -53,8 +60,10 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "ESTIMATORS",
     "STEP_INPUTS",
+    "EstimatorError",
     "EstimatorRegistrationError",
     "EstimatorSpec",
+    "EstimatorWriteError",
     "compute_advantages",
     "estimator_reads",
     "get_estimator",
@@ -89,6 +98,15 @@ class EstimatorRegistrationError(ValueError):
     """A name, function or entry point that cannot be registered as an estimator."""
 
 
+class EstimatorError(RuntimeError):
+    """A user's estimator that raised (its name and origin in the message, the original
+    error chained as ``__cause__``)."""
+
+
+class EstimatorWriteError(EstimatorError):
+    """An estimator that wrote into its input batch or per-step arrays (read-only views)."""
+
+
 @dataclass(frozen=True)
 class EstimatorSpec:
     """One registered estimator."""
@@ -114,6 +132,7 @@ class _Registry(Mapping[str, Estimator]):
 
     def __init__(self) -> None:
         self._specs: dict[str, EstimatorSpec] = {}
+        self._broken: dict[str, str] = {}  # entry points that failed to load: name -> why
         self._entry_points_loaded = False
         self._loading = False
 
@@ -129,28 +148,40 @@ class _Registry(Mapping[str, Estimator]):
         return self._specs
 
     def _add_entry_point(self, ep: metadata.EntryPoint) -> None:
+        """Register one entry point; a broken one (its module missing or failing to import,
+        not a function, a name taken) is skipped with one warning naming it and why, and
+        choosing it by name later is an error saying the same (:meth:`spec`)."""
         where = f"entry point {ep.name!r} ({ENTRY_POINT_GROUP}: {ep.value})"
         try:
             obj = ep.load()
-        except Exception as exc:  # a broken package must not pass unnoticed
-            raise EstimatorRegistrationError(
-                f"{where} failed to load: {type(exc).__name__}: {exc}"
-            ) from exc
-        if ep.name in self._specs and self._specs[ep.name].origin != f"entry point {ep.value}":
-            raise EstimatorRegistrationError(
-                f"{where}: the name {ep.name!r} is taken by {self._specs[ep.name].origin}; "
-                "give the entry point another name"
+            if ep.name in self._specs and self._specs[ep.name].origin != f"entry point {ep.value}":
+                raise EstimatorRegistrationError(
+                    f"the name {ep.name!r} is taken by {self._specs[ep.name].origin}; give the "
+                    "entry point another name"
+                )
+            if isinstance(obj, EstimatorSpec):
+                fn, reads = obj.fn, obj.reads
+            else:
+                fn, reads = obj, tuple(getattr(obj, "reads", ()))
+            spec = _make_spec(ep.name, fn, reads, f"entry point {ep.value}", where)
+        except Exception as exc:
+            msg = " ".join(str(exc).split()).removeprefix(f"{where}: ")
+            reason = msg if isinstance(exc, EstimatorRegistrationError) else (
+                f"{type(exc).__name__}: {msg}")  # fmt: skip
+            if ep.name not in self._specs:  # (a taken name keeps the estimator it names)
+                self._broken[ep.name] = f"{where} failed to load: {reason}"
+            warnings.warn(
+                f"hgpo: skipping estimator {where}: {reason}", RuntimeWarning, stacklevel=2
             )
-        if isinstance(obj, EstimatorSpec):
-            fn, reads = obj.fn, obj.reads
-        else:
-            fn, reads = obj, tuple(getattr(obj, "reads", ()))
-        self._specs[ep.name] = _make_spec(ep.name, fn, reads, f"entry point {ep.value}", where)
+            return
+        self._specs[ep.name] = spec
 
     def spec(self, name: str) -> EstimatorSpec:
         specs = self._load()
         if isinstance(name, str) and name in specs:
             return specs[name]
+        if isinstance(name, str) and name in self._broken:
+            raise ValueError(f"estimator {name!r}: {self._broken[name]}")
         raise ValueError(f"unknown estimator {name!r}; known estimators: {', '.join(specs)}")
 
     def __getitem__(self, name: str) -> Estimator:
@@ -338,15 +369,33 @@ def _checked_output(
             batch, out.advantages, "advantage", "for this estimator", f"estimator {name!r}: "
         )
         return out
-    bad = ~np.isfinite(out.advantages)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"estimator {name!r} ({spec.origin}) returned a non-finite advantage "
-            f"{float(out.advantages[i])} at row {i} (step {int(batch.step[i])} of trajectory "
-            f"{int(batch.traj[i])}); an estimator must return finite values"
-        )
-    return out
+    for field, what in (("advantages", "advantage"), ("returns", "return")):
+        arr = np.asarray(getattr(out, field))
+        if arr.dtype.kind not in "iuf":
+            raise ValueError(
+                f"estimator {name!r} ({spec.origin}) returned {field} of dtype {arr.dtype}; "
+                "it must be real numbers, float64"
+            )
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"estimator {name!r} ({spec.origin}) returned a non-finite {what} "
+                f"{float(arr[i])} at row {i} (step {int(batch.step[i])} of trajectory "
+                f"{int(batch.traj[i])}) of {field}; an estimator must return finite values"
+            )
+    return _writable(out)
+
+
+def _writable(out: Advantages) -> Advantages:
+    """``out`` with its own writable arrays where a user's estimator returned one of its
+    read-only inputs (``return batch.reward``): the caller may change what it gets back."""
+    fix = {}
+    for f in ("advantages", "returns"):
+        arr = getattr(out, f)
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.float64 or not arr.flags.writeable:
+            fix[f] = np.array(arr, dtype=np.float64)
+    return dataclasses.replace(out, **fix) if fix else out
 
 
 def compute_advantages(
@@ -368,8 +417,13 @@ def compute_advantages(
     naming it. An unknown estimator or option, a batch that is not a StepBatch or a config
     that is not an EstimatorConfig raises ValueError naming it, and so does an advantage past
     float64's range (rewards so large that A = n / (n - 1) (R - mean) or GiGPO's sum of two
-    terms overflows) or, from a user's estimator, a result that is not one finite value per
-    step.
+    terms overflows) or, from a user's estimator, a result (advantages or returns) that is not
+    one finite value per step.
+
+    The estimator gets read-only views of the batch's arrays and of ``values`` and
+    ``entropy``: one that writes into them raises :class:`EstimatorWriteError` naming it and
+    the field. A user's estimator that raises is an :class:`EstimatorError` naming it (the
+    original error as ``__cause__``).
     """
     spec = _REGISTRY.spec(name)
     cfg = config if config is not None else EstimatorConfig()
@@ -378,10 +432,99 @@ def compute_advantages(
     inputs = _checked_inputs(name, spec, batch, given)
     if options:
         cfg = cfg.replace(**options)
-    positional = inputs.pop("values", None)
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported just below
-        out = spec.fn(batch, cfg, positional, **inputs)
+    out = _run(name, spec, batch, cfg, inputs)
     return _checked_output(name, spec, batch, cfg, out)
+
+
+def _run(
+    name: str, spec: EstimatorSpec, batch: StepBatch, cfg: EstimatorConfig, inputs: dict
+) -> Any:
+    """``spec.fn`` on read-only views of the batch and the per-step arrays (a write into
+    them is an :class:`EstimatorWriteError` naming the field); a user's estimator that
+    raises is an :class:`EstimatorError` naming it, the original error chained."""
+    views = {k: _read_only(v) if k in _ARRAY_INPUTS else v for k, v in inputs.items()}
+    positional = views.pop("values", None)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported later
+            return spec.fn(batch.read_only(), cfg, positional, **views)
+    except ValueError as exc:
+        written = _written_fields(spec, batch, cfg, inputs) if _is_read_only_error(exc) else []
+        if written:  # (none: a read-only array of the estimator's own)
+            raise EstimatorWriteError(
+                f"estimator {name!r} ({spec.origin}) wrote into its input "
+                f"{' and '.join(written)}: estimators get read-only views, shared with every "
+                f"other estimator; copy before changing one (e.g. r = batch.reward.copy()) "
+                f"[{exc}]"
+            ) from exc
+        if spec.builtin:
+            raise
+        raise _failed(name, spec, exc) from exc
+    except Exception as exc:
+        if spec.builtin:
+            raise
+        raise _failed(name, spec, exc) from exc
+
+
+_ARRAY_INPUTS = ("values", "entropy")
+
+
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
+def _is_read_only_error(exc: ValueError) -> bool:
+    """numpy's error for a write into a read-only array ("assignment destination is
+    read-only", "output array is read-only", "array is read-only")."""
+    return "read-only" in str(exc)
+
+
+def _failed(name: str, spec: EstimatorSpec, exc: Exception) -> EstimatorError:
+    msg = " ".join(str(exc).split()) or "(no message)"
+    return EstimatorError(f"estimator {name!r} ({spec.origin}) raised {type(exc).__name__}: {msg}")
+
+
+def _written_fields(
+    spec: EstimatorSpec, batch: StepBatch, cfg: EstimatorConfig, inputs: dict
+) -> list[str]:
+    """(error path) The fields the estimator writes into: it is run again on writable copies
+    of every array (if it still hits a read-only array, that one is its own: none), then once
+    per field, that field a read-only view and every other array a writable copy."""
+    fields = [f for f in ARRAY_FIELDS if _field(batch, f) is not None]
+    fields += [k for k in _ARRAY_INPUTS if k in inputs]
+    if _writes_read_only(spec, batch, cfg, inputs, None):
+        return []
+    return [
+        f if f in _ARRAY_INPUTS else f"batch.{f}"
+        for f in fields
+        if _writes_read_only(spec, batch, cfg, inputs, f)
+    ]
+
+
+def _writes_read_only(
+    spec: EstimatorSpec, batch: StepBatch, cfg: EstimatorConfig, inputs: dict, locked: str | None
+) -> bool:
+    """Whether the estimator hits a read-only array when only field ``locked`` (None: no
+    field) is a read-only view and every other array a writable copy."""
+    args = {k: _read_only(v) if k == locked else v.copy() if k in _ARRAY_INPUTS else list(v)
+            for k, v in inputs.items()}  # fmt: skip
+    positional = args.pop("values", None)
+    view = batch.read_only(writable_copies_except=locked or "")
+    try:
+        with np.errstate(all="ignore"):
+            spec.fn(view, cfg, positional, **args)
+    except ValueError as exc:
+        return _is_read_only_error(exc)
+    except Exception:
+        return False
+    return False
+
+
+def _field(batch: StepBatch, name: str) -> Any:
+    if name.startswith("branches."):
+        return None if batch.branches is None else getattr(batch.branches, name[9:])
+    return getattr(batch, name)
 
 
 def _register_builtins() -> None:

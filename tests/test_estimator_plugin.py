@@ -122,3 +122,36 @@ def test_verl_registers_it_and_verl_agent_routes_it(plugin):
     assert r.stdout.splitlines()[-3:] == [
         "toy_centred toy_inputs", "toy_inputs", "toy_inputs toy_centred",
     ]  # fmt: skip
+
+
+def test_a_broken_entry_point_stops_neither_verl_nor_the_others(plugin, tmp_path):
+    """Issue 38 item 11: an entry point whose module is missing, or whose object is not a
+    function, is skipped with one warning each: verl's registry still gets the package's good
+    estimators, and choosing a broken one is a one-line error saying why it did not load."""
+    pytest.importorskip("verl")
+    broken = tmp_path / "broken"
+    info = broken / "toybroken-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toybroken\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[hgpo.estimators]\ntoy_gone = nomodule:fn\ntoy_notfn = toyplug:os\n"
+    )
+    code = (
+        "from hgpo.integrations import verl as hv\n"
+        "from hgpo.estimator_registry import get_spec\n"
+        "print(hv.verl_name('toy_centred'), 'toy_gone' in hv.NAMES)\n"
+        "try:\n    get_spec('toy_gone')\nexcept ValueError as e:\n    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(PYTHONPATH=os.pathsep.join(map(str, (plugin, broken, ROOT))), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout.splitlines()[-2:]
+    assert out[0] == "toy_centred False"
+    assert out[1] == (
+        "estimator 'toy_gone': entry point 'toy_gone' (hgpo.estimators: nomodule:fn) failed to "
+        "load: ModuleNotFoundError: No module named 'nomodule'"
+    )
+    warned = [ln for ln in r.stderr.splitlines() if "RuntimeWarning" in ln]
+    assert len(warned) == 2 and "toy_gone" in warned[0] and "toy_notfn" in warned[1], warned

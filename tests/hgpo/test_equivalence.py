@@ -176,3 +176,38 @@ def test_similarity_clusters_at_a_threshold_equal_to_a_pairs_ratio(texts, pick):
     got = similarity_clusters(batch, texts, thresh)
     want = [c for _, c in ref_similarity_clusters(batch, texts, thresh)]
     np.testing.assert_array_equal(got, want)
+
+
+def test_similarity_clusters_keep_to_the_memory_budget(monkeypatch):
+    """Issue 38 item 12: the pairwise bounds of a rollout group's D distinct observations were
+    one D x D matrix (12,000 texts: a MemoryError after 3.4 GB); now they come block by block
+    of rows against the representatives, under SIMILARITY_BLOCK_BYTES (here 32 KiB, so 200
+    texts take many blocks), and the clusters are still the literal loop's."""
+    import tracemalloc
+
+    from hgpo import StepBatch
+    from hgpo import gigpo_variants as gv
+
+    rng = np.random.default_rng(0)
+    letters = np.array(list("abcdefgh "))
+    templates = ["".join(rng.choice(letters, 60)) for _ in range(20)]
+    texts = []
+    for _ in range(200):  # a template with 0..11 characters changed
+        t = np.array(list(templates[rng.integers(20)]))
+        t[rng.integers(0, 60, rng.integers(0, 12))] = rng.choice(letters)
+        texts.append("".join(t))
+    n = len(texts)
+    batch = StepBatch(np.zeros(n, np.int64), np.arange(n), np.zeros(n, np.int64), np.zeros(n),
+                      np.zeros(n, np.int64))  # fmt: skip
+    monkeypatch.setattr(gv, "SIMILARITY_BLOCK_BYTES", 32 << 10, raising=False)
+    gv.lcs_bounds(["a"])  # (rapidfuzz imported before the count)
+    tracemalloc.start()
+    try:
+        got = similarity_clusters(batch, texts, 0.7)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 << 10, f"peak {peak} bytes"  # one 200 x 200 array of bounds: 320 KB
+    want = [c for _, c in ref_similarity_clusters(batch, texts, 0.7)]
+    np.testing.assert_array_equal(got, want)
+    assert 10 < max(want) < 50  # the texts do cluster (and not all into one)
