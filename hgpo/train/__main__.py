@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -66,19 +65,12 @@ def main(argv: list[str] | None = None) -> int:
 def print_plan(cfg: TrainConfig, ns: argparse.Namespace) -> int:
     """``--plan``: the memory plan of ``cfg`` (pure arithmetic, no model built); exit 2 with a
     one-line error for a bad --plan-gpus / --plan-gpu-gib or an unreadable model config."""
-    from hgpo.train.memory_plan import plan_for_config
-    from hgpo.train.model_shapes import ModelConfigError
+    from hgpo.train.memory_plan import check_plan_flags, plan_for_config
 
-    if ns.plan_gpus is not None and ns.plan_gpus < 1:
-        print(f"error: --plan-gpus: must be >= 1, got {ns.plan_gpus}", file=sys.stderr)
-        return 2
-    gib = ns.plan_gpu_gib
-    if gib is not None and not (math.isfinite(gib) and gib > 0):
-        print(f"error: --plan-gpu-gib: must be a positive number, got {gib}", file=sys.stderr)
-        return 2
-    try:
-        plan = plan_for_config(cfg, ns.preset, ns.plan_gpus, gib)
-    except ModelConfigError as e:
+    try:  # a bad flag or model config (ModelConfigError) is a ValueError
+        check_plan_flags(ns.plan_gpus, ns.plan_gpu_gib)
+        plan = plan_for_config(cfg, ns.preset, ns.plan_gpus, ns.plan_gpu_gib)
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(plan.render())
