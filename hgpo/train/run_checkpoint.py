@@ -20,7 +20,7 @@ from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
 from hgpo.train.lora import ADAPTER_DIR
 from hgpo.train.model import HF_MODEL_DIR, save_hf_model
-from hgpo.train.rundir import record_resume
+from hgpo.train.rundir import record_resume, resume_checkpoint
 from hgpo.train.train_config import TrainConfigError
 
 __all__ = ["load_run", "save_run", "set_lr"]
@@ -108,8 +108,10 @@ def load_run(
     """Load the newest checkpoint of the run in ``out`` into the engines: (its folder, the
     next iteration), or None when there is none. ``resume_changes`` (rank 0: the settings
     --resume changed) go to resumes.jsonl. A checkpoint written by another number of ranks
-    under ZeRO-1/2/3 is refused (TrainConfigError) before anything is loaded."""
-    path = ckpt.latest(out / "checkpoints")
+    under ZeRO-1/2/3 is refused (TrainConfigError) before anything is loaded; damaged
+    checkpoints are passed over (:func:`hgpo.train.rundir.resume_checkpoint`, which refuses
+    when none is intact)."""
+    path, _ = resume_checkpoint(out)
     if path is None:
         return None
     state = json.loads((path / "trainer_state.json").read_text())

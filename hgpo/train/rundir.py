@@ -129,11 +129,28 @@ def check_run_dir(cfg: RunDirSettings) -> None:
         )
 
 
+def resume_checkpoint(out: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The checkpoint --resume loads: the newest intact one in ``out`` (None when there is
+    none) and the damaged ones newer than it, each with what is wrong
+    (:func:`hgpo.train.checkpoint.latest_good`). A TrainConfigError, one line naming the
+    damaged file, when there are checkpoints and none is intact."""
+    good, damaged = ckpt.latest_good(Path(out) / "checkpoints")
+    if good is None and damaged:
+        path, why = damaged[0]
+        older = f" (and the {len(damaged) - 1} older ones)" if len(damaged) > 1 else ""
+        raise TrainConfigError(
+            f"--resume: checkpoint {path} is damaged: {why}{older}; no intact checkpoint is "
+            f"left to resume from: start anew with --fresh, or in another --out-dir"
+        )
+    return good, damaged
+
+
 def resume_reference(cfg: RunDirSettings) -> tuple[TrainConfig, Path] | None:
-    """The settings the run to resume was made with: the latest checkpoint's config.json
-    (written with it), else the run folder's; None when there is neither."""
+    """The settings the run to resume was made with: the config.json of the checkpoint it
+    resumes from (written with it; :func:`resume_checkpoint`), else the run folder's; None
+    when there is neither."""
     out = Path(cfg.out_dir)
-    latest = ckpt.latest(out / "checkpoints")
+    latest, _ = resume_checkpoint(out)
     for path in (latest / "config.json" if latest else None, out / "config.json"):
         if path is not None and path.exists():
             try:
@@ -162,7 +179,7 @@ def check_resume(cfg: RunDirSettings) -> None:
         return
     old, path = ref
     where = path.parent if path.parent.name.startswith("iter_") else path
-    latest = ckpt.latest(Path(cfg.out_dir) / "checkpoints")
+    latest, _ = resume_checkpoint(Path(cfg.out_dir))
     for name, (was, given) in config_changes(old, cfg).items():
         if name in RESUME_ALLOWED:
             continue
