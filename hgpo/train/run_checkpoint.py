@@ -78,7 +78,8 @@ def save_run(
             "model_path": model_path,
             "world_size": world,
         }
-        (tmp / "trainer_state.json").write_text(json.dumps(state) + "\n")
+        # not a result: written in the checkpoint's temporary folder, published whole
+        (tmp / "trainer_state.json").write_text(json.dumps(state) + "\n")  # not a result
         cfg.save(tmp / "config.json")  # the settings --resume is checked against
     before_publish()
     dist.barrier()
