@@ -22,6 +22,7 @@ import numpy as np
 
 from hgpo.options import ArgumentParser, check_writable_dir
 from hgpo.train.run_metrics import read_metrics
+from studies.cli import one_line_stops
 from studies.io import save_figure
 from studies.metrics import mean_ci
 
@@ -127,6 +128,7 @@ def plot(data: dict[str, list[list[dict]]], stats: dict, out: str) -> list[Path]
     return [p1, p2]
 
 
+@one_line_stops("the figures written before it are whole (each is written atomically)")
 def main(argv: list[str] | None = None) -> int:
     """Command line."""
     ap = ArgumentParser(prog="python -m studies.llm_truth_report", description=__doc__,

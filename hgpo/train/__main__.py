@@ -8,9 +8,11 @@ import os
 import sys
 
 from agentenvs.registry import benchmark
+from hgpo.atomic import FILE_ERRNOS
 from hgpo.extras import exit_on_missing_extras
 from hgpo.train.logs import configure_logging
 from hgpo.train.preflight import note_resume, validate_config
+from hgpo.train.rundir import stop_line
 from hgpo.train.train_config import TrainConfig, TrainConfigError, parse_args
 
 
@@ -52,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     except (NonFiniteError, EnvCrashError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except (OSError, KeyboardInterrupt) as e:  # a full disk, a read-only folder, Ctrl-C
+        if isinstance(e, OSError) and e.errno not in FILE_ERRNOS:
+            raise
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per rank
+            print(stop_line(cfg.out_dir, e), file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 1
     if rows:
         last = rows[-1]
         keys = [k for k in ("success_rate", "reward_mean", "pg_loss", "kl") if k in last]

@@ -14,6 +14,7 @@ cut short by a full disk, emptied, or missing) to the newest intact one.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -34,6 +35,7 @@ __all__ = [
     "latest",
     "latest_good",
     "tmp_dir",
+    "write_error",
     "write_manifest",
 ]
 
@@ -173,3 +175,26 @@ def latest_good(ckpt_root: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
             return path, damaged
         damaged.append((path, why))
     return None, damaged
+
+
+TORCH_WRITE_FAILURES = ("unexpected pos", "file write failed", "PytorchStreamWriter failed")
+"""What torch.save's RuntimeError says when the file could not be written (a full disk)."""
+
+LOW_ROOM = 2**30
+"""Free bytes under which a failed checkpoint write is put down to a full disk."""
+
+
+def write_error(e: RuntimeError, folder: Path) -> OSError | None:
+    """An OSError naming ``folder`` for torch's RuntimeError of a checkpoint file it could not
+    write (``unexpected pos ...``: ENOSPC when the disk has under :data:`LOW_ROOM` free, EIO
+    otherwise); None for any other RuntimeError."""
+    text = str(e)
+    if not any(s in text for s in TORCH_WRITE_FAILURES):
+        return None
+    try:
+        full = shutil.disk_usage(folder if folder.exists() else folder.parent).free < LOW_ROOM
+    except OSError:
+        full = False
+    code = errno.ENOSPC if full else errno.EIO
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    return OSError(code, f"{os.strerror(code)} (torch: {first[:120]})", str(folder))

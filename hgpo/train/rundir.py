@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
+from hgpo.atomic import file_error_line
 from hgpo.estimator_registry import ESTIMATORS
 from hgpo.train import checkpoint as ckpt
 from hgpo.train.train_config import TrainConfig, TrainConfigError, uses_critic
@@ -227,3 +228,19 @@ def clear_run(out: Path) -> list[str]:
             continue
         removed.append(name)
     return removed
+
+
+def kept_line(out: Path) -> str:
+    """What a run stopped now leaves to go on from: its last published checkpoint."""
+    latest = ckpt.latest(Path(out) / "checkpoints")
+    if latest is None:
+        return f"no checkpoint was written in {out} yet; --resume starts it again at iteration 1"
+    return f"kept checkpoint {latest.name} in {latest.parent}; go on with --resume"
+
+
+def stop_line(out: Path, e: BaseException) -> str:
+    """The one line ``python -m hgpo.train`` prints when Ctrl-C or a write that failed for want
+    of room or rights (:data:`hgpo.atomic.FILE_ERRNOS`) stops run ``out``."""
+    if isinstance(e, OSError):
+        return f"error: {file_error_line(e, out)}; {kept_line(out)}"
+    return f"interrupted; {kept_line(out)}"

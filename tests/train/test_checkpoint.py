@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,60 @@ def test_resume_refuses_in_one_line_when_no_checkpoint_is_intact(tmp_path):
     (old / "checkpoints" / "iter_000003" / "trainer_state.json").write_text("")
     good, damaged = resume_checkpoint(old)
     assert good.name == "iter_000002" and "trainer_state.json cannot be read" in damaged[0][1]
+
+
+def test_a_checkpoint_torch_cannot_write_is_an_os_error_naming_its_folder(tmp_path, monkeypatch):
+    """torch.save on a full disk raises RuntimeError("... unexpected pos ..."): an OSError
+    naming the checkpoint's folder, and the half-written folder is removed."""
+    import errno
+    import types
+
+    from hgpo.train.run_checkpoint import save_run
+
+    def save_checkpoint(path, tag, **kw):
+        (Path(path) / tag).mkdir()
+        (Path(path) / tag / "half.pt").write_bytes(b"\0" * 64)
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(ckpt, "LOW_ROOM", 2**62)  # this disk counts as full
+    actor = types.SimpleNamespace(save_checkpoint=save_checkpoint)
+    cfg = types.SimpleNamespace(keep_checkpoints=2, save=lambda p: None)
+    with pytest.raises(OSError) as e:
+        save_run(tmp_path, cfg, 3, rank=0, world=1, actor=actor, critic=None, lora=False,
+                 tok=None, model_path="m")  # fmt: skip
+    assert e.value.errno == errno.ENOSPC and "unexpected pos 64" in e.value.strerror
+    assert e.value.filename == str(tmp_path / "checkpoints" / ".tmp-iter_000003")
+    assert not (tmp_path / "checkpoints" / ".tmp-iter_000003").exists()
+
+
+@pytest.mark.parametrize(
+    ("stop", "rc", "line"),
+    [
+        (OSError(28, "No space left on device"), 1,
+         "error: no space left on device (ENOSPC) writing {out}; kept checkpoint iter_000003 in "
+         "{out}/checkpoints; go on with --resume"),
+        (OSError(30, "Read-only file system", "/r/metrics.jsonl"), 1,
+         "error: read-only file system (EROFS) writing /r/metrics.jsonl; kept checkpoint "
+         "iter_000003 in {out}/checkpoints; go on with --resume"),
+        (KeyboardInterrupt(), 130,
+         "interrupted; kept checkpoint iter_000003 in {out}/checkpoints; go on with --resume"),
+    ],
+    ids=["ENOSPC", "EROFS", "ctrl-c"],
+)  # fmt: skip
+def test_a_full_disk_a_read_only_folder_or_ctrl_c_is_one_line(
+    tmp_path, monkeypatch, capsys, stop, rc, line
+):
+    from hgpo.train import trainer
+    from hgpo.train.__main__ import main
+
+    out = tmp_path / "run"
+    _three_checkpoints(out)
+
+    def train(cfg):
+        raise stop
+
+    monkeypatch.setattr(trainer, "train", train)
+    args = ["--preset", "tiny", "--env", "toy:keydoor:size=4", "--out-dir", str(out), "--resume"]
+    assert main(args) == rc
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == line.format(out=out) and "Traceback" not in err
