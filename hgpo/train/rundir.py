@@ -138,7 +138,8 @@ def resume_checkpoint(out: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     good, damaged = ckpt.latest_good(Path(out) / "checkpoints")
     if good is None and damaged:
         path, why = damaged[0]
-        older = f" (and the {len(damaged) - 1} older ones)" if len(damaged) > 1 else ""
+        n = len(damaged) - 1
+        older = f" (and the {n} older ones)" if n > 1 else " (and the older one)" if n else ""
         raise TrainConfigError(
             f"--resume: checkpoint {path} is damaged: {why}{older}; no intact checkpoint is "
             f"left to resume from: start anew with --fresh, or in another --out-dir"
