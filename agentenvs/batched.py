@@ -106,6 +106,9 @@ def _die_with_parent() -> None:
 
 
 def _worker(conn: Connection, factory: Callable[[], TextEnv], slots: list[int]) -> None:
+    """A worker's loop until "close" or EOF. Ctrl-C (SIGINT, sent to the whole process group)
+    is ignored: the trainer closes its workers (no traceback from each of them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     host = EnvHost(factory, slots)
     while True:

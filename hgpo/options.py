@@ -209,9 +209,11 @@ class ArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose error is one line: the message and a pointer to
     ``--help`` on stderr, exit status 2 (the usage, 19-41 lines for the project's CLIs, is what
     ``--help`` prints). Without a ``prog``, a module run with ``python -m pkg.mod`` is named
-    ``python -m pkg.mod`` (not ``mod.py``)."""
+    ``python -m pkg.mod`` (not ``mod.py``). Flags are never abbreviated (``allow_abbrev``
+    is False unless given): ``--iter 3`` is refused, not read as ``--iterations 3``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
         if not args and kwargs.get("prog") is None:
             spec = getattr(sys.modules.get("__main__"), "__spec__", None)
             name = getattr(spec, "name", "").removesuffix(".__main__")

@@ -251,7 +251,10 @@ def _start_worker(ctx: Any) -> tuple[Any, Any]:
 
 
 def _worker(conn: Any, parent_pid: int) -> None:
-    """A worker's loop: (fn, args) in, (True, result) or (False, exception) out, until EOF."""
+    """A worker's loop: (fn, args) in, (True, result) or (False, exception) out, until EOF.
+    Ctrl-C (SIGINT, sent to the whole process group) is ignored: the study stops its workers
+    (no traceback from each of them)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent_pid)
     while True:
         try:

@@ -1,23 +1,32 @@
-"""Small file helpers shared by the studies: CSV tables, atomic JSON writes, result keys, and
-the settings file that keeps one study's results folder from being written by another."""
+"""Small file helpers shared by the studies: CSV tables, JSON, text and figures written
+atomically (:mod:`hgpo.atomic`: a kill or a full disk leaves the old file or the new one,
+never half of one), result keys, and the settings file that keeps one study's results folder
+from being written by another.
+
+Every result file of a study goes through :func:`write_csv`, :func:`atomic_write_json`,
+:func:`atomic_write_text` or :func:`save_figure` (tests/studies/test_io_atomic.py checks the
+sources for direct writes)."""
 
 from __future__ import annotations
 
 import csv
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from hgpo.atomic import atomic_open, atomic_write_text
+
 __all__ = [
     "SETTINGS_FILE",
+    "atomic_open",
     "atomic_write_json",
+    "atomic_write_text",
     "check_results_dir",
     "claim_results_dir",
     "finished_dir",
     "plain",
     "result_key",
+    "save_figure",
     "write_csv",
 ]
 
@@ -35,32 +44,32 @@ def plain(x: Any) -> Any:
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Rows of dicts as CSV; the columns are the union of the keys, in first-seen order, and
-    list values are written as JSON."""
+    """Rows of dicts as CSV, written atomically; the columns are the union of the keys, in
+    first-seen order, and list values are written as JSON."""
     cols: list[str] = []
     for r in rows:
         cols += [c for c in r if c not in cols]
-    with Path(path).open("w", newline="") as f:
+    with atomic_open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         for r in rows:
             w.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()})
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
+def atomic_write_json(path: Path, obj: Any, indent: int | None = None) -> None:
     """Write JSON to a temporary file in the same folder, fsync, then rename over ``path``: a
-    kill leaves either the old file or the new one, never half of one."""
+    kill leaves either the old file or the new one, never half of one. NaN and infinities are
+    written as JSON's ``NaN``/``Infinity``; numpy values as plain ones (:func:`plain`)."""
+    with atomic_open(path, "w") as f:
+        json.dump(obj, f, allow_nan=True, default=plain, indent=indent)
+
+
+def save_figure(fig: Any, path: Path, **kwargs: Any) -> None:
+    """``fig.savefig`` to ``path`` atomically (the format from the suffix; ``kwargs`` as
+    savefig's)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, allow_nan=True, default=plain)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format=path.suffix.lstrip(".") or None, **kwargs)
 
 
 def result_key(slug: str, settings: Any) -> str:

@@ -22,6 +22,8 @@ import numpy as np
 
 from hgpo.options import ArgumentParser, check_writable_dir
 from hgpo.train.run_metrics import read_metrics
+from studies.cli import one_line_stops
+from studies.io import save_figure
 from studies.metrics import mean_ci
 
 METRICS = ("bias2", "variance", "mse", "mse_all", "sign", "grad_cos")
@@ -107,7 +109,7 @@ def plot(data: dict[str, list[list[dict]]], stats: dict, out: str) -> list[Path]
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     p1 = Path(f"{out}_success.png")
-    fig.savefig(p1, dpi=100)
+    save_figure(fig, p1, dpi=100)
     plt.close(fig)
     shown = ("bias2", "variance", "mse", "sign", "grad_cos")
     fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.4))
@@ -121,11 +123,12 @@ def plot(data: dict[str, list[list[dict]]], stats: dict, out: str) -> list[Path]
         ax.axvline(0, color="k", lw=0.5)
     fig.tight_layout()
     p2 = Path(f"{out}_truth.png")
-    fig.savefig(p2, dpi=100)
+    save_figure(fig, p2, dpi=100)
     plt.close(fig)
     return [p1, p2]
 
 
+@one_line_stops("the figures written before it are whole (each is written atomically)")
 def main(argv: list[str] | None = None) -> int:
     """Command line."""
     ap = ArgumentParser(prog="python -m studies.llm_truth_report", description=__doc__,

@@ -47,7 +47,7 @@ from hgpo.options import bad, check_number
 from studies import metrics as M
 from studies.backend import SweepError, Task, run_tasks
 from studies.compile_note import note_numba_compile
-from studies.io import atomic_write_json, write_csv
+from studies.io import atomic_write_json, atomic_write_text, save_figure, write_csv
 from studies.stages import parse_env, stage_policies
 from studies.tabular import evaluate_success
 from toyenvs.branched_rollout import parse_scheme
@@ -265,7 +265,7 @@ def plot_schemes(rows: list[dict[str, Any]], path: Path) -> None:
             ax.set_title(f"{env.split(':')[0]} K={K} {stage}", fontsize=9)
     axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -277,7 +277,7 @@ def run_scheme_study(cfg: Any, study: SchemeStudy, progress: bool = True) -> str
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     probe = out / ".write_test"
-    probe.write_text("")  # an unwritable folder fails here, before any work
+    probe.write_text("")  # not a result: an unwritable folder fails here, before any work
     probe.unlink()
     t0 = time.perf_counter()
     cells = [(e, K, s) for e in cfg.envs for K in cfg.Ks for s in cfg.stages]
@@ -300,7 +300,7 @@ def run_scheme_study(cfg: Any, study: SchemeStudy, progress: bool = True) -> str
                                               "budgets": list(study.budgets),
                                               "branch_budget": study.branch_budget,
                                               "seed": cfg.seed})  # fmt: skip
-    (out / "schemes.md").write_text(table + "\n")
+    atomic_write_text(out / "schemes.md", table + "\n")
     plot_schemes(rows, out / "schemes.png")
     return table + f"\n\nwrote {out}/ (schemes.csv, schemes.json, budget_needed.csv, schemes.md, schemes.png) " \
         f"in {time.perf_counter() - t0:.0f} s"  # fmt: skip

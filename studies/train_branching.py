@@ -37,7 +37,7 @@ from hgpo.options import ArgumentParser, bad, check_int, check_number
 from hgpo.train.run_metrics import read_metrics
 from hgpo.train.train_config import build_parser
 from studies.backend import set_parent_death_signal
-from studies.cli import check_out_dir
+from studies.cli import check_out_dir, one_line_stops
 from studies.io import result_key
 from toyenvs.branched_rollout import parse_scheme
 
@@ -251,6 +251,7 @@ def _print_tables(a: Study, figs: dict[str, list[dict[str, float]]]) -> None:
             print(f"| {scheme} | " + " | ".join(cells) + " |")
 
 
+@one_line_stops()
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

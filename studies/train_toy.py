@@ -58,7 +58,7 @@ from hgpo.options import (
     parse_name_values,
 )
 from studies.backend import BACKENDS, SweepError, Task, check_backend, run_tasks
-from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
+from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests, one_line_stops
 from studies.compile_note import note_numba_compile
 from studies.io import (
     atomic_write_json,
@@ -733,6 +733,7 @@ def default_out(base: str, policy: str, schemes: bool) -> str:
     return f"{base}/{'-'.join(parts)}" if parts else base
 
 
+@one_line_stops()
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from studies.io import write_csv
+from studies.io import atomic_write_text, save_figure, write_csv
 from studies.metrics import mean_ci
 from studies.train_toy_settings import ABLATIONS, SETTING_NOTES
 from studies.verdict import HOLDS, NOT_SIGNIFICANT, Step, ordering_verdict
@@ -349,7 +349,7 @@ def _plot(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: Path,
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 7), fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.06 * (1 + (len(names) - 1) // 7) / nrow, 1, 1))
-    fig.savefig(out / name, dpi=110)
+    save_figure(fig, out / name, dpi=110)
     plt.close(fig)
 
 
@@ -370,7 +370,7 @@ def _plot_metrics(results: list[dict[str, Any]], rows: list[dict[str, Any]], out
     import matplotlib.pyplot as plt
 
     fig = metrics_figure(results, rows, labels, env)
-    fig.savefig(out / "training_metrics.png", dpi=110, bbox_inches="tight")
+    save_figure(fig, out / "training_metrics.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -441,7 +441,7 @@ def _plot_truth(results: list[dict[str, Any]], rows: list[dict[str, Any]], out: 
     fig.tight_layout()
     fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0),
                ncol=min(max(len(names), 1), 7), fontsize=7)  # fmt: skip
-    fig.savefig(out / "truth_curves.png", dpi=110, bbox_inches="tight")
+    save_figure(fig, out / "truth_curves.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -463,14 +463,14 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     orderings_text = _orderings_text(ords)
     md = _report_lines(cfg, results, rows, tests, scheme_md, orderings_text, envs, labels,
                        main_labels, abl_labels)  # fmt: skip
-    (out / "report.md").write_text("\n".join(md))
+    atomic_write_text(out / "report.md", "\n".join(md))
     summary = {
         "config": asdict(cfg), "final": rows, "tests": tests, "orderings": ords,
         "notes": SETTING_NOTES, "table": _console_table(rows, labels, envs),
         "orderings_text": orderings_text, "orderings_text_auc": _orderings_text(ords_auc),
         "schemes_text": schemes_text,
     }  # fmt: skip
-    (out / "results.json").write_text(json.dumps(summary, indent=1, default=float))
+    atomic_write_text(out / "results.json", json.dumps(summary, indent=1, default=float))
     _plot(results, rows, out, main_labels, envs, "learning_curves.png",
           "methods: mean ± 95% CI over seeds", cfg.eval_temperature)  # fmt: skip
     _plot(results, rows, out, abl_labels, envs, "ablations.png", "ablations of HGPO",

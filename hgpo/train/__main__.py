@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
 from agentenvs.registry import benchmark
+from hgpo.atomic import FILE_ERRNOS
 from hgpo.extras import exit_on_missing_extras
 from hgpo.train.logs import configure_logging
 from hgpo.train.preflight import note_resume, validate_config
+from hgpo.train.rundir import stop_line
 from hgpo.train.train_config import TrainConfig, TrainConfigError, parse_args
 
 
@@ -53,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     except (NonFiniteError, EnvCrashError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except (OSError, KeyboardInterrupt) as e:  # a full disk, a read-only folder, Ctrl-C
+        if isinstance(e, OSError) and e.errno not in FILE_ERRNOS:
+            raise
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per rank
+            print(stop_line(cfg.out_dir, e), file=sys.stderr)
+        return 130 if isinstance(e, KeyboardInterrupt) else 1
     if rows:
         last = rows[-1]
         keys = [k for k in ("success_rate", "reward_mean", "pg_loss", "kl") if k in last]
@@ -66,19 +73,12 @@ def main(argv: list[str] | None = None) -> int:
 def print_plan(cfg: TrainConfig, ns: argparse.Namespace) -> int:
     """``--plan``: the memory plan of ``cfg`` (pure arithmetic, no model built); exit 2 with a
     one-line error for a bad --plan-gpus / --plan-gpu-gib or an unreadable model config."""
-    from hgpo.train.memory_plan import plan_for_config
-    from hgpo.train.model_shapes import ModelConfigError
+    from hgpo.train.memory_plan import check_plan_flags, plan_for_config
 
-    if ns.plan_gpus is not None and ns.plan_gpus < 1:
-        print(f"error: --plan-gpus: must be >= 1, got {ns.plan_gpus}", file=sys.stderr)
-        return 2
-    gib = ns.plan_gpu_gib
-    if gib is not None and not (math.isfinite(gib) and gib > 0):
-        print(f"error: --plan-gpu-gib: must be a positive number, got {gib}", file=sys.stderr)
-        return 2
-    try:
-        plan = plan_for_config(cfg, ns.preset, ns.plan_gpus, gib)
-    except ModelConfigError as e:
+    try:  # a bad flag or model config (ModelConfigError) is a ValueError
+        check_plan_flags(ns.plan_gpus, ns.plan_gpu_gib)
+        plan = plan_for_config(cfg, ns.preset, ns.plan_gpus, ns.plan_gpu_gib)
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(plan.render())

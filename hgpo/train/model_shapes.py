@@ -120,28 +120,44 @@ against the model transformers builds from the same config (on the meta device).
 models (Qwen/Qwen2.5-1.5B, ...) have the same shapes as their -Instruct versions."""
 
 
+def _size(cfg: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    """``cfg[key]`` (``default`` when absent or null) as a positive integer: a ModelConfigError
+    naming the key and the value otherwise, a KeyError when absent without a default."""
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise KeyError(key)
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
 def _shape_from_config(cfg: dict[str, Any], where: str) -> ModelShape:
-    """A ModelShape from a Hugging Face config.json's keys."""
+    """A ModelShape from a Hugging Face config.json's keys (every size a positive integer)."""
     try:
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
+        heads = _size(cfg, "num_attention_heads", where)
+        hidden = _size(cfg, "hidden_size", where)
         qwen3 = str(cfg.get("model_type", "")).startswith("qwen3")
+        if "head_dim" not in cfg and hidden % heads:
+            raise ModelConfigError(
+                f"{where}: hidden_size={hidden} is not a multiple of num_attention_heads={heads} "
+                "(and no head_dim is given)"
+            )
         return ModelShape(
-            layers=int(cfg["num_hidden_layers"]),
+            layers=_size(cfg, "num_hidden_layers", where),
             hidden=hidden,
-            intermediate=int(cfg["intermediate_size"]),
+            intermediate=_size(cfg, "intermediate_size", where),
             heads=heads,
-            kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            vocab=int(cfg["vocab_size"]),
+            kv_heads=_size(cfg, "num_key_value_heads", where, heads),
+            head_dim=_size(cfg, "head_dim", where, hidden // heads),
+            vocab=_size(cfg, "vocab_size", where),
             tied=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=not qwen3,
             qk_norm=qwen3,
         )
     except KeyError as e:
         raise ModelConfigError(f"{where}: no {e.args[0]!r} key (not a decoder config?)") from None
-    except (TypeError, ValueError) as e:
-        raise ModelConfigError(f"{where}: a size is not an integer ({e})") from None
 
 
 def model_shape(model: str, where: str = "TrainConfig.model") -> ModelShape:

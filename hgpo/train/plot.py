@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hgpo.atomic import atomic_open
 from hgpo.options import ArgumentParser, check_writable_dir
 from hgpo.train.run_metrics import METRICS_FILE, read_metrics
 
@@ -102,7 +103,8 @@ def plot(runs: list[str], out: str | None = None, panels: Sequence[str] | None =
                 ax.set_ylim(-0.05, 1.05)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_open(path, "wb") as f:  # a kill or a full disk leaves no half figure
+        fig.savefig(f, format=Path(path).suffix.lstrip(".") or None, dpi=110)  # atomic
     plt.close(fig)
     return path
 

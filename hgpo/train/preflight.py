@@ -14,7 +14,6 @@ from typing import Protocol
 
 from agentenvs.registry import benchmark
 from hgpo.options import OptionError, bad, check_writable_dir
-from hgpo.train import checkpoint as ckpt
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, EnvSetSettings, check_ray_capacity
 from hgpo.train.rundir import (
     RESUMES_FILE,
@@ -22,6 +21,7 @@ from hgpo.train.rundir import (
     check_run_dir,
     flag_of,
     resume_changes,
+    resume_checkpoint,
 )
 from hgpo.train.tiny import tiny_config
 from hgpo.train.train_config import TINY_MODEL, TrainConfig, TrainConfigError
@@ -268,15 +268,24 @@ def check_device(device: str) -> None:
 
 def note_resume(cfg: RunDirSettings) -> str | None:
     """The line to print when ``--resume`` finds no checkpoint (the run then starts afresh),
-    or changes settings that may change (each one, and where it is recorded)."""
+    passes over damaged checkpoints to an older intact one (each one and what is wrong), or
+    changes settings that may change (each one, and where it is recorded)."""
+    if not cfg.resume:
+        return None
     root = Path(cfg.out_dir) / "checkpoints"
-    if cfg.resume and ckpt.latest(root) is None:
+    good, damaged = resume_checkpoint(Path(cfg.out_dir))
+    if good is None:
         return f"--resume: no checkpoint in {root}, so this run starts fresh at iteration 1"
+    notes = [
+        f"--resume: checkpoint {path} is damaged ({why}), passed over" for path, why in damaged
+    ]
+    if damaged:
+        notes.append(f"the run resumes from {good}")
     changes = resume_changes(cfg)
     if changes:
         told = ", ".join(f"{flag_of(k)} {old!r} -> {new!r}" for k, (old, new) in changes.items())
-        return (
+        notes.append(
             f"--resume changes {told} from the checkpoint's settings (recorded in "
             f"{Path(cfg.out_dir) / RESUMES_FILE})"
         )
-    return None
+    return "; ".join(notes) or None

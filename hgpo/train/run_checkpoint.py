@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +21,7 @@ from hgpo.train import checkpoint as ckpt
 from hgpo.train import dist
 from hgpo.train.lora import ADAPTER_DIR
 from hgpo.train.model import HF_MODEL_DIR, save_hf_model
-from hgpo.train.rundir import record_resume
+from hgpo.train.rundir import record_resume, resume_checkpoint
 from hgpo.train.train_config import TrainConfigError
 
 __all__ = ["load_run", "save_run", "set_lr"]
@@ -59,12 +60,34 @@ def save_run(
 ) -> None:
     """Write checkpoint ``iteration`` of the run in ``out`` (a collective: every rank calls
     it) and publish it atomically; ``before_publish`` runs once every file is written (the
-    trainer's kill hook for the tests)."""
+    trainer's kill hook for the tests). A file torch could not write (a full disk) is an
+    OSError naming the checkpoint's folder (:func:`hgpo.train.checkpoint.write_error`), and
+    the half-written folder is removed."""
     root = out / "checkpoints"
     if rank == 0:
         ckpt.tmp_dir(root, iteration)
     dist.barrier()
     tmp = root / f".tmp-iter_{iteration:06d}"
+    try:
+        _write_files(tmp, cfg, iteration, rank, world, actor, critic, lora, tok, model_path)
+    except (OSError, RuntimeError) as e:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # (room for what the user does next)
+        if isinstance(e, RuntimeError) and (err := ckpt.write_error(e, tmp)) is not None:
+            raise err from e
+        raise
+    before_publish()
+    dist.barrier()
+    if rank == 0:
+        ckpt.commit(root, tmp, iteration, cfg.keep_checkpoints)
+    dist.barrier()
+
+
+def _write_files(
+    tmp: Path, cfg: SaveRunSettings, iteration: int, rank: int, world: int, actor: Any,
+    critic: Any, lora: bool, tok: Any, model_path: str,
+) -> None:  # fmt: skip
+    """Every file of a checkpoint, into its temporary folder ``tmp``."""
     # LoRA: the actor's checkpoint holds the adapters and their optimizer state only
     actor.save_checkpoint(str(tmp), tag="actor", exclude_frozen_parameters=lora)
     if lora and rank == 0:
@@ -78,13 +101,9 @@ def save_run(
             "model_path": model_path,
             "world_size": world,
         }
-        (tmp / "trainer_state.json").write_text(json.dumps(state) + "\n")
+        # not a result: written in the checkpoint's temporary folder, published whole
+        (tmp / "trainer_state.json").write_text(json.dumps(state) + "\n")  # not a result
         cfg.save(tmp / "config.json")  # the settings --resume is checked against
-    before_publish()
-    dist.barrier()
-    if rank == 0:
-        ckpt.commit(root, tmp, iteration, cfg.keep_checkpoints)
-    dist.barrier()
 
 
 class LoadRunSettings(Protocol):
@@ -108,8 +127,10 @@ def load_run(
     """Load the newest checkpoint of the run in ``out`` into the engines: (its folder, the
     next iteration), or None when there is none. ``resume_changes`` (rank 0: the settings
     --resume changed) go to resumes.jsonl. A checkpoint written by another number of ranks
-    under ZeRO-1/2/3 is refused (TrainConfigError) before anything is loaded."""
-    path = ckpt.latest(out / "checkpoints")
+    under ZeRO-1/2/3 is refused (TrainConfigError) before anything is loaded; damaged
+    checkpoints are passed over (:func:`hgpo.train.rundir.resume_checkpoint`, which refuses
+    when none is intact)."""
+    path, _ = resume_checkpoint(out)
     if path is None:
         return None
     state = json.loads((path / "trainer_state.json").read_text())

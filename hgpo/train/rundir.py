@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
+from hgpo.atomic import file_error_line
 from hgpo.estimator_registry import ESTIMATORS
 from hgpo.train import checkpoint as ckpt
 from hgpo.train.train_config import TrainConfig, TrainConfigError, uses_critic
@@ -129,11 +130,29 @@ def check_run_dir(cfg: RunDirSettings) -> None:
         )
 
 
+def resume_checkpoint(out: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The checkpoint --resume loads: the newest intact one in ``out`` (None when there is
+    none) and the damaged ones newer than it, each with what is wrong
+    (:func:`hgpo.train.checkpoint.latest_good`). A TrainConfigError, one line naming the
+    damaged file, when there are checkpoints and none is intact."""
+    good, damaged = ckpt.latest_good(Path(out) / "checkpoints")
+    if good is None and damaged:
+        path, why = damaged[0]
+        n = len(damaged) - 1
+        older = f" (and the {n} older ones)" if n > 1 else " (and the older one)" if n else ""
+        raise TrainConfigError(
+            f"--resume: checkpoint {path} is damaged: {why}{older}; no intact checkpoint is "
+            f"left to resume from: start anew with --fresh, or in another --out-dir"
+        )
+    return good, damaged
+
+
 def resume_reference(cfg: RunDirSettings) -> tuple[TrainConfig, Path] | None:
-    """The settings the run to resume was made with: the latest checkpoint's config.json
-    (written with it), else the run folder's; None when there is neither."""
+    """The settings the run to resume was made with: the config.json of the checkpoint it
+    resumes from (written with it; :func:`resume_checkpoint`), else the run folder's; None
+    when there is neither."""
     out = Path(cfg.out_dir)
-    latest = ckpt.latest(out / "checkpoints")
+    latest, _ = resume_checkpoint(out)
     for path in (latest / "config.json" if latest else None, out / "config.json"):
         if path is not None and path.exists():
             try:
@@ -162,7 +181,7 @@ def check_resume(cfg: RunDirSettings) -> None:
         return
     old, path = ref
     where = path.parent if path.parent.name.startswith("iter_") else path
-    latest = ckpt.latest(Path(cfg.out_dir) / "checkpoints")
+    latest, _ = resume_checkpoint(Path(cfg.out_dir))
     for name, (was, given) in config_changes(old, cfg).items():
         if name in RESUME_ALLOWED:
             continue
@@ -210,3 +229,19 @@ def clear_run(out: Path) -> list[str]:
             continue
         removed.append(name)
     return removed
+
+
+def kept_line(out: Path) -> str:
+    """What a run stopped now leaves to go on from: its last published checkpoint."""
+    latest = ckpt.latest(Path(out) / "checkpoints")
+    if latest is None:
+        return f"no checkpoint was written in {out} yet; --resume starts it again at iteration 1"
+    return f"kept checkpoint {latest.name} in {latest.parent}; go on with --resume"
+
+
+def stop_line(out: Path, e: BaseException) -> str:
+    """The one line ``python -m hgpo.train`` prints when Ctrl-C or a write that failed for want
+    of room or rights (:data:`hgpo.atomic.FILE_ERRNOS`) stops run ``out``."""
+    if isinstance(e, OSError):
+        return f"error: {file_error_line(e, out)}; {kept_line(out)}"
+    return f"interrupted; {kept_line(out)}"

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from agentenvs.registry import BENCHMARKS, benchmark
+from hgpo.atomic import atomic_write_text
 from hgpo.extras import exit_on_missing_extras
 from hgpo.options import ArgumentParser, bad, check_int, check_number, check_writable_dir
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.perf_counter() - t0,
         "model": str(out / "model"),
     }
-    (out / "warmstart.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_text(out / "warmstart.json", json.dumps(report, indent=2) + "\n")
     print(json.dumps(report))
     return 0
 

@@ -216,3 +216,16 @@ def test_factory_that_cannot_build_raises_with_its_error():
         pytest.raises(RuntimeError, match=r"every one of the 4 environments.*bm25s"),
     ):
         env.reset([0, 1], group_n=2)
+
+
+def test_ctrl_c_does_not_reach_the_workers():
+    """Ctrl-C goes to the whole process group: the workers ignore it (no traceback from each),
+    and the trainer stops and closes them."""
+    import signal
+
+    with BatchedEnv(ToyEnv, num_envs=4, num_workers=2) as env:
+        env.reset([0, 1], group_n=2)
+        for pid in env.worker_pids():
+            os.kill(pid, signal.SIGINT)
+        obs, _r, _d, infos = env.step(["inc"] * 4)
+        assert not any(i["crashed"] for i in infos) and obs[0] == "task 0 t 1"

@@ -118,7 +118,8 @@ def _weights(ckpt_dir):
 
 def test_sigkill_mid_update_and_mid_save_then_resume(tmp_path):
     """Killed mid-update (iteration 2) and mid-checkpoint (iteration 3), the run resumes each
-    time from its last complete checkpoint and ends exactly where an uninterrupted run ends."""
+    time from its last complete checkpoint (the last time passing over checkpoint 2, cut short)
+    and ends exactly where an uninterrupted run ends."""
     import torch
 
     args = [
@@ -147,7 +148,14 @@ def test_sigkill_mid_update_and_mid_save_then_resume(tmp_path):
     assert (out / "checkpoints" / ".tmp-iter_000003").is_dir()  # the half-written one
     assert [x["iteration"] for x in read_metrics(out)] == [1, 2, 3]
 
-    _ok(run_cli([*args, "--out-dir", str(out), "--resume"]))
+    # checkpoint 2 cut short (a full disk): the resume passes over it to checkpoint 1
+    two = out / "checkpoints" / "iter_000002"
+    weights = two / "actor" / "mp_rank_00_model_states.pt"
+    weights.write_bytes(weights.read_bytes()[:100])
+    r = run_cli([*args, "--out-dir", str(out), "--resume"])
+    _ok(r)
+    assert (f"note: --resume: checkpoint {two} is damaged (actor/mp_rank_00_model_states.pt is "
+            f"100 bytes") in r.stderr and "the run resumes from " in r.stderr  # fmt: skip
     assert [x["iteration"] for x in read_metrics(out)] == [1, 2, 3]
     assert not list((out / "checkpoints").glob(".tmp-*"))
 

@@ -189,13 +189,38 @@ def test_zero_1_2_reduce_bucket():
     ("argv", "needle"),
     [
         (["--plan-gpus", "2"], "--plan-gpus does nothing without --plan"),
-        (["--plan", "--plan-gpus", "0"], "--plan-gpus: must be >= 1, got 0"),
-        (["--plan", "--plan-gpu-gib", "nan"], "--plan-gpu-gib: must be a positive number"),
+        (["--plan", "--plan-gpus", "0"], "--plan-gpus: must be an integer in 1..65536, got 0"),
+        (["--plan", "--plan-gpus", "100000000000000000000"], "--plan-gpus: must be an integer"),
+        (["--plan", "--plan-gpu-gib", "nan"], "--plan-gpu-gib: must be a finite number in [1.0"),
+        (["--plan", "--plan-gpu-gib", "1e-300"], "--plan-gpu-gib: must be a finite number in"),
+        (["--plan", "--plan-gpu-gib", "1e308"], "--plan-gpu-gib: must be a finite number in"),
     ],
 )
 def test_plan_flags_are_checked(argv, needle, capsys):
     assert main(["--preset", "alfworld-1.5b-k2", *argv]) == 2
-    assert needle in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("hidden_size", -4), ("num_attention_heads", 0), ("vocab_size", 2.5),
+     ("num_hidden_layers", True), ("num_key_value_heads", 0), ("hidden_size", "4")],
+)  # fmt: skip
+def test_plan_refuses_a_model_size_that_is_not_a_positive_integer(tmp_path, capsys, key, value):
+    cfg = {
+        "num_hidden_layers": 2, "hidden_size": 4, "intermediate_size": 8,
+        "num_attention_heads": 2, "vocab_size": 10, key: value,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(__import__("json").dumps(cfg))
+    assert main(["--preset", "alfworld-1.5b-k2", "--plan", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{key} must be a positive integer, got {value!r}" in err and err.count("\n") == 1, err
+    (tmp_path / "config.json").write_text(
+        __import__("json").dumps({**cfg, key: 4, "hidden_size": 6, "num_attention_heads": 4})
+    )
+    assert main(["--preset", "alfworld-1.5b-k2", "--plan", "--model", str(tmp_path)]) == 2
+    assert "hidden_size=6 is not a multiple of num_attention_heads=4" in capsys.readouterr().err
 
 
 def test_plan_gpus_and_memory_flags_change_the_plan(capsys):
