@@ -35,6 +35,7 @@ import numpy as np
 
 import toyenvs
 from hgpo import ESTIMATORS, EstimatorConfig, compute_advantages, estimator_reads
+from hgpo.estimator_registry import get_spec
 from hgpo.fields import (
     FIELD_DEFAULT,
     add_flags,
@@ -64,7 +65,7 @@ from studies.backend import (
     run_tasks,
 )
 from studies.bias_variance_report import write_results
-from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests
+from studies.cli import NET_DTYPES, apply_preset, check_out_dir, given_dests, one_line_stops
 from studies.compile_note import note_numba_compile
 from studies.io import (
     atomic_write_json,
@@ -218,6 +219,12 @@ def _check_settings(cfg: StudyConfig) -> None:
             if name == "stages":
                 _check_stage(value)
             elif name == "estimators":  # the registry as it is now (a user's estimator too)
+                if isinstance(value, str) and value not in ESTIMATORS:
+                    try:  # a broken entry point says why it failed to load
+                        get_spec(value)
+                    except ValueError as e:
+                        if "failed to load" in str(e):
+                            raise ValueError(f"{where}: {e}") from None
                 check_choice(where, value, ESTIMATORS)
             elif name == "Ks" or kind is int:
                 check_int(where, value, **bounds[name])
@@ -813,6 +820,7 @@ def default_out(quick: bool, policy: str, scheme: bool) -> str:
     return f"{base}/{'-'.join(parts)}" if parts else base
 
 
+@one_line_stops()
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hgpo import ESTIMATORS, estimator_reads
-from studies.io import write_csv
+from studies.io import atomic_write_text, save_figure, write_csv
 from studies.verdict import DOES_NOT_HOLD, HOLDS, NOT_SIGNIFICANT, Step, holm, ordering_verdict
 
 __all__ = [
@@ -476,7 +476,7 @@ def _plots(out: Path, rows: list[dict[str, Any]], levels: list[dict[str, Any]]) 
     names = []
     for name, fig in figures(rows, levels).items():
         fig.tight_layout()
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")  # the legends outside included
+        save_figure(fig, out / name, dpi=110, bbox_inches="tight")  # the legends outside included
         plt.close(fig)
         names.append(name)
     return names
@@ -623,8 +623,8 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
     write_csv(out / "results.csv", rows)
     write_csv(out / "levels.csv", levels)
     settings = asdict(cfg)
-    tmp = out / "results.json.tmp"
-    tmp.write_text(
+    atomic_write_text(
+        out / "results.json",
         json.dumps(
             {
                 "settings": settings,
@@ -636,9 +636,8 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
             },
             indent=1,
             default=float,
-        )
+        ),
     )
-    tmp.replace(out / "results.json")
     table = _table(rows)
     prop_text = _prop_text(props)
     files = _plots(out, rows, levels)
@@ -656,6 +655,6 @@ def write_results(cfg: Any, results: list[dict[str, Any]]) -> dict[str, Any]:
             f"{_fmt(r['bias2_all'])} | {_fmt(r['variance_all'])} |"
         )
     md += [""] + [f"![{f}]({f})" for f in files]
-    (out / "report.md").write_text("\n".join(md) + "\n")
+    atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     return {"table": table, "prop41_text": prop_text, "rows": rows, "levels": levels,
             "terminal": "\n".join(terminal_lines(versus, props))}  # fmt: skip

@@ -309,3 +309,39 @@ def test_train_toy_presets_keep_the_flags_given(tmp_path, no_work):
     assert (no_work[-1].iterations, no_work[-1].seeds, no_work[-1].out) == (4, 1, out)
     assert tt.main(["--full", "--K", "2", "--out", out]) == 0
     assert no_work[-1].Ks == (2,) and no_work[-1].iterations == 200
+
+
+def test_bias_variance_names_an_entry_point_that_failed_to_load(
+    tmp_path, no_work, capsys, monkeypatch
+):
+    """Issue 38 item 11: choosing a broken `hgpo.estimators` entry point says it failed to load
+    and why (before: '--estimators: must be one of ...', as for a misspelt name)."""
+    from hgpo import estimator_registry as reg
+
+    reg._REGISTRY._load()
+    monkeypatch.setitem(
+        reg._REGISTRY._broken, "mine", "entry point 'mine' failed to load: ImportError: x"
+    )
+    with pytest.raises(SystemExit) as e:
+        bv.main(["--quick", "--estimators", "grpo", "mine", "--out", str(tmp_path / "out")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(
+        r"--estimators: estimator 'mine': entry point 'mine' failed to load: ImportError: x", err
+    )
+    assert no_work == []
+
+
+def test_bias_variance_full_disk_is_one_line(tmp_path, no_work, capsys, monkeypatch):
+    """Issue 38 item 10: a full disk while the study writes is one line naming the file."""
+    import errno
+
+    def full(*a, **k):
+        raise OSError(
+            errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "results.csv")
+        )
+
+    monkeypatch.setattr(bv, "run_study", full)
+    assert bv.main(["--quick", "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "results.csv" in err[0], err

@@ -87,7 +87,6 @@ MARKED = re.compile(r"# (not a result|atomic)\b")
 (``# not a result``), or a write into :func:`hgpo.atomic.atomic_open`'s file (``# atomic``)."""
 
 PENDING = {
-    "studies/bias_variance_report.py": 3,
     "studies/compare_plots.py": 2,
     "studies/compare_report.py": 3,
 }
