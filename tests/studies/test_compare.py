@@ -181,9 +181,10 @@ def test_estimators_not_in_reward_units_are_not_ranked_on_reward_unit_figures():
     rows = [{"policy": "tabular", "estimator": e, "mse": v, "mse_lo": v - 0.1, "mse_hi": v + 0.1,
              "sign": v, "sign_lo": v - 0.1, "sign_hi": v + 0.1, "reward_units": u}
             for e, v, u in (("own", 0.1, False), ("hgpo", 3.0, True), ("grpo", 9.0, True))]  # fmt: skip
-    line = R._winner_line("tabular", rows, {"tabular": []}, [], "mse", "MSE", True, ())
+    bv = {"tabular": [_cell(r["estimator"], "s", mse=r["mse"], sign=r["sign"]) for r in rows]}
+    line = R._winner_line("tabular", rows, bv, [], "mse", "MSE", True, ())
     assert line.startswith("MSE: lowest **hgpo** 3") and "own" not in line
-    line = R._winner_line("tabular", rows, {"tabular": []}, [], "sign", "sign", False, ())
+    line = R._winner_line("tabular", rows, bv, [], "sign", "sign", False, ())
     assert line.startswith("sign: highest **grpo**")
     diffs = [{"policy": "tabular", "estimator": e, "metric": "mse", "diff": d, "lo": d - 1,
               "hi": d + 1, "n": 2} for e, d in (("own", -2.9), ("grpo", 6.0))]  # fmt: skip
@@ -254,3 +255,70 @@ def test_an_entry_point_estimator_appears_in_a_subprocess(tmp_path):
     table = _rows(out / "table.csv")
     assert [r["estimator"] for r in table] == ["hgpo", "halved"]
     assert table[1]["origin"] == "entry point userest:halved"
+
+
+def _cell(est, stage, **figs):
+    """One hand-made bias/variance row (norm = mean) of cell (e, K = 1, stage): each figure
+    value v with the interval [v - 0.01, v + 0.01] (a NaN figure: NaN interval)."""
+    row = {"estimator": est, "norm": "mean", "env": "e", "K": 1, "stage": stage}
+    for m, v in figs.items():
+        row.update({m: v, f"{m}_lo": v - 0.01, f"{m}_hi": v + 0.01})
+    return row
+
+
+# gigpo_dynamic's filter drops every group of the untrained cell (all returns tie): all-zero
+# advantages, variance exactly 0, no batch gradient (cosine NaN), sign agreement 0. In the cell
+# both were measured in, gae's gradient cosine (0.853) is above gigpo_dynamic's (0.765).
+ISSUE_38_CELLS = [
+    _cell("gae", "untrained", bias2=0.0, variance=0.015, mse=0.015, sign=0.68, grad_cos=0.49),
+    _cell("gae", "0.5", bias2=0.0, variance=6.0, mse=6.0, sign=0.66, grad_cos=0.853),
+    _cell("gigpo_dynamic", "untrained", bias2=0.003, variance=0.0, mse=0.003, sign=0.0,
+          grad_cos=math.nan),
+    _cell("gigpo_dynamic", "0.5", bias2=13.5, variance=36.8, mse=50.3, sign=0.56, grad_cos=0.765),
+    _cell("hgpo", "untrained", bias2=0.1, variance=0.05, mse=0.15, sign=0.6, grad_cos=0.45),
+    _cell("hgpo", "0.5", bias2=0.5, variance=5.0, mse=5.5, sign=0.6, grad_cos=0.75),
+]  # fmt: skip
+
+
+def test_estimators_are_ranked_over_the_same_cells_and_all_zero_cells_are_named(tmp_path):
+    """Issue 38: gigpo_dynamic's all-zero cell was dropped from its gradient cosine silently
+    (its mean over 1 cell ranked above gae's over 2: "highest gigpo_dynamic 0.765, next gae
+    0.671; the lead -0.0875 [-0.118, -0.0566] is not significant"), table.csv said n = 2, and
+    its all-zero cell "won" lowest variance. Now a figure's n is its true count, an all-zero
+    cell is named and left out of the figures, and only estimators measured in every cell are
+    ranked (paired over the same cells), the lead's word following its interval."""
+    cfg = C.CompareConfig(estimators=("gae", "gigpo_dynamic", "hgpo"), policies=("tabular",),
+                          out=str(tmp_path))  # fmt: skip
+    bv = {"tabular": ISSUE_38_CELLS}
+    table, diffs, tests = R.build_table(cfg, bv, {}, None)
+    dyn = next(r for r in table if r["estimator"] == "gigpo_dynamic")
+    assert (dyn["grad_cos_n"], dyn["variance_n"], dyn["n"], dyn["units"]) == (1, 1, 1, 2)
+    assert dyn["zero_cells"] == 1 and dyn["variance"] == pytest.approx(36.8)
+    gae = next(r for r in table if r["estimator"] == "gae")
+    assert (gae["n"], gae["zero_cells"], gae["grad_cos_n"]) == (2, 0, 2)
+    d = next(d for d in diffs if d["estimator"] == "gigpo_dynamic" and d["metric"] == "grad_cos")
+    assert d["n"] == 1 and d["diff"] == pytest.approx(0.765 - 0.75)  # paired: the 0.5 cell only
+    md = R.summary_lines(cfg, table, diffs, tests, bv, {}, None)
+    text = "\n".join(md)
+    assert "all-zero advantages" in text and "gigpo_dynamic in 1 of 2" in text
+    cos = next(x for x in md if x.startswith("- gradient cosine:"))
+    assert cos.startswith("- gradient cosine: highest **gae** 0.671"), cos
+    assert "**significant**" in cos and "not ranked" in cos and "gigpo_dynamic (1 of 2 cells" in cos
+    var = next(x for x in md if x.startswith("- variance:"))
+    assert "lowest **hgpo**" in var and "gigpo_dynamic in" not in var.split("not ranked")[0]
+    tmd = R.table_md(table, "hgpo")
+    assert "gigpo_dynamic ‡" in tmd and "(n = 1 of 2)" in tmd and "‡ all-zero advantages" in tmd
+
+
+def test_a_leads_word_follows_its_interval():
+    """A lead whose interval is clear of 0 is significant; one without an interval is
+    untested, not "not significant"."""
+    rows = [{"policy": "tabular", "estimator": e, "sign": v, "sign_lo": v - 0.01,
+             "sign_hi": v + 0.01} for e, v in (("a", 0.9), ("b", 0.5))]  # fmt: skip
+    cells = [_cell("a", "s", sign=0.9), _cell("b", "s", sign=0.5)]
+    line = R._winner_line("tabular", rows, {"tabular": cells}, [], "sign", "sign", False, ())
+    assert "highest **a**" in line and "is **significant**" in line
+    for c in cells:
+        c["sign_lo"] = c["sign_hi"] = math.nan
+    line = R._winner_line("tabular", rows, {"tabular": cells}, [], "sign", "sign", False, ())
+    assert "is **untested (no interval)**" in line
