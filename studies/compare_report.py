@@ -50,6 +50,7 @@ import numpy as np
 from hgpo import compute_advantages, step_returns
 from hgpo.estimator_registry import get_spec
 from studies.bias_variance_report import base_rows, best_counts
+from studies.compare_guard import CellTimeout, EstimatorError, bounded
 from studies.io import write_csv
 from studies.metrics import mean_ci
 from studies.train_toy_report import compare
@@ -89,7 +90,14 @@ def in_reward_units(name: str) -> bool:
     rb = toyenvs.rollout(env, pol, env.tasks[:4], 4, 0)
     cfg = EstimatorConfig(K=2, norm="mean", gae_lambda=1.0)
     inputs = StepInputs(env, rb, np.zeros(rb.n_steps), lambda: pol.probs(rb.context))
-    out = compute_advantages(name, rb.batch, cfg, **inputs.of(name))
+    what = f"the reward-units probe of estimator {name!r}"
+    try:
+        out = bounded(functools.partial(compute_advantages, **inputs.of(name)), what, name,
+                      rb.batch, cfg)  # fmt: skip
+    except CellTimeout:
+        raise
+    except Exception as exc:
+        raise EstimatorError(f"estimator {name!r} raised {type(exc).__name__}: {exc}") from exc
     return bool(np.allclose(out.returns, step_returns(rb.batch, cfg), rtol=1e-9, atol=1e-12))
 
 

@@ -125,6 +125,8 @@ def test_a_folder_of_another_study_is_refused(tmp_path, capsys):
         (["--iterations", "0"], "--iterations: must be"),
         (["--llm-seeds", "0"], "--llm-seeds: must be"),
         (["--workers", "0"], "--workers: must be"),
+        (["--cell-timeout", "0"], "--cell-timeout: must be"),
+        (["--cell-timeout", "inf"], "--cell-timeout: must be"),
         (["--policies", "cnn"], "--policies: must be tabular, mlp or transformer, got 'cnn'"),
         (["--policies", "mlp", "mlp"], "--policies: must be distinct policy kinds"),
         (["--train-envs", "maze"], "--train-envs 'maze': "),
@@ -322,3 +324,86 @@ def test_a_leads_word_follows_its_interval():
         c["sign_lo"] = c["sign_hi"] = math.nan
     line = R._winner_line("tabular", rows, {"tabular": cells}, [], "sign", "sign", False, ())
     assert "is **untested (no interval)**" in line
+
+
+@pytest.fixture
+def faulty():
+    """Three user estimators: one raises, one hangs in Python, one hangs where no signal
+    reaches it (SIGALRM blocked: as in native code)."""
+    import signal
+    import time
+
+    def raises(batch, config, values=None):
+        raise ZeroDivisionError("division by zero")
+
+    def hangs(batch, config, values=None):
+        time.sleep(3600)
+
+    def stuck(batch, config, values=None):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(3600)
+
+    for name, fn in (("raises", raises), ("hangs", hangs), ("stuck", stuck)):
+        hgpo.register_estimator(name, fn)
+    yield
+    for name in ("raises", "hangs", "stuck"):
+        hgpo.unregister_estimator(name)
+
+
+def test_an_estimator_that_raises_fails_its_cell_naming_it(tmp_path, tiny, faulty, capsys):
+    """Issue 38: the study's error names the estimator; the hooks are restored after."""
+    args = [*TINY, "--estimators", "grpo", "hgpo", "raises", "--out", str(tmp_path / "cmp")]
+    assert C.main(args) == 1
+    err = capsys.readouterr().err
+    assert "error: 1 of 1 tasks failed" in err, err
+    assert "estimator 'raises' raised ZeroDivisionError: division by zero" in err, err
+    assert BV.run_cell.__module__ == "studies.bias_variance"
+    assert BV.compute_advantages is hgpo.compute_advantages
+
+
+def _toy_batch():
+    import toyenvs
+
+    env = toyenvs.make("tmaze", length=1)
+    rb = toyenvs.rollout(env, toyenvs.TabularPolicy(env, K=1), env.tasks[:2], 2, 0)
+    return rb.batch, hgpo.EstimatorConfig(K=1)
+
+
+def test_a_hung_estimator_is_bounded_by_cell_timeout_and_named(faulty):
+    """Issue 38: a cell past --cell-timeout fails naming the estimator it was in."""
+    from studies import compare_guard as G
+
+    batch, cfg = _toy_batch()
+    with G.guarded(0.5):
+        with pytest.raises(G.CellTimeout, match=r"cell x ran past --cell-timeout 0.5 s, in "
+                           "estimator 'hangs'"):  # fmt: skip
+            G.bounded(BV.compute_advantages, "cell x", "hangs", batch, cfg)
+        with pytest.raises(G.CellTimeout, match="not in an estimator"):
+            G.bounded(__import__("time").sleep, "cell y", 60)
+    with pytest.raises(ValueError, match="--cell-timeout: must be a positive number"):
+        G.guarded(math.inf).__enter__()
+
+
+def test_a_cell_stuck_where_no_signal_reaches_has_its_process_killed(monkeypatch, faulty, capfd):
+    """Code that never returns to Python (SIGALRM blocked here, as in native code) has its
+    process killed GRACE_S after the bound, the estimator named on stderr."""
+    import multiprocessing
+
+    from studies import compare_guard as G
+
+    monkeypatch.setattr(G, "GRACE_S", 0.5)
+    batch, cfg = _toy_batch()
+
+    def child():
+        with G.guarded(0.5):
+            G.bounded(BV.compute_advantages, "cell x", "stuck", batch, cfg)
+
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == -9
+    err = capfd.readouterr().err
+    assert (
+        "cell x ran past --cell-timeout 0.5 s, in estimator 'stuck', and did not stop 0.5 s "
+        "later (native code?); killing its worker process" in err
+    ), err
