@@ -51,6 +51,13 @@ from studies import bias_variance as BV
 from studies import train_toy as TT
 from studies.backend import SweepError
 from studies.cli import apply_preset, check_out_dir, given_dests
+from studies.compare_cache import (
+    cell_estimators,
+    check_llm_code,
+    drop_stale,
+    record_llm_code,
+    run_estimators,
+)
 from studies.compare_guard import guarded
 from studies.compare_llm import LLMSettings, check_llm, run_llm
 from studies.compare_report import RESULTS, write_report
@@ -193,6 +200,7 @@ def check_config(cfg: CompareConfig, fresh: bool) -> None:
             raise ValueError(str(exc).replace("--envs", "--train-envs", 1)) from None
     if cfg.llm:
         check_llm(cfg.llm_settings())
+        check_llm_code(Path(cfg.llm_settings().out), cfg.estimator_names(), fresh)
 
 
 def _say(progress: bool, text: str) -> None:
@@ -212,18 +220,23 @@ def run_compare(cfg: CompareConfig, progress: bool = True, fresh: bool = False) 
     bv: dict[str, list[dict[str, Any]]] = {}
     tt: dict[str, list[dict[str, Any]]] = {}
     llm: dict[str, Any] | None = None
+    ests = cfg.estimator_names()
     with guarded(cfg.cell_timeout):
         for i, (title, kind, policy) in enumerate(parts, start=1):
             t0 = time.perf_counter()
             _say(progress, f"[{i}/{len(parts)}] {title}")
             if kind == "bv":
-                bv[policy] = BV.run_study(cfg.study_config(policy), progress, fresh)["rows"]
+                scfg = cfg.study_config(policy)
+                drop_stale(Path(scfg.out), "cells", ests, cell_estimators)
+                bv[policy] = BV.run_study(scfg, progress, fresh)["rows"]
             elif kind == "tt":
                 tcfg = cfg.train_config(policy)
                 claim_results_dir(Path(tcfg.out), "train_toy", TT.study_settings(tcfg), fresh,
                                   TT.RESULTS)  # fmt: skip
+                drop_stale(Path(tcfg.out), "runs", ests, run_estimators)
                 tt[policy] = TT.run_study(tcfg, progress, fresh)["final"]
             else:
+                record_llm_code(Path(cfg.llm_settings().out), ests)
                 llm = run_llm(cfg.llm_settings(), progress, fresh)
             _say(progress, f"[{i}/{len(parts)}] {title}: {time.perf_counter() - t0:.0f} s")
         return write_report(cfg, bv, tt, llm)

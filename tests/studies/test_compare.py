@@ -101,6 +101,70 @@ def test_a_users_estimator_is_one_more_row_and_a_rerun_resumes(tmp_path, tiny, m
     kw = dict(estimators=("grpo", "hgpo", "gae", "mine"), quick=True, policies=("tabular",),
               seeds=3, iterations=2, train_envs=("tmaze:length=1",), workers=1, out=str(out))  # fmt: skip
     C.check_config(C.CompareConfig(**kw), fresh=True)
+    # the user's estimator edited (issue 38): its cell and runs are recomputed, not read back
+    hgpo.unregister_estimator("mine")
+    hgpo.register_estimator("mine", _mine_edited, reads=("entropy", "observations"))
+    calls: list = []
+    monkeypatch.setattr(BV, "run_cell", lambda *a: calls.append("cell") or BV_RUN_CELL(*a))
+    monkeypatch.setattr(TT, "run_one", lambda *a: calls.append(a[1]["setting"]) or TT_RUN_ONE(*a))
+    assert C.main(args) == 0
+    assert sorted(calls) == ["cell", "mine", "mine"]  # 1 cell, 2 seeds x 1 env of mine
+    err = capsys.readouterr().err
+    assert "were made by other code of estimator(s) mine" in err and "recomputing them" in err
+    assert (out / "table.csv").read_bytes() != before
+
+
+BV_RUN_CELL, TT_RUN_ONE = BV.run_cell, TT.run_one
+
+
+def _mine_edited(batch, config, values=None, entropy=None, observations=None):
+    R = hgpo.step_returns(batch, config)
+    return 2.0 * (R - R.mean()) + 0.01 * (entropy - entropy.mean())
+
+
+def test_cached_cells_are_keyed_by_the_estimators_code(tmp_path, capsys):
+    """Issue 38: a cell made by other code of an estimator (or by unrecorded code) is deleted
+    and recomputed; a cell without it is kept; the LLM runs are refused."""
+    from studies import compare_cache as K
+
+    def v1(batch, config, values=None):
+        return hgpo.step_returns(batch, config)
+
+    def v2(batch, config, values=None):
+        return -hgpo.step_returns(batch, config)
+
+    cells = tmp_path / "bv" / "cells"
+    cells.mkdir(parents=True)
+    for name, ests in (("a", ["grpo", "edited"]), ("b", ["grpo"])):
+        (cells / f"{name}.json").write_text(json.dumps({"rows": [{"estimator": e} for e in ests]}))
+    hgpo.register_estimator("edited", v1)
+    try:
+        code1 = K.estimator_code("edited")
+        # no record of the code that made them: every cell with a compared estimator goes
+        assert K.drop_stale(tmp_path / "bv", "cells", ("grpo", "edited"), K.cell_estimators) == 2
+        assert "by unrecorded code of edited, grpo: recomputing" in capsys.readouterr().err
+        for name, ests in (("a", ["grpo", "edited"]), ("b", ["grpo"])):
+            (cells / f"{name}.json").write_text(json.dumps({"rows": [{"estimator": e}
+                                                                     for e in ests]}))  # fmt: skip
+        assert K.drop_stale(tmp_path / "bv", "cells", ("grpo", "edited"), K.cell_estimators) == 0
+        hgpo.unregister_estimator("edited")
+        hgpo.register_estimator("edited", v2)
+        assert K.estimator_code("edited") != code1
+        assert K.drop_stale(tmp_path / "bv", "cells", ("grpo", "edited"), K.cell_estimators) == 1
+        assert sorted(p.name for p in cells.iterdir()) == ["b.json"]
+        assert "other code of estimator(s) edited" in capsys.readouterr().err
+        saved = json.loads((tmp_path / "bv" / K.MANIFEST).read_text())
+        assert saved["edited"] == K.estimator_code("edited")
+        # LLM runs made by unrecorded code are refused before any work
+        (tmp_path / "llm" / "hgpo-s0").mkdir(parents=True)
+        (tmp_path / "llm" / "hgpo-s0" / "metrics.jsonl").write_text("")
+        with pytest.raises(ValueError, match=r"--llm: the LLM runs in .* were made by other "
+                           r"\(or unrecorded\) code of estimator\(s\) edited; give --fresh"):  # fmt: skip
+            K.check_llm_code(tmp_path / "llm", ("edited",), fresh=False)
+        K.record_llm_code(tmp_path / "llm", ("edited",))
+        K.check_llm_code(tmp_path / "llm", ("edited",), fresh=False)
+    finally:
+        hgpo.unregister_estimator("edited")
 
 
 def test_a_folder_of_another_study_is_refused(tmp_path, capsys):
