@@ -96,11 +96,13 @@ def drop_stale(
             path.unlink()
             dropped += 1
     if dropped:
-        names = ", ".join(sorted(e for e in stale if e in recorded)) or "-"
-        unknown = ", ".join(sorted(e for e in stale if e not in recorded)) or "-"
+        changed = sorted(e for e in stale if e in recorded)
+        unknown = sorted(e for e in stale if e not in recorded)
+        why = [f"other code of estimator(s) {', '.join(changed)}"] if changed else []
+        why += [f"unrecorded code (a folder from before the record) of estimator(s) "
+                f"{', '.join(unknown)}"] if unknown else []  # fmt: skip
         print(f"studies.compare: {dropped} cached {pieces} in {folder / pieces} were made by "
-              f"other code of estimator(s) {names} or by unrecorded code of {unknown}: "
-              "recomputing them", file=sys.stderr)  # fmt: skip
+              f"{' or by '.join(why)}: recomputing them", file=sys.stderr)  # fmt: skip
     if stale or not (folder / MANIFEST).exists():
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_json(folder / MANIFEST, {**recorded, **code})

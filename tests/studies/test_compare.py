@@ -142,7 +142,10 @@ def test_cached_cells_are_keyed_by_the_estimators_code(tmp_path, capsys):
         code1 = K.estimator_code("edited")
         # no record of the code that made them: every cell with a compared estimator goes
         assert K.drop_stale(tmp_path / "bv", "cells", ("grpo", "edited"), K.cell_estimators) == 2
-        assert "by unrecorded code of edited, grpo: recomputing" in capsys.readouterr().err
+        assert (
+            "by unrecorded code (a folder from before the record) of estimator(s) edited, "
+            "grpo: recomputing them" in capsys.readouterr().err
+        )
         for name, ests in (("a", ["grpo", "edited"]), ("b", ["grpo"])):
             (cells / f"{name}.json").write_text(json.dumps({"rows": [{"estimator": e}
                                                                      for e in ests]}))  # fmt: skip
