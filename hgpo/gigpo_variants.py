@@ -25,31 +25,15 @@ from hgpo.estimators import Advantages, check_inputs, gigpo
 from hgpo.groups import dense_rank
 from hgpo.returns import check_step_texts, episode_returns
 
-__all__ = [
-    "SIMILARITY_BLOCK_BYTES",
-    "dynamic_keep",
-    "gigpo_dynamic",
-    "gigpo_similarity",
-    "similarity_clusters",
-]
+__all__ = ["dynamic_keep", "gigpo_dynamic", "gigpo_similarity", "similarity_clusters"]
 
 # --------------------------------------------------------------------------- similarity
 
 
-SIMILARITY_BLOCK_BYTES = 64 << 20
-"""Bytes the pairwise bound of one block of observations may take (:func:`_greedy_distinct`):
-a rollout group's D distinct texts are compared in blocks of rows so that a block's
-rows x columns x :data:`_BYTES_PER_PAIR` stays under it, whatever D (the whole D x D matrix
-of 12,000 texts would take 5.8 GB)."""
-
-_BYTES_PER_PAIR = 48  # int64 distance, lengths and sum, float64 bound, the bool test
-
-
-def lcs_bounds(texts: list[str], rows: Sequence[str] | None = None) -> np.ndarray:
-    """float64[len(rows), D] an exact upper bound of difflib's ratio for every pair of a text
-    of ``rows`` (default ``texts``) and one of ``texts``: bound[a, b] = 2 LCS(a, b) /
-    (|a| + |b|) >= SequenceMatcher(None, a, b).ratio(), in either argument order (1 for two
-    empty texts, as difflib's ratio).
+def lcs_bounds(texts: list[str]) -> np.ndarray:
+    """float64[D, D] an exact upper bound of difflib's ratio for every pair of ``texts``:
+    bound[a, b] = 2 LCS(a, b) / (|a| + |b|) >= SequenceMatcher(None, a, b).ratio(), in either
+    argument order (1 for two empty texts, as difflib's ratio).
 
     Why it bounds: difflib's ratio is 2 M / (|a| + |b|), M the summed sizes of its matching
     blocks (``get_matching_blocks``). Each block is a run of equal characters a[i:i+k] ==
@@ -61,17 +45,16 @@ def lcs_bounds(texts: list[str], rows: Sequence[str] | None = None) -> np.ndarra
     integer, 2 LCS = |a| + |b| - Indel distance, and 2.0 * LCS / S is computed as difflib
     computes 2.0 * M / S (one correctly rounded division, monotone in the numerator).
 
-    The Indel distances come from rapidfuzz's ``process.cdist`` (bit-parallel LCS in C; with
-    ``rows`` omitted each pair once: the scorer is symmetric and the queries are the choices).
+    The Indel distances come from rapidfuzz's ``process.cdist`` (bit-parallel LCS in C, each
+    pair once: the scorer is symmetric and the queries are the choices).
     """
     from rapidfuzz import process
     from rapidfuzz.distance import Indel
 
-    queries = texts if rows is None else rows
-    dist = process.cdist(queries, texts, scorer=Indel.distance, processor=None, dtype=np.int64)
-    lengths = np.fromiter(map(len, texts), np.int64, len(texts))
-    q_lengths = lengths if rows is None else np.fromiter(map(len, rows), np.int64, len(rows))
-    total = q_lengths[:, None] + lengths[None, :]
+    D = len(texts)
+    dist = process.cdist(texts, texts, scorer=Indel.distance, processor=None, dtype=np.int64)
+    lengths = np.fromiter(map(len, texts), np.int64, D)
+    total = lengths[:, None] + lengths[None, :]
     with np.errstate(invalid="ignore"):  # two empty texts: 0 / 0, difflib's ratio is 1
         bound = (total - dist).astype(np.float64) / total
     bound[total == 0] = 1.0
@@ -106,44 +89,34 @@ def _greedy_distinct(distinct: list[str], thresh: float) -> list[int] | None:
     would not follow the first one: the caller runs the literal loop).
 
     A pair goes to difflib only when its exact upper bound (:func:`lcs_bounds`) reaches
-    thresh; representatives are tried in order of creation, as in the authors' loop. Only
-    representatives are ever compared with, so the bounds are computed block by block of
-    rows, each against the representatives so far and the block's own texts: memory stays
-    under :data:`SIMILARITY_BLOCK_BYTES` however many texts differ (the time is still up to
-    D^2 / 2 bounds when no two texts are alike).
+    thresh; representatives are tried in order of creation, as in the authors' loop.
     """
     D = len(distinct)
+    maybe = np.tril(lcs_bounds(distinct) >= thresh, -1)  # earlier texts b < a only
+    has = maybe.any(axis=1).tolist()
     cluster_of: list[int] = []  # cluster of each distinct text so far
     rep_of: list[int] = []  # each cluster's representative (a position in ``distinct``)
     matchers: dict[int, SequenceMatcher] = {}  # b = the representative: difflib caches b
-    a0 = 0
-    while a0 < D:
-        # rows x (reps + rows) pairs within the budget (the reps are at most a0)
-        per_row = _BYTES_PER_PAIR * (len(rep_of) + D - a0)
-        a1 = min(D, a0 + max(1, SIMILARITY_BLOCK_BYTES // per_row))
-        cols = np.asarray(rep_of + list(range(a0, a1)), dtype=np.int64)  # rising
-        maybe = lcs_bounds([distinct[b] for b in cols.tolist()], distinct[a0:a1]) >= thresh
-        for a in range(a0, a1):
-            x = distinct[a]
-            cluster = -1
-            for b in cols[maybe[a - a0] & (cols < a)].tolist():
-                j = cluster_of[b]
-                if rep_of[j] != b:
-                    continue  # b joined a cluster: not a representative
-                m = matchers.get(b)
-                if m is None:
-                    m = matchers[b] = SequenceMatcher(None, "", distinct[b])
-                m.set_seq1(x)
-                if m.ratio() >= thresh:
-                    cluster = j
-                    break
-            if cluster < 0:
-                if not _self_similar(x, thresh):
-                    return None
-                cluster = len(rep_of)
-                rep_of.append(a)
-            cluster_of.append(cluster)
-        a0 = a1
+    for a in range(D):
+        x = distinct[a]
+        cluster = -1
+        for b in np.flatnonzero(maybe[a]).tolist() if has[a] else ():
+            j = cluster_of[b]
+            if rep_of[j] != b:
+                continue  # b joined a cluster: not a representative
+            m = matchers.get(b)
+            if m is None:
+                m = matchers[b] = SequenceMatcher(None, "", distinct[b])
+            m.set_seq1(x)
+            if m.ratio() >= thresh:
+                cluster = j
+                break
+        if cluster < 0:
+            if not _self_similar(x, thresh):
+                return None
+            cluster = len(rep_of)
+            rep_of.append(a)
+        cluster_of.append(cluster)
     return cluster_of
 
 
