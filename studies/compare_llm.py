@@ -104,7 +104,7 @@ def _child(argv: list[str], log: str) -> None:
 
     threads = os.environ["OMP_NUM_THREADS"]
     torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else 1)
-    from hgpo.train.__main__ import main
+    from hgpo.train import main
 
     sys.exit(main(argv))
 

@@ -10,7 +10,12 @@ How the figures are made:
   cells are independent draws). An estimator's difference to the baseline is averaged the
   same way, per cell d_c = m_c - b_c with h_c = sqrt(h_{m,c}^2 + h_{b,c}^2): both are measured
   on the same batches, whose positive correlation this ignores, so the difference's interval
-  is conservative (too wide, never too narrow);
+  is conservative (too wide, never too narrow). A cell counts for an estimator's figure only
+  where the figure is finite and its advantages were not all zero (:func:`all_zero`: e.g.
+  gigpo_dynamic's filter dropping every group of an untrained cell); the summary names such
+  cells, table.csv gives each figure's count (``{m}_n`` of ``units``), and an estimator is
+  ranked only when measured in every cell where any was, so that every mean ranked, and every
+  lead (paired over cells), is over the same cells;
 - the **LLM policy**'s figures are every truth batch's (hgpo.train's truth monitor) pooled over
   the batches of every run, mean and 95% t-interval; its differences are paired batch by batch;
 - **auc** (learning speed): per run the mean train-task success over the evaluations after
@@ -45,10 +50,11 @@ import numpy as np
 from hgpo import compute_advantages, step_returns
 from hgpo.estimator_registry import get_spec
 from studies.bias_variance_report import base_rows, best_counts
+from studies.compare_guard import CellTimeout, EstimatorError, bounded
 from studies.io import write_csv
 from studies.metrics import mean_ci
 from studies.train_toy_report import compare
-from studies.verdict import HOLDS, Step, ordering_verdict
+from studies.verdict import DOES_NOT_HOLD, HOLDS, NOT_SIGNIFICANT, UNTESTED, Step, ordering_verdict
 
 __all__ = ["METRICS", "RESULTS", "Figure", "write_report"]
 
@@ -84,7 +90,14 @@ def in_reward_units(name: str) -> bool:
     rb = toyenvs.rollout(env, pol, env.tasks[:4], 4, 0)
     cfg = EstimatorConfig(K=2, norm="mean", gae_lambda=1.0)
     inputs = StepInputs(env, rb, np.zeros(rb.n_steps), lambda: pol.probs(rb.context))
-    out = compute_advantages(name, rb.batch, cfg, **inputs.of(name))
+    what = f"the reward-units probe of estimator {name!r}"
+    try:
+        out = bounded(functools.partial(compute_advantages, **inputs.of(name)), what, name,
+                      rb.batch, cfg)  # fmt: skip
+    except CellTimeout:
+        raise
+    except Exception as exc:
+        raise EstimatorError(f"estimator {name!r} raised {type(exc).__name__}: {exc}") from exc
     return bool(np.allclose(out.returns, step_returns(rb.batch, cfg), rtol=1e-9, atol=1e-12))
 
 
@@ -126,7 +139,6 @@ def _half(r: dict[str, Any], m: str) -> float:
 
 def _pool(pairs: list[tuple[float, float]]) -> Figure:
     """The mean of independent figures (value, half-width): half-width sqrt(sum h^2) / n."""
-    pairs = [(v, h) for v, h in pairs if math.isfinite(v)]
     if not pairs:
         return NAN
     v = np.array([p[0] for p in pairs])
@@ -136,24 +148,40 @@ def _pool(pairs: list[tuple[float, float]]) -> Figure:
     return Figure(m, m - hw, m + hw, int(v.size))
 
 
+def all_zero(r: dict[str, Any]) -> bool:
+    """Whether a cell's (or a truth batch's) figures say the estimator's advantages were 0 at
+    every step: variance exactly 0 and no batch with a policy gradient (its gradient cosine is
+    NaN: the mean over no batch). gigpo_dynamic's filter does this where every group's returns
+    tie (an untrained policy that never succeeds): such a cell is not a measurement of its
+    error, and it is left out of the estimator's figures and reported as such."""
+    return r.get("variance") == 0 and not math.isfinite(r.get("grad_cos", math.nan))
+
+
 def _cells(rows: list[dict[str, Any]], est: str) -> dict[tuple, dict[str, Any]]:
     """(env, K, stage) -> the estimator's norm = mean row."""
     return {(r["env"], r["K"], r["stage"]): r for r in rows
             if r["estimator"] == est and r["norm"] == "mean"}  # fmt: skip
 
 
+def cell_units(rows: list[dict[str, Any]], est: str, m: str) -> dict[tuple, tuple[float, float]]:
+    """The cells where ``est``'s figure ``m`` was measured: finite, and not a cell of all-zero
+    advantages (:func:`all_zero`); cell -> (value, half-width)."""
+    return {c: (r[m], _half(r, m)) for c, r in _cells(rows, est).items()
+            if math.isfinite(r.get(m, math.nan)) and not all_zero(r)}  # fmt: skip
+
+
 def cell_figure(rows: list[dict[str, Any]], est: str, m: str) -> Figure:
-    """``m`` of ``est`` averaged over the cells (see the module docstring)."""
-    return _pool([(r.get(m, math.nan), _half(r, m)) for r in _cells(rows, est).values()])
+    """``m`` of ``est`` averaged over the cells where it was measured (:func:`cell_units`; n
+    says how many; see the module docstring)."""
+    return _pool(list(cell_units(rows, est, m).values()))
 
 
 def cell_diff(rows: list[dict[str, Any]], est: str, base: str, m: str) -> Figure:
-    """``m`` of ``est`` minus the baseline's, averaged over the cells both were measured in,
-    with the conservative interval of the module docstring."""
-    a, b = _cells(rows, est), _cells(rows, base)
-    pairs = [(a[c].get(m, math.nan) - b[c].get(m, math.nan),
-              math.hypot(_half(a[c], m), _half(b[c], m))) for c in a if c in b]  # fmt: skip
-    return _pool(pairs)
+    """``m`` of ``est`` minus the baseline's, averaged over the cells where both were measured
+    (paired: the same cells on both sides; n says how many), with the conservative interval of
+    the module docstring."""
+    a, b = cell_units(rows, est, m), cell_units(rows, base, m)
+    return _pool([(a[c][0] - b[c][0], math.hypot(a[c][1], b[c][1])) for c in a if c in b])
 
 
 def _batches(llm: dict[str, Any]) -> list[dict[str, Any]]:
@@ -169,14 +197,50 @@ def _ci(x: list[float]) -> Figure:
     return Figure(m, lo, hi, int(a.size))
 
 
+def _llm_row(r: dict[str, Any], est: str) -> dict[str, float]:
+    return {m: r.get(f"truth/{est}/{m}", math.nan) for m, _, _ in METRICS}
+
+
+def llm_units(batches: list[dict[str, Any]], est: str, m: str) -> dict[int, float]:
+    """The truth batches (by index) where ``est``'s figure ``m`` was measured: finite, and not
+    all-zero advantages (:func:`all_zero`); batch -> value."""
+    out = {}
+    for i, r in enumerate(batches):
+        row = _llm_row(r, est)
+        if math.isfinite(row[m]) and not all_zero(row):
+            out[i] = row[m]
+    return out
+
+
 def llm_figure(batches: list[dict[str, Any]], est: str, m: str) -> Figure:
-    return _ci([r.get(f"truth/{est}/{m}", math.nan) for r in batches])
+    return _ci(list(llm_units(batches, est, m).values()))
 
 
 def llm_diff(batches: list[dict[str, Any]], est: str, base: str, m: str) -> Figure:
-    """Paired batch by batch: mean and 95% t-interval of est's figure minus the baseline's."""
-    return _ci([r.get(f"truth/{est}/{m}", math.nan) - r.get(f"truth/{base}/{m}", math.nan)
-                for r in batches])  # fmt: skip
+    """Paired batch by batch over the batches where both were measured: mean and 95%
+    t-interval of est's figure minus the baseline's."""
+    a, b = llm_units(batches, est, m), llm_units(batches, base, m)
+    return _ci([a[i] - b[i] for i in a if i in b])
+
+
+def units(p: str, bv: dict, batches: list[dict[str, Any]], est: str, m: str) -> set:
+    """The cells (toy policy ``p``) or truth batches (``p`` = "llm") where ``est``'s ``m`` was
+    measured."""
+    return set(llm_units(batches, est, m) if p == "llm" else cell_units(bv[p], est, m))
+
+
+def zero_units(p: str, bv: dict, batches: list[dict[str, Any]], est: str) -> int:
+    """How many cells (truth batches) held all-zero advantages of ``est``."""
+    if p == "llm":
+        return sum(all_zero(_llm_row(r, est)) for r in batches)
+    return sum(all_zero(r) for r in _cells(bv[p], est).values())
+
+
+def n_units(p: str, bv: dict, batches: list[dict[str, Any]]) -> int:
+    """The policy's cells (or the LLM's truth batches): what "measured in n of N" counts."""
+    if p == "llm":
+        return len(batches)
+    return len({(r["env"], r["K"], r["stage"]) for r in bv[p] if r["norm"] == "mean"})
 
 
 # ----------------------------------------------------------------------------- learning speed
@@ -222,34 +286,44 @@ def build_table(cfg: Any, bv: dict, tt: dict, llm: dict | None) -> tuple[list[di
         tests += [{"policy": p, **t} for t in t_tests]
         pooled = {t["label"]: t for t in t_tests if t["env"] == "all envs"}
         for e in ests:
-            spec = get_spec(e) if _registered(e) else None
-            row: dict[str, Any] = {"policy": _policy_label(p, cfg), "estimator": e,
-                                   "origin": spec.origin if spec else "?",
-                                   "reads": " ".join(spec.reads) if spec else "",
-                                   "reward_units": in_reward_units(e)}  # fmt: skip
+            table.append(_table_row(cfg, p, e, bv, batches))
+            row = table[-1]
             for m, _, _ in METRICS:
-                f = llm_figure(batches, e, m) if p == "llm" else cell_figure(bv[p], e, m)
-                row.update({m: f.value, f"{m}_lo": f.lo, f"{m}_hi": f.hi})
-                row["n"] = max(row.get("n", 0), f.n)
-                if e != base:
-                    d = (
-                        llm_diff(batches, e, base, m)
-                        if p == "llm"
-                        else cell_diff(bv[p], e, base, m)
-                    )
-                    diffs.append({"policy": row["policy"], "estimator": e, "baseline": base,
-                                  "metric": m, "diff": d.value, "lo": d.lo, "hi": d.hi,
-                                  "n": d.n, "significant": d.significant,
-                                  "evidence": "paired 95% t-interval over batches" if p == "llm"
-                                  else "conservative 95% interval over cells"})  # fmt: skip
+                if e == base:
+                    continue
+                d = llm_diff(batches, e, base, m) if p == "llm" else cell_diff(bv[p], e, base, m)
+                diffs.append({"policy": row["policy"], "estimator": e, "baseline": base,
+                              "metric": m, "diff": d.value, "lo": d.lo, "hi": d.hi,
+                              "n": d.n, "significant": d.significant,
+                              "evidence": "paired 95% t-interval over batches" if p == "llm"
+                              else "conservative 95% interval over cells"})  # fmt: skip
             if p in tt:
                 f = auc_figure(tt[p], e)
                 t = pooled.get(e, {})
                 row.update(auc=f.value, auc_lo=f.lo, auc_hi=f.hi, seeds=f.n,
                            auc_diff=t.get("diff", math.nan), auc_p=t.get("p", math.nan),
                            auc_p_holm=t.get("p_holm", math.nan))  # fmt: skip
-            table.append(row)
     return table, diffs, tests
+
+
+def _table_row(cfg: Any, p: str, e: str, bv: dict, batches: list[dict]) -> dict[str, Any]:
+    """One estimator's figures on policy ``p``, each over the cells (truth batches) where it was
+    measured: ``{m}_n`` of them for figure m, ``n`` for all (the cells of its row), of
+    ``units`` in all; ``zero_cells`` of them held all-zero advantages (left out)."""
+    spec = get_spec(e) if _registered(e) else None
+    row: dict[str, Any] = {"policy": _policy_label(p, cfg), "estimator": e,
+                           "origin": spec.origin if spec else "?",
+                           "reads": " ".join(spec.reads) if spec else "",
+                           "reward_units": in_reward_units(e)}  # fmt: skip
+    every: set | None = None
+    for m, _, _ in METRICS:
+        f = llm_figure(batches, e, m) if p == "llm" else cell_figure(bv[p], e, m)
+        row.update({m: f.value, f"{m}_lo": f.lo, f"{m}_hi": f.hi, f"{m}_n": f.n})
+        u = units(p, bv, batches, e, m)
+        every = u if every is None else every & u
+    row.update(n=len(every or ()), units=n_units(p, bv, batches),
+               zero_cells=zero_units(p, bv, batches, e))  # fmt: skip
+    return row
 
 
 def _registered(name: str) -> bool:
@@ -264,18 +338,32 @@ def _fig(r: dict[str, Any], m: str) -> Figure:
     return Figure(r.get(m, math.nan), r.get(f"{m}_lo", math.nan), r.get(f"{m}_hi", math.nan), 0)
 
 
+def _of(n: int | None, r: dict[str, Any]) -> str:
+    """`` (n = 10 of 12)`` after a figure measured in fewer than all of the policy's cells."""
+    total = r.get("units")
+    return f" (n = {n} of {total})" if n is not None and total and n < total else ""
+
+
 def _row(r: dict[str, Any], cells: list[str]) -> str:
-    """A markdown row: policy, estimator (with † when not in reward units), the cells."""
-    mark = "" if r.get("reward_units", True) else " †"
+    """A markdown row: policy, estimator (with † when not in reward units, ‡ with all-zero
+    advantages in some cell), the cells."""
+    mark = ("" if r.get("reward_units", True) else " †") + (" ‡" if r.get("zero_cells") else "")
     return f"| {r['policy']} | {r['estimator']}{mark} | " + " | ".join(cells) + " |"
 
 
 def _dagger_note(table: list[dict[str, Any]]) -> list[str]:
-    """The footnote for † rows, when there are any."""
-    if all(r.get("reward_units", True) for r in table):
-        return []
-    return ["", "† not in reward units: its bias², variance and MSE are not comparable with "
-            "the others' (see the summary)."]  # fmt: skip
+    """The footnotes for † and ‡ rows, when there are any."""
+    notes = []
+    if not all(r.get("reward_units", True) for r in table):
+        notes.append("† not in reward units: its bias², variance and MSE are not comparable "
+                     "with the others' (see the summary).")  # fmt: skip
+    zero = [f"{r['estimator']} ({r['policy']}: {r['zero_cells']} of {r['units']})" for r in table
+            if r.get("zero_cells")]  # fmt: skip
+    if zero:
+        notes.append("‡ all-zero advantages (0 at every step: no error or gradient to measure) "
+                     f"in some cells or truth batches, left out of its figures: {', '.join(zero)}"
+                     "; n = the cells a figure is over, where fewer than all.")  # fmt: skip
+    return ["", *notes] if notes else []
 
 
 def table_md(table: list[dict[str, Any]], base: str) -> str:
@@ -283,7 +371,7 @@ def table_md(table: list[dict[str, Any]], base: str) -> str:
     lines = ["| policy | estimator | " + " | ".join(heads) + " |",
              "|---" * (len(heads) + 2) + "|"]  # fmt: skip
     for r in table:
-        cells = [_fig(r, m).text() for m, _, _ in METRICS]
+        cells = [_fig(r, m).text() + _of(r.get(f"{m}_n"), r) for m, _, _ in METRICS]
         cells.append(_fig(r, "auc").text(".3f") if "auc" in r else "-")
         if "auc" in r and r["estimator"] != base and math.isfinite(r["auc_diff"]):
             star = " *" if r["auc_p_holm"] < ALPHA else ""
@@ -307,7 +395,8 @@ def diffs_md(table: list[dict], diffs: list[dict], base: str) -> str:
         for m, _, _ in METRICS:
             d = by.get((r["policy"], r["estimator"], m))
             f = Figure(d["diff"], d["lo"], d["hi"], d["n"]) if d else NAN
-            cells.append(f.text("+.3g") + (" *" if d and d["significant"] else ""))
+            cells.append(f.text("+.3g") + (" *" if d and d["significant"] else "")
+                         + _of(d["n"] if d else None, r))  # fmt: skip
         if "auc" in r and math.isfinite(r["auc_diff"]):
             star = " *" if r["auc_p_holm"] < ALPHA else ""
             cells.append(f"{r['auc_diff']:+.3f} ({r['auc_p']:.2g}, {r['auc_p_holm']:.2g}){star}")
@@ -336,29 +425,60 @@ def _diff(p: str, bv: dict, batches: list[dict], a: str, b: str, m: str) -> Figu
     return llm_diff(batches, a, b, m) if p == "llm" else cell_diff(bv[p], a, b, m)
 
 
+_WORDS = {
+    HOLDS: "significant",
+    DOES_NOT_HOLD: "significant the other way",
+    NOT_SIGNIFICANT: "not significant",
+    UNTESTED: "untested (no interval)",
+}
+"""How a lead reads, by studies.verdict's status of ``best > next``."""
+
+
 def _winner_line(p: str, rows: list[dict], bv: dict, batches: list[dict], m: str, name: str,
                  lower: bool, ests: tuple[str, ...]) -> str:  # fmt: skip
-    """``MSE: lowest oracle 3.2 [..], next hgpo 3.4 [..]; oracle's lead 0.19 (95% CI [..]) is not
-    significant; per cell: ...``"""
-    ranked = sorted((r for r in rows if math.isfinite(r[m]) and _comparable(r, m)),
-                    key=lambda r: r[m], reverse=not lower)  # fmt: skip
+    """``MSE: lowest oracle 3.2 [..], next hgpo 3.4 [..]; the lead 0.19 [..] is not
+    significant; per cell: ...; not ranked: ...``. Only the estimators measured in every cell
+    (truth batch) where any was are ranked, so that every mean ranked and every lead is over
+    the same cells; the others are named with their count of cells."""
+    cands = [r for r in rows if _comparable(r, m)]
+    held = {r["estimator"]: units(p, bv, batches, r["estimator"], m) for r in cands}
+    every = set().union(*held.values())
+    full = [r for r in cands if every and held[r["estimator"]] == every]
+    ranked = sorted(full, key=lambda r: r[m], reverse=not lower)
+    missing = [r["estimator"] for r in cands if every and r not in full]
+    short = _short_note(p, bv, batches, missing, held, len(every))
     if len(ranked) < 2:
-        return f"{name}: fewer than two estimators measured in reward units"
+        return f"{name}: fewer than two estimators measured in every cell{short}."
     best, nxt = ranked[0], ranked[1]
     d = _diff(p, bv, batches, best["estimator"], nxt["estimator"], m)
     lead = Figure(-d.value, -d.hi, -d.lo, d.n) if lower else d
-    status, _ = ordering_verdict([Step(best["estimator"], nxt["estimator"], lead.value,
-                                       ci=(lead.lo, lead.hi))], ALPHA)  # fmt: skip
-    word = "significant" if status == HOLDS else "not significant"
+    ci = (lead.lo, lead.hi) if math.isfinite(lead.lo) and math.isfinite(lead.hi) else None
+    status, _ = ordering_verdict([Step(best["estimator"], nxt["estimator"], lead.value, ci=ci)],
+                                 ALPHA)  # fmt: skip
     line = (f"{name}: {'lowest' if lower else 'highest'} **{best['estimator']}** "
             f"{_fig(best, m).text()}, next {nxt['estimator']} {_fig(nxt, m).text()}; the lead "
-            f"{lead.text('.3g')} is **{word}**")  # fmt: skip
+            f"{lead.text('.3g')} is **{_WORDS[status]}**")  # fmt: skip
     if p != "llm":
-        ranked_names = {r["estimator"] for r in ranked}
-        cells = {k: [r for r in v if r["estimator"] in ests and r["estimator"] in ranked_names]
+        names = {r["estimator"] for r in ranked}
+        cells = {k: [r for r in v if r["estimator"] in ests and r["estimator"] in names]
                  for k, v in base_rows(bv[p], "mean").items()}  # fmt: skip
         line += f"; per cell: {best_counts(cells, m, lower)}"
-    return line + "."
+    return line + short + "."
+
+
+def _short_note(p: str, bv: dict, batches: list[dict], names: list[str], held: dict[str, set],
+                n: int) -> str:  # fmt: skip
+    """``; not ranked (not measured in every cell): a (10 of 12 cells; all-zero advantages in
+    2)``, or nothing."""
+    if not names:
+        return ""
+    what = "truth batches" if p == "llm" else "cells"
+    parts = []
+    for e in names:
+        z = zero_units(p, bv, batches, e)
+        parts.append(f"{e} ({len(held[e])} of {n} {what}" + (f"; all-zero advantages in {z}"
+                     if z else "") + ")")  # fmt: skip
+    return f"; not ranked (not measured in every {what[:-1]}): {', '.join(parts)}"
 
 
 def _vs_base_line(p: str, rows: list[dict], diffs: list[dict], m: str, name: str, lower: bool,
@@ -366,14 +486,20 @@ def _vs_base_line(p: str, rows: list[dict], diffs: list[dict], m: str, name: str
     """``Against hgpo on MSE: lower (better): a (-0.3 [..]); higher (worse): b; within noise: c``."""
     by = {d["estimator"]: d for d in diffs if d["policy"] == rows[0]["policy"] and d["metric"] == m}
     own = {r["estimator"] for r in rows if not _comparable(r, m)}
+    total = rows[0].get("units")
+    what = "truth batches" if rows[0]["policy"].startswith("llm") else "cells"
     better, worse, noise = [], [], []
     for e, d in by.items():
         f = Figure(d["diff"], d["lo"], d["hi"], d["n"])
         if not math.isfinite(f.value) or e in own:
             continue
         good = (f.value < 0) == lower
+        # a difference over fewer cells than the policy's says over how many (paired: both
+        # estimators on the same ones)
+        few = f"{f.n} of {total} {what}" if total and f.n < total else ""
+        fig = ", ".join(x for x in (f.text("+.3g") if f.significant else "", few) if x)
         (noise if not f.significant else better if good else worse).append(
-            f"{e} ({f.text('+.3g')})" if f.significant else e
+            f"{e} ({fig})" if fig else e
         )
     lo, hi = ("lower", "higher") if lower else ("higher", "lower")
     line = (f"against {base} on {name}: {lo} (better): {', '.join(better) or 'none'}; "
@@ -437,9 +563,14 @@ def summary_lines(cfg: Any, table: list[dict], diffs: list[dict], tests: list[di
     for p in [*cfg.policies, *(["llm"] if llm else [])]:
         label = _policy_label(p, cfg)
         rows = [r for r in table if r["policy"] == label]
-        n = rows[0]["n"] if rows else 0
+        n = n_units(p, bv, batches)
         where = f"{n} truth batches of {len(llm['runs'])} runs" if p == "llm" else f"{n} cells"
         md.append(f"**{label} policy** ({where}):")
+        zero = [f"{r['estimator']} in {r['zero_cells']}" for r in rows if r.get("zero_cells")]
+        if zero:
+            md.append(f"- all-zero advantages (0 at every step: no error or gradient to measure; "
+                      f"left out of the estimator's figures, which are over its other "
+                      f"{'batches' if p == 'llm' else 'cells'}): {', '.join(zero)} of {n}.")  # fmt: skip
         for m, name, lower in METRICS:
             md.append("- " + _winner_line(p, rows, bv, batches, m, name, lower, ests))
         for m, name, lower in (METRICS[2], METRICS[4]):
@@ -456,18 +587,21 @@ def summary_lines(cfg: Any, table: list[dict], diffs: list[dict], tests: list[di
 
 def _console(table: list[dict[str, Any]], base: str) -> str:
     """The table as the console shows it: point figures, auc's Holm p against the baseline."""
-    w = max(len(r["estimator"]) for r in table) + 2
+    w = max(len(r["estimator"]) for r in table) + 4
     pw = max(len(r["policy"]) for r in table) + 2
     lines = [f"{'policy':<{pw}}{'estimator':<{w}}{'bias2':>9}{'var':>9}{'mse':>9}{'sign':>7}"
              f"{'cos':>7}{'auc':>7}{'Holm p':>8}"]  # fmt: skip
     for r in table:
         p = r.get("auc_p_holm", math.nan)
-        lines.append(f"{r['policy']:<{pw}}{r['estimator']:<{w}}{r['bias2']:>9.3g}"
+        name = r["estimator"] + (" ‡" if r.get("zero_cells") else "")
+        lines.append(f"{r['policy']:<{pw}}{name:<{w}}{r['bias2']:>9.3g}"
                      f"{r['variance']:>9.3g}{r['mse']:>9.3g}{r['sign']:>7.2f}{r['grad_cos']:>7.2f}"
                      f"{_num(r.get('auc', math.nan), '.3f'):>7}"
                      f"{'' if r['estimator'] == base or not math.isfinite(p) else f'{p:.2g}':>8}")  # fmt: skip
     lines.append(f"bias2/var/mse: reward units (norm = mean), mean over cells; cos: gradient "
                  f"cosine; auc: mean train success over training; Holm p: auc against {base}")  # fmt: skip
+    if any(r.get("zero_cells") for r in table):
+        lines.append("‡ all-zero advantages in some cells, left out of its figures (table.md)")
     return "\n".join(lines)
 
 

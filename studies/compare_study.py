@@ -51,6 +51,14 @@ from studies import bias_variance as BV
 from studies import train_toy as TT
 from studies.backend import SweepError
 from studies.cli import apply_preset, check_out_dir, given_dests
+from studies.compare_cache import (
+    cell_estimators,
+    check_llm_code,
+    drop_stale,
+    record_llm_code,
+    run_estimators,
+)
+from studies.compare_guard import guarded
 from studies.compare_llm import LLMSettings, check_llm, run_llm
 from studies.compare_report import RESULTS, write_report
 from studies.io import check_results_dir, claim_results_dir
@@ -67,6 +75,8 @@ _train = in_section("training (studies.train_toy)")
 _llm = in_section("the LLM policy (--llm: hgpo.train on a toy text env)")
 _run = in_section("where it runs, the output")
 _LISTS = ("estimators", "policies", "train_envs")
+HOW = ("workers", "cell_timeout", "out")
+"""CompareConfig fields that change where and how it runs, not its results."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,10 @@ class CompareConfig:
     """The exact truth (and every estimator's error) every this many iterations."""
     workers: int = _run(2, lo=1, hi=256)
     """Worker processes of the sub-studies."""
+    cell_timeout: float = _run(3600.0, lo=1.0, hi=86_400.0)
+    """Seconds one bias/variance cell or one training run may take; past it, it fails naming
+    the estimator it was in (studies/compare_guard.py). The longest here: a transformer cell,
+    about 7 min with 2 workers on 2 cores."""
     out: str = _run("results/compare")
 
     def __post_init__(self) -> None:
@@ -123,7 +137,7 @@ class CompareConfig:
     def settings(self) -> dict[str, Any]:
         """What the results folder holds (its settings.json): every setting but where and how
         it runs, with the estimator list resolved."""
-        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("workers", "out")}
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in HOW}
         out["estimators"] = list(self.estimator_names())
         return out
 
@@ -186,6 +200,7 @@ def check_config(cfg: CompareConfig, fresh: bool) -> None:
             raise ValueError(str(exc).replace("--envs", "--train-envs", 1)) from None
     if cfg.llm:
         check_llm(cfg.llm_settings())
+        check_llm_code(Path(cfg.llm_settings().out), cfg.estimator_names(), fresh)
 
 
 def _say(progress: bool, text: str) -> None:
@@ -205,20 +220,26 @@ def run_compare(cfg: CompareConfig, progress: bool = True, fresh: bool = False) 
     bv: dict[str, list[dict[str, Any]]] = {}
     tt: dict[str, list[dict[str, Any]]] = {}
     llm: dict[str, Any] | None = None
-    for i, (title, kind, policy) in enumerate(parts, start=1):
-        t0 = time.perf_counter()
-        _say(progress, f"[{i}/{len(parts)}] {title}")
-        if kind == "bv":
-            bv[policy] = BV.run_study(cfg.study_config(policy), progress, fresh)["rows"]
-        elif kind == "tt":
-            tcfg = cfg.train_config(policy)
-            claim_results_dir(Path(tcfg.out), "train_toy", TT.study_settings(tcfg), fresh,
-                              TT.RESULTS)  # fmt: skip
-            tt[policy] = TT.run_study(tcfg, progress, fresh)["final"]
-        else:
-            llm = run_llm(cfg.llm_settings(), progress, fresh)
-        _say(progress, f"[{i}/{len(parts)}] {title}: {time.perf_counter() - t0:.0f} s")
-    return write_report(cfg, bv, tt, llm)
+    ests = cfg.estimator_names()
+    with guarded(cfg.cell_timeout):
+        for i, (title, kind, policy) in enumerate(parts, start=1):
+            t0 = time.perf_counter()
+            _say(progress, f"[{i}/{len(parts)}] {title}")
+            if kind == "bv":
+                scfg = cfg.study_config(policy)
+                drop_stale(Path(scfg.out), "cells", ests, cell_estimators)
+                bv[policy] = BV.run_study(scfg, progress, fresh)["rows"]
+            elif kind == "tt":
+                tcfg = cfg.train_config(policy)
+                claim_results_dir(Path(tcfg.out), "train_toy", TT.study_settings(tcfg), fresh,
+                                  TT.RESULTS)  # fmt: skip
+                drop_stale(Path(tcfg.out), "runs", ests, run_estimators)
+                tt[policy] = TT.run_study(tcfg, progress, fresh)["final"]
+            else:
+                record_llm_code(Path(cfg.llm_settings().out), ests)
+                llm = run_llm(cfg.llm_settings(), progress, fresh)
+            _say(progress, f"[{i}/{len(parts)}] {title}: {time.perf_counter() - t0:.0f} s")
+        return write_report(cfg, bv, tt, llm)
 
 
 # ---------------------------------------------------------------------------- command line

@@ -306,6 +306,14 @@ def test_the_core_imports_no_optional_extra():
     assert problems(ROOT)["extra"] == []
 
 
+def test_no_study_imports_a_main_module():
+    """The studies run the trainer through its public entry point (``hgpo.train.main``), never
+    through the script module ``hgpo.train.__main__`` (issue 38)."""
+    found = [str(i) for i in imports(ROOT)[0]
+             if layer(i.source) == "studies" and i.target.endswith(".__main__")]  # fmt: skip
+    assert found == []
+
+
 if __name__ == "__main__":
     sys.path[0] = str(ROOT)  # this tree's hgpo, not the tests/hgpo test package
     where = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT

@@ -6,4 +6,13 @@ Importing this package is light; torch, transformers and DeepSpeed load with
 
 from hgpo.train.train_config import PRESETS, TrainConfig, parse_args, resolve
 
-__all__ = ["PRESETS", "TrainConfig", "parse_args", "resolve"]
+__all__ = ["PRESETS", "TrainConfig", "main", "parse_args", "resolve"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hgpo.train ARGV``: parse, validate and train (or --plan, --print-config);
+    returns the exit status. The public entry point for a program that runs the trainer in
+    its own process (studies.compare_llm); its imports load on the first call."""
+    from hgpo.train.command import main as command_main
+
+    return command_main(argv)

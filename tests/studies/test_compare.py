@@ -101,6 +101,73 @@ def test_a_users_estimator_is_one_more_row_and_a_rerun_resumes(tmp_path, tiny, m
     kw = dict(estimators=("grpo", "hgpo", "gae", "mine"), quick=True, policies=("tabular",),
               seeds=3, iterations=2, train_envs=("tmaze:length=1",), workers=1, out=str(out))  # fmt: skip
     C.check_config(C.CompareConfig(**kw), fresh=True)
+    # the user's estimator edited (issue 38): its cell and runs are recomputed, not read back
+    hgpo.unregister_estimator("mine")
+    hgpo.register_estimator("mine", _mine_edited, reads=("entropy", "observations"))
+    calls: list = []
+    monkeypatch.setattr(BV, "run_cell", lambda *a: calls.append("cell") or BV_RUN_CELL(*a))
+    monkeypatch.setattr(TT, "run_one", lambda *a: calls.append(a[1]["setting"]) or TT_RUN_ONE(*a))
+    assert C.main(args) == 0
+    assert sorted(calls) == ["cell", "mine", "mine"]  # 1 cell, 2 seeds x 1 env of mine
+    err = capsys.readouterr().err
+    assert "were made by other code of estimator(s) mine" in err and "recomputing them" in err
+    assert (out / "table.csv").read_bytes() != before
+
+
+BV_RUN_CELL, TT_RUN_ONE = BV.run_cell, TT.run_one
+
+
+def _mine_edited(batch, config, values=None, entropy=None, observations=None):
+    R = hgpo.step_returns(batch, config)
+    return 2.0 * (R - R.mean()) + 0.01 * (entropy - entropy.mean())
+
+
+def test_cached_cells_are_keyed_by_the_estimators_code(tmp_path, capsys):
+    """Issue 38: a cell made by other code of an estimator (or by unrecorded code) is deleted
+    and recomputed; a cell without it is kept; the LLM runs are refused."""
+    from studies import compare_cache as K
+
+    def v1(batch, config, values=None):
+        return hgpo.step_returns(batch, config)
+
+    def v2(batch, config, values=None):
+        return -hgpo.step_returns(batch, config)
+
+    cells = tmp_path / "bv" / "cells"
+    cells.mkdir(parents=True)
+    for name, ests in (("a", ["grpo", "edited"]), ("b", ["grpo"])):
+        (cells / f"{name}.json").write_text(json.dumps({"rows": [{"estimator": e} for e in ests]}))
+    hgpo.register_estimator("edited", v1)
+    try:
+        code1 = K.estimator_code("edited")
+        # no record of the code that made them: every cell with a compared estimator goes
+        assert K.drop_stale(tmp_path / "bv", "cells", ("grpo", "edited"), K.cell_estimators) == 2
+        assert (
+            "by unrecorded code (a folder from before the record) of estimator(s) edited, "
+            "grpo: recomputing them" in capsys.readouterr().err
+        )
+        for name, ests in (("a", ["grpo", "edited"]), ("b", ["grpo"])):
+            (cells / f"{name}.json").write_text(json.dumps({"rows": [{"estimator": e}
+                                                                     for e in ests]}))  # fmt: skip
+        assert K.drop_stale(tmp_path / "bv", "cells", ("grpo", "edited"), K.cell_estimators) == 0
+        hgpo.unregister_estimator("edited")
+        hgpo.register_estimator("edited", v2)
+        assert K.estimator_code("edited") != code1
+        assert K.drop_stale(tmp_path / "bv", "cells", ("grpo", "edited"), K.cell_estimators) == 1
+        assert sorted(p.name for p in cells.iterdir()) == ["b.json"]
+        assert "other code of estimator(s) edited" in capsys.readouterr().err
+        saved = json.loads((tmp_path / "bv" / K.MANIFEST).read_text())
+        assert saved["edited"] == K.estimator_code("edited")
+        # LLM runs made by unrecorded code are refused before any work
+        (tmp_path / "llm" / "hgpo-s0").mkdir(parents=True)
+        (tmp_path / "llm" / "hgpo-s0" / "metrics.jsonl").write_text("")
+        with pytest.raises(ValueError, match=r"--llm: the LLM runs in .* were made by other "
+                           r"\(or unrecorded\) code of estimator\(s\) edited; give --fresh"):  # fmt: skip
+            K.check_llm_code(tmp_path / "llm", ("edited",), fresh=False)
+        K.record_llm_code(tmp_path / "llm", ("edited",))
+        K.check_llm_code(tmp_path / "llm", ("edited",), fresh=False)
+    finally:
+        hgpo.unregister_estimator("edited")
 
 
 def test_a_folder_of_another_study_is_refused(tmp_path, capsys):
@@ -125,6 +192,8 @@ def test_a_folder_of_another_study_is_refused(tmp_path, capsys):
         (["--iterations", "0"], "--iterations: must be"),
         (["--llm-seeds", "0"], "--llm-seeds: must be"),
         (["--workers", "0"], "--workers: must be"),
+        (["--cell-timeout", "0"], "--cell-timeout: must be"),
+        (["--cell-timeout", "inf"], "--cell-timeout: must be"),
         (["--policies", "cnn"], "--policies: must be tabular, mlp or transformer, got 'cnn'"),
         (["--policies", "mlp", "mlp"], "--policies: must be distinct policy kinds"),
         (["--train-envs", "maze"], "--train-envs 'maze': "),
@@ -181,9 +250,10 @@ def test_estimators_not_in_reward_units_are_not_ranked_on_reward_unit_figures():
     rows = [{"policy": "tabular", "estimator": e, "mse": v, "mse_lo": v - 0.1, "mse_hi": v + 0.1,
              "sign": v, "sign_lo": v - 0.1, "sign_hi": v + 0.1, "reward_units": u}
             for e, v, u in (("own", 0.1, False), ("hgpo", 3.0, True), ("grpo", 9.0, True))]  # fmt: skip
-    line = R._winner_line("tabular", rows, {"tabular": []}, [], "mse", "MSE", True, ())
+    bv = {"tabular": [_cell(r["estimator"], "s", mse=r["mse"], sign=r["sign"]) for r in rows]}
+    line = R._winner_line("tabular", rows, bv, [], "mse", "MSE", True, ())
     assert line.startswith("MSE: lowest **hgpo** 3") and "own" not in line
-    line = R._winner_line("tabular", rows, {"tabular": []}, [], "sign", "sign", False, ())
+    line = R._winner_line("tabular", rows, bv, [], "sign", "sign", False, ())
     assert line.startswith("sign: highest **grpo**")
     diffs = [{"policy": "tabular", "estimator": e, "metric": "mse", "diff": d, "lo": d - 1,
               "hi": d + 1, "n": 2} for e, d in (("own", -2.9), ("grpo", 6.0))]  # fmt: skip
@@ -254,3 +324,153 @@ def test_an_entry_point_estimator_appears_in_a_subprocess(tmp_path):
     table = _rows(out / "table.csv")
     assert [r["estimator"] for r in table] == ["hgpo", "halved"]
     assert table[1]["origin"] == "entry point userest:halved"
+
+
+def _cell(est, stage, **figs):
+    """One hand-made bias/variance row (norm = mean) of cell (e, K = 1, stage): each figure
+    value v with the interval [v - 0.01, v + 0.01] (a NaN figure: NaN interval)."""
+    row = {"estimator": est, "norm": "mean", "env": "e", "K": 1, "stage": stage}
+    for m, v in figs.items():
+        row.update({m: v, f"{m}_lo": v - 0.01, f"{m}_hi": v + 0.01})
+    return row
+
+
+# gigpo_dynamic's filter drops every group of the untrained cell (all returns tie): all-zero
+# advantages, variance exactly 0, no batch gradient (cosine NaN), sign agreement 0. In the cell
+# both were measured in, gae's gradient cosine (0.853) is above gigpo_dynamic's (0.765).
+ISSUE_38_CELLS = [
+    _cell("gae", "untrained", bias2=0.0, variance=0.015, mse=0.015, sign=0.68, grad_cos=0.49),
+    _cell("gae", "0.5", bias2=0.0, variance=6.0, mse=6.0, sign=0.66, grad_cos=0.853),
+    _cell("gigpo_dynamic", "untrained", bias2=0.003, variance=0.0, mse=0.003, sign=0.0,
+          grad_cos=math.nan),
+    _cell("gigpo_dynamic", "0.5", bias2=13.5, variance=36.8, mse=50.3, sign=0.56, grad_cos=0.765),
+    _cell("hgpo", "untrained", bias2=0.1, variance=0.05, mse=0.15, sign=0.6, grad_cos=0.45),
+    _cell("hgpo", "0.5", bias2=0.5, variance=5.0, mse=5.5, sign=0.6, grad_cos=0.75),
+]  # fmt: skip
+
+
+def test_estimators_are_ranked_over_the_same_cells_and_all_zero_cells_are_named(tmp_path):
+    """Issue 38: gigpo_dynamic's all-zero cell was dropped from its gradient cosine silently
+    (its mean over 1 cell ranked above gae's over 2: "highest gigpo_dynamic 0.765, next gae
+    0.671; the lead -0.0875 [-0.118, -0.0566] is not significant"), table.csv said n = 2, and
+    its all-zero cell "won" lowest variance. Now a figure's n is its true count, an all-zero
+    cell is named and left out of the figures, and only estimators measured in every cell are
+    ranked (paired over the same cells), the lead's word following its interval."""
+    cfg = C.CompareConfig(estimators=("gae", "gigpo_dynamic", "hgpo"), policies=("tabular",),
+                          out=str(tmp_path))  # fmt: skip
+    bv = {"tabular": ISSUE_38_CELLS}
+    table, diffs, tests = R.build_table(cfg, bv, {}, None)
+    dyn = next(r for r in table if r["estimator"] == "gigpo_dynamic")
+    assert (dyn["grad_cos_n"], dyn["variance_n"], dyn["n"], dyn["units"]) == (1, 1, 1, 2)
+    assert dyn["zero_cells"] == 1 and dyn["variance"] == pytest.approx(36.8)
+    gae = next(r for r in table if r["estimator"] == "gae")
+    assert (gae["n"], gae["zero_cells"], gae["grad_cos_n"]) == (2, 0, 2)
+    d = next(d for d in diffs if d["estimator"] == "gigpo_dynamic" and d["metric"] == "grad_cos")
+    assert d["n"] == 1 and d["diff"] == pytest.approx(0.765 - 0.75)  # paired: the 0.5 cell only
+    md = R.summary_lines(cfg, table, diffs, tests, bv, {}, None)
+    text = "\n".join(md)
+    assert "all-zero advantages" in text and "gigpo_dynamic in 1 of 2" in text
+    cos = next(x for x in md if x.startswith("- gradient cosine:"))
+    assert cos.startswith("- gradient cosine: highest **gae** 0.671"), cos
+    assert "**significant**" in cos and "not ranked" in cos and "gigpo_dynamic (1 of 2 cells" in cos
+    var = next(x for x in md if x.startswith("- variance:"))
+    assert "lowest **hgpo**" in var and "gigpo_dynamic in" not in var.split("not ranked")[0]
+    tmd = R.table_md(table, "hgpo")
+    assert "gigpo_dynamic ‡" in tmd and "(n = 1 of 2)" in tmd and "‡ all-zero advantages" in tmd
+
+
+def test_a_leads_word_follows_its_interval():
+    """A lead whose interval is clear of 0 is significant; one without an interval is
+    untested, not "not significant"."""
+    rows = [{"policy": "tabular", "estimator": e, "sign": v, "sign_lo": v - 0.01,
+             "sign_hi": v + 0.01} for e, v in (("a", 0.9), ("b", 0.5))]  # fmt: skip
+    cells = [_cell("a", "s", sign=0.9), _cell("b", "s", sign=0.5)]
+    line = R._winner_line("tabular", rows, {"tabular": cells}, [], "sign", "sign", False, ())
+    assert "highest **a**" in line and "is **significant**" in line
+    for c in cells:
+        c["sign_lo"] = c["sign_hi"] = math.nan
+    line = R._winner_line("tabular", rows, {"tabular": cells}, [], "sign", "sign", False, ())
+    assert "is **untested (no interval)**" in line
+
+
+@pytest.fixture
+def faulty():
+    """Three user estimators: one raises, one hangs in Python, one hangs where no signal
+    reaches it (SIGALRM blocked: as in native code)."""
+    import signal
+    import time
+
+    def raises(batch, config, values=None):
+        raise ZeroDivisionError("division by zero")
+
+    def hangs(batch, config, values=None):
+        time.sleep(3600)
+
+    def stuck(batch, config, values=None):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(3600)
+
+    for name, fn in (("raises", raises), ("hangs", hangs), ("stuck", stuck)):
+        hgpo.register_estimator(name, fn)
+    yield
+    for name in ("raises", "hangs", "stuck"):
+        hgpo.unregister_estimator(name)
+
+
+def test_an_estimator_that_raises_fails_its_cell_naming_it(tmp_path, tiny, faulty, capsys):
+    """Issue 38: the study's error names the estimator; the hooks are restored after."""
+    args = [*TINY, "--estimators", "grpo", "hgpo", "raises", "--out", str(tmp_path / "cmp")]
+    assert C.main(args) == 1
+    err = capsys.readouterr().err
+    assert "error: 1 of 1 tasks failed" in err, err
+    assert "estimator 'raises' raised ZeroDivisionError: division by zero" in err, err
+    assert BV.run_cell.__module__ == "studies.bias_variance"
+    assert BV.compute_advantages is hgpo.compute_advantages
+
+
+def _toy_batch():
+    import toyenvs
+
+    env = toyenvs.make("tmaze", length=1)
+    rb = toyenvs.rollout(env, toyenvs.TabularPolicy(env, K=1), env.tasks[:2], 2, 0)
+    return rb.batch, hgpo.EstimatorConfig(K=1)
+
+
+def test_a_hung_estimator_is_bounded_by_cell_timeout_and_named(faulty):
+    """Issue 38: a cell past --cell-timeout fails naming the estimator it was in."""
+    from studies import compare_guard as G
+
+    batch, cfg = _toy_batch()
+    with G.guarded(0.5):
+        with pytest.raises(G.CellTimeout, match=r"cell x ran past --cell-timeout 0.5 s, in "
+                           "estimator 'hangs'"):  # fmt: skip
+            G.bounded(BV.compute_advantages, "cell x", "hangs", batch, cfg)
+        with pytest.raises(G.CellTimeout, match="not in an estimator"):
+            G.bounded(__import__("time").sleep, "cell y", 60)
+    with pytest.raises(ValueError, match="--cell-timeout: must be a positive number"):
+        G.guarded(math.inf).__enter__()
+
+
+def test_a_cell_stuck_where_no_signal_reaches_has_its_process_killed(monkeypatch, faulty, capfd):
+    """Code that never returns to Python (SIGALRM blocked here, as in native code) has its
+    process killed GRACE_S after the bound, the estimator named on stderr."""
+    import multiprocessing
+
+    from studies import compare_guard as G
+
+    monkeypatch.setattr(G, "GRACE_S", 0.5)
+    batch, cfg = _toy_batch()
+
+    def child():
+        with G.guarded(0.5):
+            G.bounded(BV.compute_advantages, "cell x", "stuck", batch, cfg)
+
+    proc = multiprocessing.get_context("fork").Process(target=child)
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == -9
+    err = capfd.readouterr().err
+    assert (
+        "cell x ran past --cell-timeout 0.5 s, in estimator 'stuck', and did not stop 0.5 s "
+        "later (native code?); killing its worker process" in err
+    ), err
