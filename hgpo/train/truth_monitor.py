@@ -171,11 +171,7 @@ def check_truth_size(cfg: TruthSizeSettings) -> Chain:
             f"{cfg.truth_every} iterations; raise --truth-max-prompts, or shrink the env (size, "
             "horizon) or K"
         )
-    log.info(
-        "truth: a pass scores %d prompts x %d actions (chain of %d nodes) every %d iterations",
-        prompts, chain.env.n_actions, chain.n_nodes, cfg.truth_every,
-    )  # fmt: skip
-    return chain
+    return chain  # its size is logged once, by TruthMonitor (this check runs twice a run)
 
 
 @dataclass(frozen=True)
@@ -313,8 +309,10 @@ class TruthMonitor:
         self._nan_logged = False  # the reason for NaN bias2 is logged once a run
         self._failures: set[tuple[str, str]] = set()  # (estimator, error) logged once a run
         log.info(
-            "truth: chain of %d nodes, %d prompts (t, context), enumerated in %.2fs",
-            self.chain.n_nodes, self.row_code.size, self.enumerate_seconds,
+            "truth: a pass scores %d prompts x %d actions (chain of %d nodes) every %d "
+            "iterations; enumerated in %.2fs",
+            self.row_code.size, self.env.n_actions, self.chain.n_nodes, cfg.truth_every,
+            self.enumerate_seconds,
         )  # fmt: skip
 
     # -- prompts and the policy table ----------------------------------------------------------

@@ -268,6 +268,8 @@ def test_truth_every_1_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = read_metrics(out)
     assert [row["iteration"] for row in rows] == [1, 2]
+    # the pass's size is logged once a run (the CLI and the Trainer both check it: issue 38)
+    assert r.stderr.count("truth: a pass scores") == 1, r.stderr[-3000:]
     for row in rows:
         assert row["truth/nodes"] > 0 and row["truth/time"] > 0
         assert row["time/truth"] >= row["truth/time"]  # the phase joins time/* (issue 30)
