@@ -137,7 +137,7 @@ def test_a_local_config_is_read(tmp_path):
 
 def test_every_paper_preset_fits_its_h100s():
     for name in PRESETS:
-        if name == "tiny":
+        if name in ("tiny", "smol-cpu"):  # the CPU presets: not the paper's
             continue
         for engine in ("hf", "vllm"):
             p = plan_for_config(resolve(preset=name, overrides={"rollout_engine": engine}), name)

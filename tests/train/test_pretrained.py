@@ -163,3 +163,16 @@ def test_plan_needs_no_conversion(cache, tmp_path):
     gguf = resolve("toy:tmaze", "tiny", {"model": str(_gguf(tmp_path)), "out_dir": str(tmp_path)})
     with pytest.raises(ModelConfigError, match="has not been converted yet"):
         plan_for_config(gguf)
+
+
+def test_the_smol_cpu_preset(tmp_path):
+    cfg = resolve("toy:tmaze:length=1", "smol-cpu", {"out_dir": str(tmp_path)})
+    assert (cfg.model, cfg.action_mode, cfg.lora_rank, cfg.out_dir) == (
+        "smollm2-135m",
+        "score",
+        8,
+        str(tmp_path),
+    )
+    assert resolve("toy:tmaze:length=1", "smol-cpu").out_dir == "runs/smol-cpu-toy-tmaze-length1"
+    plan = plan_for_config(cfg)  # SmolLM2's built-in shape: nothing converted
+    assert "134.5M parameters" in plan.render()
