@@ -176,3 +176,18 @@ def test_the_smol_cpu_preset(tmp_path):
     assert resolve("toy:tmaze:length=1", "smol-cpu").out_dir == "runs/smol-cpu-toy-tmaze-length1"
     plan = plan_for_config(cfg)  # SmolLM2's built-in shape: nothing converted
     assert "134.5M parameters" in plan.render()
+
+
+def test_the_cli_prints_one_line(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from hgpo.train.__main__ import main
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"PK\x03\x04zip")
+    argv = ["--preset", "tiny", "--env", "toy:tmaze", "--model", str(bad)]
+    assert main([*argv, "--out-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"error: TrainConfig.model: {str(bad)!r} is not a GGUF file (it starts with "
+        "b'PK\\x03\\x04', not b'GGUF')\n"
+    )
