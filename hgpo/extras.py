@@ -23,6 +23,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "ray": ("ray",),
     "gpu": ("vllm",),
     "verl": ("verl", "fastapi", "uvicorn"),
+    "smol": ("gguf",),
 }
 """Per optional extra of pyproject.toml: the top-level modules the project imports from it."""
 

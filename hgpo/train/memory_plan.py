@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hgpo.options import check_int, check_number
-from hgpo.train.model_shapes import ModelShape, model_shape
+from hgpo.train.model_shapes import ModelConfigError, ModelShape, model_shape
 from hgpo.train.train_config import uses_critic
 
 __all__ = [
@@ -343,6 +343,25 @@ def tiny_shape(cfg: Any) -> ModelShape:
     )
 
 
+def _shape_source(model: str) -> str:
+    """What :func:`model_shape` reads for ``--model model``: a named pretrained model's built-in
+    shape, a converted GGUF file's cache folder (nothing is converted for a plan)."""
+    from hgpo.train.pretrained import NAMED_MODELS, cached_folder, converts
+
+    if model in NAMED_MODELS:
+        return NAMED_MODELS[model].shape_id
+    if converts(model):
+        folder = cached_folder(model)
+        if folder is None:
+            raise ModelConfigError(
+                f"TrainConfig.model={model!r}: --plan reads the converted folder, and this GGUF "
+                "file has not been converted yet; convert it first with python -m "
+                f"hgpo.train.pretrained {model}"
+            )
+        return str(folder)
+    return model
+
+
 def plan_for_config(
     cfg: Any, preset: str | None = None, gpus: int | None = None, gpu_gib: float | None = None
 ) -> MemoryPlan:
@@ -352,7 +371,7 @@ def plan_for_config(
     """
     n = gpus or preset_gpus(preset)
     fp32 = cfg.precision == "fp32" or (cfg.precision == "auto" and cfg.device == "cpu")
-    shape = tiny_shape(cfg) if cfg.model == "tiny" else model_shape(cfg.model)
+    shape = tiny_shape(cfg) if cfg.model == "tiny" else model_shape(_shape_source(cfg.model))
     s = PlanSettings(
         gpus=n,
         gpu_gib=gpu_gib or GPU_GIB,

@@ -27,7 +27,13 @@ log = logging.getLogger(__name__)
 
 def check_model(path_or_id: str, where: str = "TrainConfig.model") -> None:
     """Fail early and clearly (a ValueError naming ``where``) when the model can be neither
-    found locally nor in the HF cache."""
+    found locally nor in the HF cache. A named pretrained model or a GGUF file is converted
+    into its cache folder here, once (:func:`hgpo.train.pretrained.model_folder`)."""
+    from hgpo.train.pretrained import converts, model_folder
+
+    if converts(path_or_id):
+        model_folder(path_or_id, where)
+        return
     p = Path(path_or_id).expanduser()
     looks_local = path_or_id.startswith((".", "/", "~")) or p.exists()
     if looks_local:

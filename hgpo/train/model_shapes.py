@@ -102,6 +102,8 @@ SHAPES: dict[str, ModelShape] = {
     "Qwen/Qwen3-0.6B": _qwen3(28, 1024, 3072, 16, 8),
     "Qwen/Qwen3-1.7B": _qwen3(28, 2048, 6144, 16, 8),
     "Qwen/Qwen3-4B": _qwen3(36, 2560, 9728, 32, 8),
+    # Llama: no q/k/v biases (attention_bias false)
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ModelShape(30, 576, 1536, 9, 3, 64, 49152, True, False),
 }
 """The published configs (each model's config.json on the Hugging Face hub:
 num_hidden_layers, hidden_size, intermediate_size, num_attention_heads, num_key_value_heads,
@@ -114,6 +116,7 @@ head_dim (Qwen3; Qwen2.5: hidden / heads = 64 or 128), vocab_size, tie_word_embe
     Qwen3-0.6B         28   1024    3072   16    8  128  151936  yes   596,049,920
     Qwen3-1.7B         28   2048    6144   16    8  128  151936  yes   1,720,574,976
     Qwen3-4B           36   2560    9728   32    8  128  151936  yes   4,022,468,096
+    SmolLM2-135M       30    576    1536    9    3   64   49152  yes   134,515,008
 
 The parameter counts are ModelShape.params(); tests/train/test_memory_plan.py checks them
 against the model transformers builds from the same config (on the meta device). The base
@@ -153,7 +156,7 @@ def _shape_from_config(cfg: dict[str, Any], where: str) -> ModelShape:
             head_dim=_size(cfg, "head_dim", where, hidden // heads),
             vocab=_size(cfg, "vocab_size", where),
             tied=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=not qwen3,
+            qkv_bias=bool(cfg.get("attention_bias", not qwen3)),  # Qwen2's config has no key
             qk_norm=qwen3,
         )
     except KeyError as e:

@@ -81,7 +81,9 @@ def check_model_shapes(cfg: ModelShapeSettings) -> None:
     if cfg.model == TINY_MODEL:
         config = tiny_config(cfg.tiny_vocab, cfg.tiny_hidden, cfg.tiny_layers, arch=cfg.tiny_arch)
     else:
-        config = AutoConfig.from_pretrained(cfg.model)
+        from hgpo.train.pretrained import model_folder
+
+        config = AutoConfig.from_pretrained(model_folder(cfg.model))
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     if cfg.lora_rank:

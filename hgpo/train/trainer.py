@@ -39,6 +39,7 @@ from hgpo.train.model import (
     response_logprobs,
 )
 from hgpo.train.preflight import validate_config
+from hgpo.train.pretrained import model_folder
 from hgpo.train.run_checkpoint import load_run, save_run
 from hgpo.train.run_checkpoint import set_lr as set_lr  # (it lived here)
 from hgpo.train.run_metrics import (
@@ -223,7 +224,7 @@ class Trainer:
     def _prepare_model(self) -> str:
         cfg = self.cfg
         if cfg.model != TINY_MODEL:
-            return cfg.model
+            return model_folder(cfg.model)  # a named model or a GGUF file: its cache folder
 
         path = self.out / "tiny_model"
         if self.rank == 0:
