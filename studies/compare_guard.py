@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from hgpo.estimator_registry import EstimatorError
 from studies import bias_variance as BV
 from studies import train_toy as TT
 
@@ -41,10 +42,6 @@ GRACE_S = 30.0
 
 _state: dict[str, Any] = {"timeout": None, "estimator": None}
 """The bound, the estimator running, and (within :func:`guarded`) the functions replaced."""
-
-
-class EstimatorError(RuntimeError):
-    """An estimator raised while studies.compare ran it (the message names it)."""
 
 
 class CellTimeout(RuntimeError):
@@ -64,6 +61,10 @@ def _compute(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return original(name, *args, **kwargs)
         except CellTimeout:
+            raise
+        except EstimatorError as exc:  # the registry's error already names a user's estimator
+            if isinstance(exc.__cause__, CellTimeout):  # the alarm rang inside the estimator
+                raise exc.__cause__ from None
             raise
         except Exception as exc:
             raise EstimatorError(f"estimator {name!r} raised {type(exc).__name__}: {exc}") from exc

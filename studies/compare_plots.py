@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from studies.io import save_figure
+
 __all__ = ["plot_diffs", "plot_metrics"]
 
 PANELS = (
@@ -55,7 +57,7 @@ def plot_metrics(table: list[dict[str, Any]], base: str, out: Path) -> Path:
             ax.set_title(f"{p}: {title}", fontsize=8)
     fig.tight_layout()
     path = out / "metrics.png"
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return path
 
@@ -99,6 +101,6 @@ def plot_diffs(table: list[dict[str, Any]], diffs: list[dict[str, Any]], base: s
     )
     fig.tight_layout()
     path = out / "diffs.png"
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
     return path

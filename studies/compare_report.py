@@ -51,10 +51,19 @@ from hgpo import compute_advantages, step_returns
 from hgpo.estimator_registry import get_spec
 from studies.bias_variance_report import base_rows, best_counts
 from studies.compare_guard import CellTimeout, EstimatorError, bounded
-from studies.io import write_csv
+from studies.io import atomic_write_text, write_csv
 from studies.metrics import mean_ci
 from studies.train_toy_report import compare
-from studies.verdict import DOES_NOT_HOLD, HOLDS, NOT_SIGNIFICANT, UNTESTED, Step, ordering_verdict
+from studies.verdict import (
+    DOES_NOT_HOLD,
+    HOLDS,
+    NOT_SIGNIFICANT,
+    UNTESTED,
+    Step,
+    holm,
+    ordering_verdict,
+    p_from_interval,
+)
 
 __all__ = ["METRICS", "RESULTS", "Figure", "write_report"]
 
@@ -303,7 +312,24 @@ def build_table(cfg: Any, bv: dict, tt: dict, llm: dict | None) -> tuple[list[di
                 row.update(auc=f.value, auc_lo=f.lo, auc_hi=f.hi, seeds=f.n,
                            auc_diff=t.get("diff", math.nan), auc_p=t.get("p", math.nan),
                            auc_p_holm=t.get("p_holm", math.nan))  # fmt: skip
+    _holm_by_policy(diffs)
     return table, diffs, tests
+
+
+def _holm_by_policy(diffs: list[dict[str, Any]]) -> None:
+    """Each difference's p (two-sided, read off its 95% interval: studies.verdict.p_from_interval)
+    and its Holm-adjusted p over its policy's family (every estimator x metric against the
+    baseline); ``significant`` is the Holm p < ALPHA, not the bare interval clear of 0."""
+    for policy in dict.fromkeys(d["policy"] for d in diffs):
+        fam = [d for d in diffs if d["policy"] == policy]
+        ps = [p_from_interval(d["diff"], d["lo"], d["hi"]) for d in fam]
+        for d, p, q in zip(fam, ps, holm(ps), strict=True):
+            d.update(
+                p=p,
+                p_holm=q,
+                family=len([x for x in ps if not math.isnan(x)]),
+                significant=bool(q < ALPHA),
+            )  # a NaN p is never significant
 
 
 def _table_row(cfg: Any, p: str, e: str, bv: dict, batches: list[dict]) -> dict[str, Any]:
@@ -383,7 +409,8 @@ def table_md(table: list[dict[str, Any]], base: str) -> str:
 
 
 def diffs_md(table: list[dict], diffs: list[dict], base: str) -> str:
-    """Each estimator minus the baseline, per metric; * = the interval is clear of 0."""
+    """Each estimator minus the baseline, per metric; * = Holm p < 0.05 over the policy's
+    family (every estimator x metric), the p read off the 95% interval."""
     by = {(d["policy"], d["estimator"], d["metric"]): d for d in diffs}
     heads = [f"Δ {name}" for _, name, _ in METRICS] + ["Δ auc (Welch p, Holm p)"]
     lines = ["| policy | estimator | " + " | ".join(heads) + " |",
@@ -494,13 +521,13 @@ def _vs_base_line(p: str, rows: list[dict], diffs: list[dict], m: str, name: str
         if not math.isfinite(f.value) or e in own:
             continue
         good = (f.value < 0) == lower
+        sig = bool(d.get("significant", f.significant))  # Holm over the policy's family
         # a difference over fewer cells than the policy's says over how many (paired: both
         # estimators on the same ones)
         few = f"{f.n} of {total} {what}" if total and f.n < total else ""
-        fig = ", ".join(x for x in (f.text("+.3g") if f.significant else "", few) if x)
-        (noise if not f.significant else better if good else worse).append(
-            f"{e} ({fig})" if fig else e
-        )
+        holm_p = f"Holm p = {d['p_holm']:.2g}" if sig and "p_holm" in d else ""
+        fig = ", ".join(x for x in (f.text("+.3g") if sig else "", holm_p, few) if x)
+        (noise if not sig else better if good else worse).append(f"{e} ({fig})" if fig else e)
     lo, hi = ("lower", "higher") if lower else ("higher", "lower")
     line = (f"against {base} on {name}: {lo} (better): {', '.join(better) or 'none'}; "
             f"{hi} (worse): {', '.join(worse) or 'none'}; within noise: "
@@ -555,10 +582,12 @@ def summary_lines(cfg: Any, table: list[dict], diffs: list[dict], tests: list[di
     batches = _batches(llm) if llm else []
     md = ["## Summary", "",
           f"{len(ests)} estimators ({', '.join(ests)}), baseline {base}. Figures are means with "
-          "95% intervals; a lead or a difference is called significant only when its interval "
-          "is clear of 0 (bias/variance figures: conservative intervals over the cells; LLM: "
-          "paired over batches) or its Holm-corrected Welch p < 0.05 (auc). bias², variance and "
-          "MSE are in squared reward units (norm = mean).", *_units_note(table), *_inputs_note(table),
+          "95% intervals; a lead is called significant only when its interval is clear of 0; a "
+          f"difference to {base} only when its Holm-corrected p < 0.05 over the policy's family "
+          "(every estimator x metric; p read off the 95% interval: bias/variance figures, "
+          "conservative intervals over the cells; LLM, paired over batches) and, for auc, its "
+          "Holm-corrected Welch p < 0.05. bias², variance and MSE are in squared reward units "
+          "(norm = mean).", *_units_note(table), *_inputs_note(table),
           ""]  # fmt: skip
     for p in [*cfg.policies, *(["llm"] if llm else [])]:
         label = _policy_label(p, cfg)
@@ -635,7 +664,7 @@ def write_report(cfg: Any, bv: dict, tt: dict, llm: dict | None) -> dict[str, An
     write_csv(out / "diffs.csv", diffs)
     write_csv(out / "tests.csv", tests)
     tmd = table_md(table, base)
-    (out / "table.md").write_text(tmd + "\n")
+    atomic_write_text(out / "table.md", tmd + "\n")
     summary = summary_lines(cfg, table, diffs, tests, bv, tt, llm)
     plots = [plot_metrics(table, base, out).name, plot_diffs(table, diffs, base, out).name]
     md = ["# Every estimator compared against the exact truth", "", *summary,
@@ -648,7 +677,9 @@ def write_report(cfg: Any, bv: dict, tt: dict, llm: dict | None) -> dict[str, An
           f"difference to {base} with the Holm-corrected Welch p (* < 0.05).", "",
           tmd, "",
           f"## Each estimator against {base}", "",
-          "Differences (estimator − baseline) with their 95% intervals (* = clear of 0). "
+          "Differences (estimator − baseline) with their 95% intervals (* = Holm-corrected p < "
+          "0.05 over the policy's family of every estimator x metric, the p read off the "
+          "interval by a normal approximation). "
           "Lower bias², variance and MSE and higher sign agreement, gradient cosine and auc are "
           "better. Toy policies: conservative intervals averaged over the cells (module "
           "docstring of studies/compare_report.py); LLM: paired over the truth batches.", "",
@@ -660,11 +691,11 @@ def write_report(cfg: Any, bv: dict, tt: dict, llm: dict | None) -> dict[str, An
           *_parts(cfg, llm),
           "## Settings", "", "`" + json.dumps(cfg.settings()) + "`", "",
           *[f"![{p}]({p})" for p in plots], ""]  # fmt: skip
-    (out / "report.md").write_text("\n".join(md))
+    atomic_write_text(out / "report.md", "\n".join(md))
     text = _console(table, base)
     result = {"settings": cfg.settings(), "table": table, "diffs": diffs, "tests": tests,
               "summary": summary, "table_text": text}  # fmt: skip
-    (out / "results.json").write_text(json.dumps(result, indent=1, default=float))
+    atomic_write_text(out / "results.json", json.dumps(result, indent=1, default=float))
     return result
 
 

@@ -50,7 +50,7 @@ from hgpo.options import ArgumentParser, bad
 from studies import bias_variance as BV
 from studies import train_toy as TT
 from studies.backend import SweepError
-from studies.cli import apply_preset, check_out_dir, given_dests
+from studies.cli import apply_preset, check_out_dir, given_dests, one_line_stops
 from studies.compare_cache import (
     cell_estimators,
     check_llm_code,
@@ -282,6 +282,7 @@ def _parser() -> argparse.ArgumentParser:
 QUICK = dict(policies=["tabular"], iterations=20)
 
 
+@one_line_stops()
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)

@@ -280,7 +280,8 @@ def _convert(src: Path, dest: Path, spec: NamedModel | None, where: str) -> None
         }
         manifest = {"format": FORMAT, "source": source, "files": files,
                     "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        # atomic: the whole folder is published by one rename below
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")  # atomic
         fsync_tree(tmp)
         _publish(tmp, dest)
     finally:
