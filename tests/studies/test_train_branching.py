@@ -4,6 +4,8 @@ reads back without training again."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -81,11 +83,27 @@ def test_a_run_the_trainer_refuses_is_named_with_its_error(tmp_path, capsys):
     assert err.startswith("error: run independent seed 0: TrainConfig.max_steps=8 is below"), err
 
 
-def test_tiny_study_prints_its_tables_and_reads_finished_runs_back(tmp_path, capsys):
-    argv = ["--out", str(tmp_path), "--schemes", "independent", "branch:singleton",
-            "--seeds", "0", "--iterations", "1", "--", *RUN]  # fmt: skip
-    assert main(argv) == 0
-    first = capsys.readouterr().out
+SMALL = [
+    "--preset", "tiny", "--env", "toy:tmaze:length=0", "--history-length", "2",
+    "--max-steps", "6", *RUN[RUN.index("--action-mode") :],
+]  # fmt: skip
+"""RUN on the shortest T-maze (horizon 6): a truth chain of 155 prompts, not 389; the runs of
+the two tests below, which share one study folder (:func:`tiny_study`)."""
+TINY = ["--schemes", "independent", "branch:singleton", "--seeds", "0", "--iterations", "1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory) -> tuple[Path, str]:
+    """A finished tiny study (independent and branch:singleton, one seed, one iteration, with
+    the exact truth) and what it printed: two trainer runs, shared by the tests below."""
+    out = tmp_path_factory.mktemp("study")
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert main(["--out", str(out), *TINY, "--", *SMALL]) == 0
+    return out, printed.getvalue()
+
+
+def test_tiny_study_prints_its_tables_and_reads_finished_runs_back(tiny_study, capsys):
+    out, first = tiny_study
     assert first.count("+ -m hgpo.train") == 2
     assert "| scheme | level-2 util | paired diff |" in first
     assert "| branch:singleton |" in first and "truth/hgpo/mse_all" in first
@@ -93,7 +111,7 @@ def test_tiny_study_prints_its_tables_and_reads_finished_runs_back(tmp_path, cap
     assert figs["independent"][0]["branches"] == 0
     assert figs["branch:singleton"][0]["branches"] > 0
     # every run holds its iteration: the second call trains nothing and prints the same
-    assert main(argv) == 0
+    assert main(["--out", str(out), *TINY, "--", *SMALL]) == 0
     second = capsys.readouterr().out
     assert "+ -m hgpo.train" not in second
     assert json.loads(second.strip().splitlines()[-1]) == figs
@@ -104,26 +122,32 @@ def _util_rows(out, capsys):
     return text.count("+ -m hgpo.train"), json.loads(text.strip().splitlines()[-1])
 
 
-def test_a_run_is_reused_only_with_the_same_settings(tmp_path, capsys):
-    """Item 1 of issue 27: a run folder is keyed by the run's whole configuration."""
+def test_a_run_is_reused_only_with_the_same_settings(tiny_study, capsys):
+    """Item 1 of issue 27: a run folder is keyed by the run's whole configuration. (The
+    1-iteration run is :func:`tiny_study`'s independent one, trained once.)"""
+    tmp_path, printed = tiny_study
     own = ["--out", str(tmp_path), "--schemes", "independent", "--seeds", "0"]
-    assert main([*own, "--iterations", "2", "--", *RUN]) == 0
-    trained, two = _util_rows(tmp_path, capsys)
-    assert trained == 1
-    # fewer iterations: a run of its own (not the first row of the 2-iteration run's two)
-    assert main([*own, "--iterations", "1", "--", *RUN]) == 0
+    # the same settings: the tiny study's run, read back
+    assert main([*own, "--iterations", "1", "--", *SMALL]) == 0
     trained, one = _util_rows(tmp_path, capsys)
+    assert trained == 0
+    assert one["independent"] == json.loads(printed.strip().splitlines()[-1])["independent"]
+    # more iterations: a run of its own (not the 1-iteration run's row, nor that run extended)
+    assert main([*own, "--iterations", "2", "--", *SMALL]) == 0
+    trained, two = _util_rows(tmp_path, capsys)
     assert trained == 1 and one != two
     # another lr after --: a run of its own
-    assert main([*own, "--iterations", "1", "--", *RUN, "--lr", "0.05"]) == 0
+    assert main([*own, "--iterations", "1", "--", *SMALL, "--lr", "0.05"]) == 0
     trained, lr = _util_rows(tmp_path, capsys)
     assert trained == 1
     runs = sorted(p.parent.name for p in tmp_path.glob("independent/*/metrics.jsonl"))
     assert len(runs) == 3 and all(r.startswith("seed0_") for r in runs), runs
     # each settings' run is read back, not trained again
-    assert main([*own, "--iterations", "2", "--", *RUN]) == 0
+    assert main([*own, "--iterations", "2", "--", *SMALL]) == 0
     assert _util_rows(tmp_path, capsys) == (0, two)
-    assert main([*own, "--iterations", "1", "--", *RUN, "--lr=0.05"]) == 0  # same config
+    assert main([*own, "--iterations", "1", "--", *SMALL]) == 0
+    assert _util_rows(tmp_path, capsys) == (0, one)
+    assert main([*own, "--iterations", "1", "--", *SMALL, "--lr=0.05"]) == 0  # same config
     assert _util_rows(tmp_path, capsys) == (0, lr)
 
 
