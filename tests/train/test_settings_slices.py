@@ -47,6 +47,7 @@ SLICES = {
     (rundir, "resume_reference"): rundir.RunDirSettings,
     (rundir, "resume_changes"): rundir.RunDirSettings,
     (run_checkpoint, "save_run"): run_checkpoint.SaveRunSettings,
+    (run_checkpoint, "_write_files"): run_checkpoint.SaveRunSettings,
     (preflight, "check_snapshots"): preflight.SnapshotSettings,
     (preflight, "note_resume"): rundir.RunDirSettings,
 }
