@@ -368,21 +368,7 @@ class StepBatch:
                 "from_trajectories: no trajectories (groups, rewards and states are empty); a "
                 "batch needs at least one step"
             )
-        lens = [len(r) for r in rewards]
-        for i, (r, s) in enumerate(zip(rewards, states, strict=True)):
-            if len(r) != len(s):
-                raise ValueError(
-                    f"from_trajectories: trajectory {i} has {len(r)} rewards but {len(s)} states"
-                )
-            if len(r) == 0:
-                raise ValueError(f"from_trajectories: trajectory {i} is empty")
-            if not all(isinstance(x, numbers.Real) for x in r):
-                bad = next(x for x in r if not isinstance(x, numbers.Real))
-                raise ValueError(f"from_trajectories: trajectory {i} has a reward {bad!r}")
-
-        for i, g in enumerate(groups):  # (np.asarray would read 1.5 as 1 and True as 1)
-            if isinstance(g, bool | np.bool_) or not isinstance(g, numbers.Integral):
-                raise ValueError(f"from_trajectories: groups[{i}] must be an integer, got {g!r}")
+        lens = _checked_lengths(groups, rewards, states)
 
         def flat(name: str, seqs: Iterable[Iterable[Any]] | None) -> np.ndarray | None:
             """One sequence per trajectory, each of that trajectory's length, concatenated."""
@@ -408,22 +394,7 @@ class StepBatch:
             return np.concatenate([np.asarray(x) for x in seqs])
 
         state = flat("states", states)
-        next_state = None
-        if terminal_states is not None:
-            terminal = list(terminal_states)
-            if len(terminal) != len(lens):
-                raise ValueError(
-                    f"from_trajectories: terminal_states lists {len(terminal)} states, expected "
-                    f"{len(lens)} (one per trajectory)"
-                )
-            try:
-                term = _as_int_array("next_state", terminal)
-            except ValueError as exc:
-                raise ValueError(f"from_trajectories: terminal_states: {exc}") from None
-            keys = _as_int_array("state", state)
-            next_state = np.empty_like(keys)
-            next_state[:-1] = keys[1:]
-            next_state[np.cumsum(lens) - 1] = term
+        next_state = None if terminal_states is None else _next_states(state, terminal_states, lens)
         return cls(
             group=np.repeat(np.asarray(groups, dtype=np.int64), lens),
             traj=np.repeat(np.arange(len(lens), dtype=np.int64), lens),
@@ -434,6 +405,47 @@ class StepBatch:
             invalid=flat("invalid", invalid),
             next_state=next_state,
         )
+
+
+def _checked_lengths(
+    groups: list[Any], rewards: list[list[Any]], states: list[list[Any]]
+) -> list[int]:
+    """from_trajectories: each trajectory's length, after checking that its rewards and states
+    agree, it is not empty, its rewards are real numbers and its group is an integer."""
+    for i, (r, s) in enumerate(zip(rewards, states, strict=True)):
+        if len(r) != len(s):
+            raise ValueError(
+                f"from_trajectories: trajectory {i} has {len(r)} rewards but {len(s)} states"
+            )
+        if len(r) == 0:
+            raise ValueError(f"from_trajectories: trajectory {i} is empty")
+        if not all(isinstance(x, numbers.Real) for x in r):
+            bad = next(x for x in r if not isinstance(x, numbers.Real))
+            raise ValueError(f"from_trajectories: trajectory {i} has a reward {bad!r}")
+
+    for i, g in enumerate(groups):  # (np.asarray would read 1.5 as 1 and True as 1)
+        if isinstance(g, bool | np.bool_) or not isinstance(g, numbers.Integral):
+            raise ValueError(f"from_trajectories: groups[{i}] must be an integer, got {g!r}")
+    return [len(r) for r in rewards]
+
+
+def _next_states(state: np.ndarray, terminal_states: Iterable[int], lens: list[int]) -> np.ndarray:
+    """from_trajectories: each trajectory's states shifted by one, then its terminal state."""
+    terminal = list(terminal_states)
+    if len(terminal) != len(lens):
+        raise ValueError(
+            f"from_trajectories: terminal_states lists {len(terminal)} states, expected "
+            f"{len(lens)} (one per trajectory)"
+        )
+    try:
+        term = _as_int_array("next_state", terminal)
+    except ValueError as exc:
+        raise ValueError(f"from_trajectories: terminal_states: {exc}") from None
+    keys = _as_int_array("state", state)
+    next_state = np.empty_like(keys)
+    next_state[:-1] = keys[1:]
+    next_state[np.cumsum(lens) - 1] = term
+    return next_state
 
 
 _COLUMNS = (
