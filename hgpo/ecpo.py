@@ -73,8 +73,8 @@ class Calibration:
         n_action: int64[n] n_{s,u}, those of them that took the step's canonical action.
         shift: float64[n] Gbar_{s,u} - mu_s, the action's raw mean return less the anchor's.
         step_advantage: float64[n] A_act(s, u) (shrunk, standardised under "mean_std").
-        between, within: float64[n] B_s and W_s of the step's anchor, divided by the anchor's
-            squared scale 4^e (2^e the power of two of its largest |G|: scale-free ratios).
+        between, within: float64[n] B_s and W_s of the step's anchor (squared return units;
+            the gate itself is computed on the anchor scaled by a power of two).
         gate: float64[n] rho(s) (1 under ``ecpo_gate="none"``).
     """
 
@@ -155,10 +155,11 @@ def calibrate(batch: StepBatch, cfg: EstimatorConfig, R: np.ndarray) -> Calibrat
         with np.errstate(over="ignore"):  # past 1.8e308: compute_advantages names it
             step_adv = np.ldexp(shrunk, e[a_seg])
     gate = _gate(cfg, a_size, between, within, tied, e)
-    with np.errstate(over="ignore"):
-        shift_back = np.ldexp(shift, e[a_seg])
+    with np.errstate(over="ignore"):  # (diagnostics back in return units; inf past 1.8e308)
+        back = [np.ldexp(shift, e[a_seg]), np.ldexp(between, 2 * e)[a_seg]]
+        back.append(np.ldexp(within, 2 * e)[a_seg])
     out = np.empty((4, batch.n_steps))
-    out[:, order] = np.stack([shift_back, step_adv, between[a_seg], within[a_seg]])
+    out[:, order] = np.stack([back[0], step_adv, back[1], back[2]])
     rows = np.empty((3, batch.n_steps), dtype=np.int64)
     rows[:, order] = np.stack([a_size[a_seg], p_size[p_seg], a_seg])
     gate_rows = np.empty(batch.n_steps)
