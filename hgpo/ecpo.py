@@ -100,7 +100,7 @@ def check_actions(batch: StepBatch) -> np.ndarray:
 
 def _sorted_segments(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(order, starts, seg) of rows sorted by int64 ``key``: seg[j] the segment of sorted row j."""
-    order = np.argsort(key, kind="stable")
+    order = np.argsort(key)  # (any order within a segment will do)
     ks = key[order]
     boundary = np.empty(ks.size, dtype=np.bool_)
     boundary[0] = True
