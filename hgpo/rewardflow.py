@@ -1,7 +1,8 @@
 """RewardFlow: rewards propagated over the state graph of a rollout group, turned into dense
 step rewards (potential differences), normalised among the steps from the same state.
 
-Source: arXiv 2603.18859 (RewardFlow), and the authors' code tmlr-group/RewardFlow at commit
+Source: "RewardFlow: Topology-Aware Reward Propagation on State Graphs for Agentic RL with
+Large Language Models", arXiv 2603.18859 (2026), and the authors' code tmlr-group/RewardFlow at commit
 1cdead8ef1104fc56dbd8d6937de0b57c82cd047: ``rewardflow/core_rewardflow.py``
 (``apply_rewardflow_propagation``, ``compute_rewardflow_outcome_advantage``,
 ``episode_norm_reward``, ``build_step_group``, ``step_norm_reward``),
