@@ -166,8 +166,9 @@ class StepBatch:
         next_state: int64[n] or None, key of the observation s'_t that step t led to (same keys
             as ``state``). On every row but a trajectory's last it is the next row's state
             (checked); what it adds is the observation after a trajectory's last step, which
-            the other columns lack. Read by ``graphgpo`` (its transition graph) and ``3spo``
-            (the state score after the last step); the other estimators ignore it.
+            the other columns lack. Read by ``graphgpo`` (its transition graph), ``3spo``
+            (the state score after the last step) and ``rewardflow`` (its state graph); the
+            other estimators ignore it.
         branches: derived, the :class:`hgpo.branched_batch.BranchLayout` of a batch with at least
             one branch, else None (then every computation takes the unbranched path).
 

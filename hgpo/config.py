@@ -198,6 +198,16 @@ class EstimatorConfig:
     """ECPO: eps_g of the gate's denominator, in squared return units (0, our choice: an
     anchor whose returns are all equal gets rho = 0 exactly, and 0 keeps the gate
     scale-free)."""
+    # --- rewardflow options
+    rewardflow_gamma: float = setting(0.9, lo=0.0, hi=1.0)
+    """RewardFlow: decay of the propagation V(v) = max(r(v), gamma max_succ V(succ)) over the
+    rollout group's state graph (the authors' ``algorithm.gamma``: 0.9 in their ALFWorld,
+    WebShop and Sokoban scripts, 0.95 in Search). Not ``gamma``, which rewardflow does not use."""
+    rewardflow_max_iter: int = setting(1000, lo=1, hi=100_000)
+    """RewardFlow: most Jacobi iterations of the propagation (the authors' ``max_iter=1000``);
+    it stops earlier at the fixed point."""
+    rewardflow_step_weight: float = setting(1.0, lo=0.0, hi=1e6)
+    """RewardFlow: weight of the step term (the authors' ``step_advantage_w``, 1)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "K", check_K("EstimatorConfig.K", self.K))
@@ -267,6 +277,8 @@ REFERENCE_ESTIMATORS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         "rloo": MappingProxyType({"std": "sample", "norm": "mean"}),
         # recipe/GraphGPO/run_*.sh: mean_std_norm on every benchmark (WebShop included)
         "graphgpo": MappingProxyType({"std": "sample", "norm": "mean_std"}),
+        # rewardflow/core_rewardflow.py: the trainer calls it with mode "mean_norm" (no std)
+        "rewardflow": MappingProxyType({"std": "sample", "norm": "mean"}),
     }
 )
 """Each estimator's own options in the reference (applied last: rloo's norm wins over the

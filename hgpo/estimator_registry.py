@@ -55,6 +55,7 @@ from hgpo.estimators import (
 from hgpo.gigpo_variants import gigpo_dynamic, gigpo_similarity
 from hgpo.graphgpo import graphgpo
 from hgpo.returns import check_finite, check_step_texts, check_step_values
+from hgpo.rewardflow import rewardflow
 from hgpo.threespo import threespo
 
 __all__ = [
@@ -545,6 +546,7 @@ def _register_builtins() -> None:
         ("gigpo_similarity", gigpo_similarity, ("observations",)),
         ("3spo", threespo, ()),
         ("ecpo", ecpo, ()),
+        ("rewardflow", rewardflow, ()),
     ]
     for name, fn, reads in builtins:
         _REGISTRY._specs[name] = _make_spec(name, fn, reads, "hgpo")

@@ -21,7 +21,7 @@ key                       needed    meaning
                                     it): the StepBatch's ``next_state``, keyed with the
                                     ``anchor_obs``; on every row but a trajectory's last it must
                                     be the next row's ``anchor_obs`` (checked), what it adds is
-                                    the observation after the last step (read by graphgpo, 3spo)
+                                    the observation after the last step (graphgpo, 3spo, rewardflow)
 ========================  ========  ==========================================================
 
 Without ``next_obs`` the batch has no ``next_state`` and graphgpo takes each failed trajectory to

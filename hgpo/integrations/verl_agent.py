@@ -114,10 +114,11 @@ VERL_AGENT_PENALTY = 0.1
 """verl-agent's ``actor.invalid_action_penalty_coef`` default (``verl/trainer/config/
 ppo_trainer.yaml`` at 796ed31), which its trainer subtracts after discounting; ``fit`` does not
 pass it to ``compute_advantage`` (pass ``invalid_action_penalty_coef=`` there for another)."""
-_GIGPO_MODE = ("gigpo_similarity", "gigpo_dynamic", "graphgpo", "3spo")
+_GIGPO_MODE = ("gigpo_similarity", "gigpo_dynamic", "graphgpo", "3spo", "rewardflow")
 """Estimators whose group normalisation is GiGPO's (``gigpo_mode``): GiGPO's variants, GraphGPO
-(its recipe passes ``algorithm.graphgpo.mode`` as ``gigpo_mode``) and 3SPO
-(``compute_3spo_advantage`` is GiGPO's ``step_norm_reward``)."""
+(its recipe passes ``algorithm.graphgpo.mode`` as ``gigpo_mode``), 3SPO
+(``compute_3spo_advantage`` is GiGPO's ``step_norm_reward``) and RewardFlow (its
+``episode_norm_reward`` and ``step_norm_reward`` are GiGPO's, with GiGPO's ``mode``)."""
 
 
 def routed_names() -> dict[str, str]:
@@ -214,12 +215,14 @@ def contract_config(
 
     - ``gamma`` (``algorithm.gamma``): ``gamma``; for graphgpo also ``graph_gamma`` (the
       GraphGPO recipe passes ``algorithm.gamma`` to ``compute_graph_path_returns``: 0.1 on
-      ALFWorld, 0.2 on WebShop in its scripts);
+      ALFWorld, 0.2 on WebShop in its scripts) for rewardflow also
+      ``rewardflow_gamma`` (RewardFlow's rollout passes ``algorithm.gamma`` to
+      ``propagate_reward_decay``: 0.9 in its ALFWorld, WebShop and Sokoban scripts);
     - ``norm``: ``MODES[gigpo_mode]`` for GiGPO's variants, graphgpo and 3spo
       (:data:`_GIGPO_MODE`), ``norm_adv_by_std_in_grpo`` for empg (on verl-agent's GRPO),
       ``MODES[hgpo_mode]`` (default mean_std_norm) for every other one;
     - ``step_advantage_w``: ``omega`` (gigpo_similarity, gigpo_dynamic), ``graph_step_weight``
-      (graphgpo); ``episode_advantage_w`` (the GraphGPO recipe's; default 1):
+      (graphgpo), ``rewardflow_step_weight`` (rewardflow); ``episode_advantage_w`` (the GraphGPO recipe's; default 1):
       ``graph_episode_weight``; ``gigpo_similarity_thresh`` (default 0.95):
       ``gigpo_similarity_thresh``;
     - ``history_length`` (default 2): ``K``; ``epsilon`` (default 1e-6): ``eps``;
@@ -253,6 +256,8 @@ def contract_config(
     if name == "graphgpo":
         opts.update(graph_gamma=gamma, graph_step_weight=step_advantage_w,
                     graph_episode_weight=kwargs.get("episode_advantage_w", 1.0))  # fmt: skip
+    if name == "rewardflow":
+        opts.update(rewardflow_gamma=gamma, rewardflow_step_weight=step_advantage_w)
     if name in REFERENCE_ESTIMATORS:
         return reference_config(name, **opts)
     return EstimatorConfig.from_options(**opts)

@@ -452,6 +452,65 @@ def ref_ecpo(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
     A_act, rho = ref_ecpo_terms(b, cfg)
     ep = ref_episode(b, cfg)[0]
     return [e + cfg.ecpo_omega * r * a for e, r, a in zip(ep, rho, A_act, strict=True)]
+def ref_rewardflow_steps(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
+    """RewardFlow's dense step rewards as the authors build them, with dicts: per rollout
+    group, each trajectory's states (s_0..s_{T-1}, then its terminal state: next_state or a
+    state of its own) with the reward into each (0 first; a branch's first: its parent's
+    reward at the step before), its transitions minus self-loops, r(v) at v's first
+    appearance in that edge list (source before target), max_iter literal Jacobi
+    iterations of V(v) = max(V(v), gamma max_succ V(succ)), then d_t = V(s'_t) - V(s_t) less
+    the invalid penalty (0 for a state without kept edges)."""
+    virtual = _virtual(b)
+    last_rows = {int(b.traj[rows[-1]]): rows[-1] for rows in _trajectories(b)}
+    per_group: dict[int, list[list[int]]] = defaultdict(list)
+    for rows in _trajectories(b):
+        per_group[int(b.group[rows[0]])].append(rows)
+    d = [0.0] * b.n_steps
+    for trajs in per_group.values():
+        seqs = []  # per trajectory: [(node, reward into it)], then its rows
+        for rows in trajs:
+            tid = int(b.traj[rows[0]])
+            v = virtual[tid]
+            first = v.index(rows[0])
+            seq = [(("s", int(b.state[r])), float(b.reward[v[first + j - 1]]) if first + j else 0.0)
+                   for j, r in enumerate(rows)]  # fmt: skip
+            end = ("end", tid) if b.next_state is None else ("s", int(b.next_state[last_rows[tid]]))
+            seq.append((end, float(b.reward[rows[-1]])))
+            seqs.append((seq, rows))
+        reward: dict = {}
+        succ: dict = defaultdict(set)
+        for seq, _ in seqs:
+            for (u, ru), (v, rv) in itertools.pairwise(seq):
+                if u == v:
+                    continue
+                succ[u].add(v)
+                reward.setdefault(u, ru)
+                reward.setdefault(v, rv)
+        V = dict(reward)
+        for _ in range(cfg.rewardflow_max_iter):
+            new = dict(V)
+            for u in V:
+                for v in succ[u]:
+                    new[u] = max(new[u], cfg.rewardflow_gamma * V[v])
+            if new == V:  # a fixed point of this map stays one: the rest change nothing
+                break
+            V = new
+        for seq, rows in seqs:
+            for j, r in enumerate(rows):
+                d[r] = V.get(seq[j + 1][0], 0.0) - V.get(seq[j][0], 0.0)
+                if b.invalid is not None and b.invalid[r]:
+                    d[r] -= cfg.invalid_penalty
+    return d
+
+
+def ref_rewardflow(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
+    """RewardFlow's advantage: the episode advantage plus the weighted step rewards
+    normalised among the group's steps from the same state."""
+    d = ref_rewardflow_steps(b, cfg)
+    keys = [(int(b.group[i]), int(b.state[i])) for i in range(b.n_steps)]
+    step = _group_norm(keys, d, cfg.norm, cfg.std, cfg.eps, leave_one_out=cfg.leave_one_out)
+    ep = ref_episode(b, cfg)[0]
+    return [e + cfg.rewardflow_step_weight * a for a, e in zip(step, ep, strict=True)]
 
 
 def ref_estimate(
@@ -467,6 +526,8 @@ def ref_estimate(
         return ref_ecpo(b, cfg)
     if name == "graphgpo":
         return ref_graphgpo(b, cfg)[1]
+    if name == "rewardflow":
+        return ref_rewardflow(b, cfg)
     if name == "empg":
         return ref_empg(b, cfg, entropy)
     if name == "gigpo_similarity":

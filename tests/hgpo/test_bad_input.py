@@ -396,6 +396,48 @@ def test_graphgpo_refuses_two_zero_weights_before_any_work():
         compute_advantages("graphgpo", {"reward": [1.0]})
 
 
+# --------------------------------------------------------------------------- rewardflow
+
+FLOW_NUMERIC = ("rewardflow_gamma", "rewardflow_step_weight")
+
+
+@pytest.mark.parametrize(
+    ("opts", "match"),
+    [
+        (dict(rewardflow_gamma=1.5), r"^EstimatorConfig\.rewardflow_gamma: must be a finite number in \[0\.0, 1\.0\], got 1\.5$"),
+        (dict(rewardflow_gamma=-0.1), r"^EstimatorConfig\.rewardflow_gamma: must be a finite number in \[0\.0, 1\.0\], got -0\.1$"),
+        (dict(rewardflow_step_weight=-1.0), r"^EstimatorConfig\.rewardflow_step_weight: must be a finite number in \[0\.0, 1000000\.0\], got -1\.0$"),
+        (dict(rewardflow_max_iter=0), r"^EstimatorConfig\.rewardflow_max_iter: must be an integer in 1\.\.100000, got 0$"),
+        (dict(rewardflow_max_iter=10**6), r"^EstimatorConfig\.rewardflow_max_iter: must be an integer in 1\.\.100000, got 1000000$"),
+        (dict(rewardflow_max_iter=1.5), r"^EstimatorConfig\.rewardflow_max_iter: must be an integer in 1\.\.100000, got 1\.5$"),
+        (dict(rewardflow_max_iter=True), r"^EstimatorConfig\.rewardflow_max_iter: must be an integer in 1\.\.100000, got True$"),
+    ]
+    + [(dict([(name, v)]), rf"^EstimatorConfig\.{name}: must be a finite number")
+       for name in FLOW_NUMERIC for v in (math.inf, -math.inf, math.nan, "1", True)],
+)  # fmt: skip
+def test_rewardflow_config_table(opts, match):
+    with pytest.raises(ValueError, match=match):
+        EstimatorConfig(**opts)
+
+
+def test_rewardflow_refuses_bad_input_before_any_work():
+    with pytest.raises(ValueError, match=r"estimator 'rewardflow': batch must be a StepBatch"):
+        compute_advantages("rewardflow", {"reward": [1.0]})
+    with pytest.raises(ValueError, match=r"^values: estimator 'rewardflow' does not read state"):
+        compute_advantages("rewardflow", batch(), values=np.zeros(3))
+    # the module's own entry point checks its options too (a caller without a config)
+    from hgpo.rewardflow import flow_values
+
+    with pytest.raises(ValueError, match=r"^rewardflow_gamma: must be a finite number in"):
+        flow_values(batch(), gamma=2.0)
+    with pytest.raises(
+        ValueError, match=r"^rewardflow_max_iter: must be an integer in 1\.\.100000"
+    ):
+        flow_values(batch(), gamma=0.9, max_iter=0)
+    with pytest.raises(ValueError, match=r"^batch: must be a StepBatch, got list"):
+        flow_values([1.0], gamma=0.9)
+
+
 # --------------------------------------------------------------------------- empg / gigpo variants
 
 

@@ -20,6 +20,7 @@ from tests.hgpo.reference_impl import (
     ref_graphgpo,
     ref_levels,
     ref_returns,
+    ref_rewardflow_steps,
     ref_similarity_clusters,
 )
 from tests.hgpo.strategies import (
@@ -129,17 +130,35 @@ def test_ecpo_equals_reference_over_its_options(estimator, batch, cfg, ecpo, dat
     np.testing.assert_allclose(
         out.diagnostics["ecpo"]["step_advantage"], A_act, rtol=1e-12, atol=1e-12
     )
+@pytest.mark.parametrize("estimator", ["rewardflow"])  # (so HGPO_ESTIMATOR selects it)
+@given(
+    batch=graph_batches(),
+    cfg=configs(),
+    gamma=st.sampled_from([0.9, 0.5, 1.0, 0.0]),
+    max_iter=st.sampled_from([1, 2, 3, 50]),
+    weight=st.sampled_from([1.0, 0.0, 2.5]),
+)
+def test_rewardflow_equals_reference_over_its_options(estimator, batch, cfg, gamma, max_iter,
+                                                      weight):  # fmt: skip
+    """RewardFlow with its own options drawn too (the generic test runs its defaults), on
+    batches with and without next_state; a max_iter of 1..3 stops the propagation before
+    its fixed point, so the early stop must give the literal iterations' numbers."""
+    cfg = cfg.replace(rewardflow_gamma=gamma, rewardflow_max_iter=max_iter,
+                      rewardflow_step_weight=weight)  # fmt: skip
+    out = compute_advantages(estimator, batch, cfg)
+    np.testing.assert_allclose(out.returns, ref_rewardflow_steps(batch, cfg), rtol=1e-13,
+                               atol=1e-13)  # fmt: skip
     ref = np.asarray(ref_estimate(estimator, batch, cfg))
     np.testing.assert_allclose(out.advantages, ref, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(
-    "estimator", [name for name in ESTIMATORS if name not in ("graphgpo", "3spo")]
+    "estimator", [name for name in ESTIMATORS if name not in ("graphgpo", "3spo", "rewardflow")]
 )
 @settings(max_examples=25)
 @given(batch=step_batches(), cfg=configs(), data=st.data())
 def test_next_state_changes_no_estimator_but_graphgpo(estimator, batch, cfg, data):
-    """StepBatch.next_state is graphgpo's and 3spo's column: every other estimator gives the same result,
+    """StepBatch.next_state is graphgpo's, 3spo's and rewardflow's column: every other estimator gives the same result,
     bit for bit, with it (terminal states drawn among the batch's states and new ones)."""
     last = batch.traj_start + batch.traj_len - 1
     ns = np.empty_like(batch.state)

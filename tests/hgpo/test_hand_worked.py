@@ -402,3 +402,68 @@ def test_ecpo_options_on_the_hand_worked_batch():
     np.testing.assert_allclose(
         a, [1 - TANH1 / 15, -1 - TANH1 / 15, -1 - TANH1 / 15, 1 + TANH1 / 9, 1, -1], rtol=1e-15
     )
+# --------------------------------------------------------------------------- rewardflow
+# RewardFlow: one rollout group of three trajectories, rewardflow_gamma = 0.5, norm = "mean".
+# States: 1 start, 2 hall, 3 fridge, 4 a corner, 5 a side room, 9 "You Won!".
+#   tau1: s = [1, 2, 3], r = [0, 0, 8], ends in 9.
+#   tau2: s = [1, 4, 4], r = [0, 3, 0], ends in 4: its 4 -> 4 steps are self-loops, dropped
+#         (the 3 earned on one is never propagated).
+#   tau3: s = [1, 5],    r = [-1, 0], ends in 2 (back in the hall).
+# Edges: 1->2, 2->3, 3->9; 1->4; 1->5, 5->2. Node rewards, the reward into the node at its
+#   first appearance: r(9) = 8, r(5) = -1 (tau3's first step), every other 0.
+# Jacobi V(v) <- max(V(v), 0.5 max_succ V): it1 V(3) = 4, V(5) = 0; it2 V(2) = 2;
+#   it3 V(1) = 0.5 max(2, 0, 0) = 1, V(5) = 1; it4 changes nothing (4 iterations).
+#   V = {9: 8, 3: 4, 2: 2, 1: 1, 5: 1, 4: 0}.
+# d_t = V(s') - V(s): tau1 [1, 2, 4]; tau2 [-1, 0, 0]; tau3 [0, 1].
+#   (The authors' apply_rewardflow_propagation gives these d on this batch, with and without
+#   next_state: checked once with benchmarks/make_rewardflow_golden.run_reference.)
+# Same-state groups: state 1 = {1, -1, 0}, mean 0 -> [1, -1, 0]; state 4 = {0, 0} tied -> 0;
+#   the rest are alone -> 0.
+# Episode term: E = [8, 3, -1], mean 10/3 -> [14/3, -1/3, -13/3].
+# A = episode + step: tau1 [17/3, 14/3, 14/3], tau2 [-4/3, -1/3, -1/3], tau3 [-13/3, -13/3].
+FLOW = StepBatch.from_trajectories(
+    groups=[0, 0, 0],
+    rewards=[[0, 0, 8], [0, 3, 0], [-1, 0]],
+    states=[[1, 2, 3], [1, 4, 4], [1, 5]],
+    terminal_states=[9, 4, 2],
+)
+FLOW_CFG = EstimatorConfig(rewardflow_gamma=0.5, norm="mean")
+# rows: tau1 = 0, 1, 2; tau2 = 3, 4, 5; tau3 = 6, 7
+
+
+def test_rewardflow_values_step_rewards_and_advantages():
+    out = compute_advantages("rewardflow", FLOW, FLOW_CFG)
+    flow = out.diagnostics["rewardflow"]
+    np.testing.assert_array_equal(flow["v_state"], [1, 2, 4, 1, 0, 0, 1, 1])
+    np.testing.assert_array_equal(out.returns, [1, 2, 4, -1, 0, 0, 0, 1])
+    np.testing.assert_allclose(
+        out.advantages, [17 / 3, 14 / 3, 14 / 3, -4 / 3, -1 / 3, -1 / 3, -13 / 3, -13 / 3],
+        rtol=1e-15,
+    )  # fmt: skip
+    assert flow["iterations"] == 4 and flow["terminal"] == "next_state"
+    assert flow["n_edges"] == 6
+
+
+def test_rewardflow_stopped_early_without_next_state_and_with_a_penalty():
+    # max_iter = 2 stops before V(1) is set: V = {9: 8, 3: 4, 2: 2, 1: 0, 5: 0, 4: 0}:
+    # d = tau1 [2, 2, 4], tau2 [0, 0, 0], tau3 [0, 2]; state 1 = {2, 0, 0} -> [4/3, -2/3, -2/3].
+    out = compute_advantages("rewardflow", FLOW, FLOW_CFG.replace(rewardflow_max_iter=2))
+    np.testing.assert_array_equal(out.returns, [2, 2, 4, 0, 0, 0, 0, 2])
+    np.testing.assert_allclose(out.level_advantages[0, [0, 3, 6]], [4 / 3, -2 / 3, -2 / 3])
+    # Without next_state each trajectory ends in a state of its own: tau2's last step 4 -> E2
+    # is an edge now (r(E2) = 0), tau3's 5 -> E3 (r = 0) replaces 5 -> 2, so V(5) =
+    # max(-1, 0.5 * 0) = 0 and V(1) = 0.5 max(2, 0, 0) = 1: d = tau1 [1, 2, 4],
+    # tau2 [-1, 0, 0], tau3 [-1, 0]; state 1 = {1, -1, -1} -> [4/3, -2/3, -2/3].
+    b = StepBatch(FLOW.group, FLOW.traj, FLOW.step, FLOW.reward, FLOW.state)
+    out = compute_advantages("rewardflow", b, FLOW_CFG)
+    np.testing.assert_array_equal(out.returns, [1, 2, 4, -1, 0, 0, -1, 0])
+    np.testing.assert_allclose(out.level_advantages[0, [0, 3, 6]], [4 / 3, -2 / 3, -2 / 3])
+    assert out.diagnostics["rewardflow"]["terminal"] == "own"
+    # An invalid step loses invalid_penalty = 0.1 from its own step reward: 2 - 0.1 = 1.9;
+    # rewardflow_step_weight = 0 leaves the episode term alone.
+    inv = StepBatch(FLOW.group, FLOW.traj, FLOW.step, FLOW.reward, FLOW.state,
+                    invalid=[0, 1, 0, 0, 0, 0, 0, 0], next_state=FLOW.next_state)  # fmt: skip
+    out = compute_advantages("rewardflow", inv, FLOW_CFG)
+    np.testing.assert_allclose(out.returns, [1, 1.9, 4, -1, 0, 0, 0, 1], rtol=1e-15)
+    only = compute_advantages("rewardflow", FLOW, FLOW_CFG.replace(rewardflow_step_weight=0.0))
+    np.testing.assert_allclose(only.advantages, [14 / 3] * 3 + [-1 / 3] * 3 + [-13 / 3] * 2)

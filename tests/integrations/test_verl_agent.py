@@ -494,7 +494,8 @@ def _entropy(n: int) -> np.ndarray:
 def _expected_config(name: str, norm: str, omega: float, **common) -> EstimatorConfig:
     """contract_config's rules written out for the tests: the reference preset where one
     exists, the step weight as omega (GiGPO's variants) or graph_step_weight (GraphGPO, whose
-    graph gamma is the call's gamma), EstimatorConfig() for 3spo and users' estimators."""
+    graph gamma is the call's gamma) or rewardflow_step_weight (RewardFlow, whose propagation
+    gamma is the call's gamma), EstimatorConfig() for 3spo and users' estimators."""
     if name == "graphgpo":
         return reference_config(name, norm=norm, graph_gamma=common["gamma"],
                                 graph_step_weight=omega, graph_episode_weight=1.0, **common)  # fmt: skip
@@ -503,6 +504,9 @@ def _expected_config(name: str, norm: str, omega: float, **common) -> EstimatorC
                                 **common)  # fmt: skip
     if name == "empg":
         return reference_config(name, norm=norm, **common)
+    if name == "rewardflow":
+        return reference_config(name, norm=norm, rewardflow_gamma=common["gamma"],
+                                rewardflow_step_weight=omega, **common)  # fmt: skip
     return EstimatorConfig(norm=norm, **common)
 
 
@@ -525,7 +529,8 @@ def _direct(name: str, args, opts) -> torch.Tensor:
     batch = _coincident(CASES[0])[0]
     common = dict(gamma=0.95, K=opts["history_length"], eps=1e-6, invalid_penalty=0.1,
                   penalty_mode="after_discount")  # fmt: skip
-    norm = "mean_std" if name in ("graphgpo", "gigpo_similarity", "empg", "3spo") else "mean"
+    gigpo_norm = ("graphgpo", "gigpo_similarity", "empg", "3spo", "rewardflow")
+    norm = "mean_std" if name in gigpo_norm else "mean"
     cfg = _expected_config(name, norm, omega=1.0, **common)
     inputs = {}
     if "entropy" in estimator_reads(name):
@@ -608,7 +613,7 @@ def test_install_errors_are_named(args):
 # StepBatch of verl-agent's batch itself: each step's env reward (non_tensor_batch['rewards']),
 # its invalid flag, the penalty as verl-agent's trainer applies it (0.1 after discounting).
 
-NEW_ROUTES = ("graphgpo", "gigpo_similarity", "empg", "3spo")
+NEW_ROUTES = ("graphgpo", "gigpo_similarity", "empg", "3spo", "rewardflow")
 """The built-ins this route made correct (UNROUTED_BUILTINS before it)."""
 
 

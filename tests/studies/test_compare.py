@@ -242,10 +242,12 @@ def test_pooling_over_cells_hand_worked():
 
 
 def test_estimators_not_in_reward_units_are_not_ranked_on_reward_unit_figures():
-    """graphgpo's returns are 10 gamma^d and 3spo's a shaped reward: not the env's step returns,
-    so their bias^2 / variance / MSE are not ranked (nor compared with the baseline's); the
-    scale-free figures are. Every estimator in reward units is."""
+    """graphgpo's returns are 10 gamma^d, 3spo's a shaped reward and rewardflow's a difference
+    of propagated values: not the env's step returns, so their bias^2 / variance / MSE are not
+    ranked (nor compared with the baseline's); the scale-free figures are. Every estimator in
+    reward units is."""
     assert not R.in_reward_units("graphgpo") and not R.in_reward_units("3spo")
+    assert not R.in_reward_units("rewardflow")
     for name in ("grpo", "gigpo", "hgpo", "gae", "empg", "gigpo_dynamic", "gigpo_similarity"):
         assert R.in_reward_units(name), name
     rows = [{"policy": "tabular", "estimator": e, "mse": v, "mse_lo": v - 0.1, "mse_hi": v + 0.1,
