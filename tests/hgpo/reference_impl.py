@@ -452,6 +452,8 @@ def ref_ecpo(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
     A_act, rho = ref_ecpo_terms(b, cfg)
     ep = ref_episode(b, cfg)[0]
     return [e + cfg.ecpo_omega * r * a for e, r, a in zip(ep, rho, A_act, strict=True)]
+
+
 def ref_rewardflow_steps(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
     """RewardFlow's dense step rewards as the authors build them, with dicts: per rollout
     group, each trajectory's states (s_0..s_{T-1}, then its terminal state: next_state or a

@@ -130,6 +130,8 @@ def test_ecpo_equals_reference_over_its_options(estimator, batch, cfg, ecpo, dat
     np.testing.assert_allclose(
         out.diagnostics["ecpo"]["step_advantage"], A_act, rtol=1e-12, atol=1e-12
     )
+
+
 @pytest.mark.parametrize("estimator", ["rewardflow"])  # (so HGPO_ESTIMATOR selects it)
 @given(
     batch=graph_batches(),

@@ -402,6 +402,8 @@ def test_ecpo_options_on_the_hand_worked_batch():
     np.testing.assert_allclose(
         a, [1 - TANH1 / 15, -1 - TANH1 / 15, -1 - TANH1 / 15, 1 + TANH1 / 9, 1, -1], rtol=1e-15
     )
+
+
 # --------------------------------------------------------------------------- rewardflow
 # RewardFlow: one rollout group of three trajectories, rewardflow_gamma = 0.5, norm = "mean".
 # States: 1 start, 2 hall, 3 fridge, 4 a corner, 5 a side room, 9 "You Won!".
