@@ -180,6 +180,30 @@ class EstimatorConfig:
     not hold (1: an unseen state, as the authors' code scores the never-counted terminal
     observation)."""
 
+    # --- hiper options
+    hiper_lam_turn: float = setting(1.0, lo=0.0, hi=1.0)
+    """HiPER: lambda of the low-level (turn) GAE inside a segment (the authors' ``lam_turn`` =
+    verl's ``algorithm.lam``, 1.0 in their recipes)."""
+    hiper_lam_seg: float = setting(0.95, lo=0.0, hi=1.0)
+    """HiPER: lambda of the segment-level SMDP GAE (the authors' ``algorithm.hae.lam_seg``)."""
+    hiper_norm: bool = True
+    """HiPER: whiten the low-level advantages over the batch's steps and the segment-level ones
+    over its segments, (A - mean) / (population std + 1e-8) (the authors' ``norm_adv``, True in
+    their recipes)."""
+    hiper_segments: str = setting("reward", choices=("reward", "step", "trajectory"))
+    """HiPER: where a new subgoal segment starts besides a trajectory's first step (the batch
+    holds no <switch> decisions): "reward" after a step with a non-zero environment reward,
+    "step" at every step, "trajectory" nowhere else."""
+    hiper_keep_penalty: float = setting(0.0, lo=-1e6, hi=1e6)
+    """HiPER: added to the reward of the steps that do not start a segment (KEEP turns; the
+    authors' recipes: -0.3 on the policy's own KEEP decisions; 0 here by default)."""
+    hiper_keep_penalty_mode: str = setting("normalized", choices=("normalized", "fixed"))
+    """HiPER: "fixed" adds ``hiper_keep_penalty`` to every KEEP step, "normalized" adds
+    penalty x (KEEP steps / T) / KEEP steps to each (trajectories of T > 1 steps only)."""
+    hiper_assign: str = setting("action", choices=("action", "sum"))
+    """HiPER: the step's advantage: "action" the low-level one (what the authors give the action
+    tokens), "sum" plus the segment-level one on a segment's first step."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "K", check_K("EstimatorConfig.K", self.K))
         check_fields(self, "EstimatorConfig")  # numpy scalars stored as Python numbers and str
