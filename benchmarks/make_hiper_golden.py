@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.make_verl_agent_golden import write_golden
-from hgpo import EstimatorConfig, StepBatch, compute_advantages
+from hgpo import EstimatorConfig, StepBatch, compute_advantages, reference_config
 from hgpo.hiper import HIPER_SOURCE, hiper_segments
 from hgpo.options import ArgumentParser
 
@@ -129,8 +129,8 @@ def case_batch(case: dict[str, Any]) -> StepBatch:
 
 def case_config(case: dict[str, Any], assign: str = "action") -> EstimatorConfig:
     """Our options for the authors' settings of one case."""
-    return EstimatorConfig(
-        gamma=case["gamma"], invalid_penalty=case["invalid_penalty"],
+    return reference_config(
+        "hiper", gamma=case["gamma"], invalid_penalty=case["invalid_penalty"],
         hiper_lam_turn=case["lam_turn"], hiper_lam_seg=case["lam_seg"],
         hiper_norm=case["norm_adv"], hiper_segments=case["segments"],
         hiper_keep_penalty=case["keep_penalty"],

@@ -188,8 +188,8 @@ class EstimatorConfig:
     """HiPER: lambda of the segment-level SMDP GAE (the authors' ``algorithm.hae.lam_seg``)."""
     hiper_norm: bool = True
     """HiPER: whiten the low-level advantages over the batch's steps and the segment-level ones
-    over its segments, (A - mean) / (population std + 1e-8) (the authors' ``norm_adv``, True in
-    their recipes)."""
+    over its segments (the authors' ``norm_adv``, True in their recipes): (A - mean) / (std +
+    eps) with ``std`` and ``eps`` (theirs: population, 1e-8), or A - mean with ``norm="mean"``."""
     hiper_segments: str = setting("reward", choices=("reward", "step", "trajectory"))
     """HiPER: where a new subgoal segment starts besides a trajectory's first step (the batch
     holds no <switch> decisions): "reward" after a step with a non-zero environment reward,
@@ -272,6 +272,8 @@ REFERENCE_ESTIMATORS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         "rloo": MappingProxyType({"std": "sample", "norm": "mean"}),
         # recipe/GraphGPO/run_*.sh: mean_std_norm on every benchmark (WebShop included)
         "graphgpo": MappingProxyType({"std": "sample", "norm": "mean_std"}),
+        # hiper_hae/core_hae.py's norm_adv: (A - mean) / (std(unbiased=False) + 1e-8)
+        "hiper": MappingProxyType({"std": "population", "norm": "mean_std", "eps": 1e-8}),
     }
 )
 """Each estimator's own options in the reference (applied last: rloo's norm wins over the

@@ -24,7 +24,9 @@ High level (SMDP GAE over segments; the subgoal tokens of a segment's first turn
     A^high_k = delta_k + gamma^(d_k) lambda_seg A^high_{k+1}
 
 and with ``norm_adv`` (their recipes) each of A^low (over all turns) and A^high (over the
-segments' first turns) is whitened over the batch: (A - mean) / (population std + 1e-8).
+segments' first turns) is whitened over the batch: (A - mean) / (population std + 1e-8). Here
+``hiper_norm`` turns it on and ``norm``, ``std`` and ``eps`` say how (``norm="mean"``: A - mean);
+``reference_config("hiper")`` sets theirs (population std, eps = 1e-8; the default eps is 1e-6).
 
 How one batch maps onto it (docs/estimators.md, "hiper"):
 
@@ -55,15 +57,13 @@ import numpy as np
 from hgpo.batch import StepBatch
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import Advantages, check_inputs
+from hgpo.groups import segment_normalise
 from hgpo.returns import check_finite, check_step_values
 
-__all__ = ["HIPER_NORM_EPS", "HIPER_SOURCE", "hiper", "hiper_segments", "reverse_scan"]
+__all__ = ["HIPER_SOURCE", "hiper", "hiper_segments", "reverse_scan", "whiten"]
 
 HIPER_SOURCE = "JonP07/HiPER-agent@9d3c118bb38a690d41ec43fee70451af28b3affa"
 """The commit of the authors' code this module follows (``hiper_hae/core_hae.py``)."""
-
-HIPER_NORM_EPS = 1e-8
-"""Added to the population std of their ``norm_adv`` whitening (a constant in their code)."""
 
 
 def hiper_segments(batch: StepBatch, mode: str) -> np.ndarray:
@@ -118,8 +118,17 @@ def _rewards(batch: StepBatch, cfg: EstimatorConfig, start: np.ndarray) -> np.nd
     return check_finite(batch, r, "HiPER reward")
 
 
-def _whiten(a: np.ndarray) -> np.ndarray:
-    return (a - a.mean()) / (a.std() + HIPER_NORM_EPS)
+def whiten(a: np.ndarray, norm: str, std: str, eps: float) -> np.ndarray:
+    """Their ``norm_adv`` over all of ``a``: (a - mean) / (std + eps) ("mean_std", ``std``
+    "population" or "sample") or a - mean ("mean"), as one group of the project's
+    normalisation (:func:`hgpo.groups.segment_normalise`: exact over the float64 range; a
+    single value, or values all equal, give 0)."""
+    if a.size < 2:
+        return np.zeros_like(a)
+    one = np.zeros(1, dtype=np.int64)
+    out, _ = segment_normalise(a, np.zeros(a.size, dtype=np.int64), one, one + a.size, norm, std,
+                               eps)  # fmt: skip
+    return out
 
 
 def hiper(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = None) -> Advantages:
@@ -130,7 +139,8 @@ def hiper(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = No
     A^high_{k+1} (module docstring). ``values`` = V(s_t) serves as both of their critic's heads.
 
     Options: ``gamma``, ``hiper_lam_turn`` (1.0), ``hiper_lam_seg`` (0.95), ``hiper_norm``
-    (whiten each level over the batch, True), ``hiper_segments`` ("reward"),
+    (whiten each level over the batch, True, with ``norm``, ``std``, ``eps``; a level whose
+    values are all equal gives 0), ``hiper_segments`` ("reward"),
     ``hiper_keep_penalty`` (0) and ``hiper_keep_penalty_mode``, ``hiper_assign`` ("action":
     A^low; "sum": A^low + A^high), ``invalid_penalty``. ``returns`` holds the low-level critic
     targets A^low + V before whitening; ``diagnostics["hiper"]`` the two levels and segments.
@@ -163,8 +173,8 @@ def hiper(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = No
     returns = check_finite(batch, low + V, "HiPER low-level return")
     check_finite(batch, high, "HiPER segment advantage")
     if cfg.hiper_norm:
-        low = _whiten(low)
-        high[start] = _whiten(high[start])
+        low = whiten(low, cfg.norm, cfg.std, cfg.eps)
+        high[start] = whiten(high[start], cfg.norm, cfg.std, cfg.eps)
     adv = low if cfg.hiper_assign == "action" else low + high
     diag = {"hiper": {"low": low, "high": high, "segment_start": start, "segment_return":
                       np.where(start, seg_return, 0.0), "reward": r}}  # fmt: skip
