@@ -172,3 +172,17 @@ def spo3_options(draw) -> dict:
         spo3_target=draw(st.sampled_from(["reward", "return"])),
         spo3_terminal_score=draw(st.sampled_from([1.0, 0.0, 0.5])),
     )
+
+
+@st.composite
+def hiper_options(draw) -> dict:
+    """HiPER's own options (EstimatorConfig's hiper_* fields), edge values included."""
+    return dict(
+        hiper_lam_turn=draw(st.sampled_from([0.0, 0.7, 0.95, 1.0])),
+        hiper_lam_seg=draw(st.sampled_from([0.0, 0.5, 0.95, 1.0])),
+        hiper_norm=draw(st.booleans()),
+        hiper_segments=draw(st.sampled_from(["reward", "step", "trajectory"])),
+        hiper_keep_penalty=draw(st.sampled_from([0.0, -0.3, 0.2])),
+        hiper_keep_penalty_mode=draw(st.sampled_from(["normalized", "fixed"])),
+        hiper_assign=draw(st.sampled_from(["action", "sum"])),
+    )
