@@ -1,8 +1,10 @@
-"""HiPER: hierarchical advantage estimation (a turn-level GAE inside each subgoal segment and a
-segment-level SMDP GAE across segments) for LLM agents that plan and execute.
+"""HiPER: hierarchical advantage estimation, HAE (a turn-level GAE inside each subgoal segment
+and a segment-level SMDP GAE across segments), for LLM agents that plan and execute.
 
-Source: "HiPER: Hierarchical Plan-Execute RL for LLM agents", arXiv 2602.16165 (2026), and the
-authors' code JonP07/HiPER-agent at commit 9d3c118bb38a690d41ec43fee70451af28b3affa,
+Source: J. Peng, Y. Liu, R. Zhou, C. Fleming, Z. Wang, A. Garcia, M. Hong, "HiPER: Hierarchical
+Reinforcement Learning with Explicit Credit Assignment for Large Language Model Agents", arXiv
+2602.16165 (2026), and the authors' code JonP07/HiPER-agent at commit
+9d3c118bb38a690d41ec43fee70451af28b3affa (Apache-2.0),
 ``hiper_hae/core_hae.py`` (``compute_hae_advantage``, ``HAEConfig``; called from
 ``verl/trainer/ppo/ray_trainer.py`` with ``algorithm.adv_estimator=hae``).
 
@@ -41,11 +43,15 @@ How one batch maps onto it (docs/estimators.md, "hiper"):
   non-zero environment reward (a subgoal reached), "step" makes every step a segment (the
   high level is then one-step GAE on V), "trajectory" one segment per trajectory (the low level
   is then plain GAE). A trajectory's first step always starts a segment and is a SWITCH.
+  Where the only reward is the episode's last (the toy envs, ALFWorld), "reward" gives one
+  segment per trajectory. Their segments are the policy's SWITCH decisions: not reproduced.
 - dones: a trajectory's last step ends the episode (V = 0 after it, as ``gae``); their
   ``bootstrap_truncated`` never applies.
 - the KEEP penalty (``hiper_keep_penalty``, ``hiper_keep_penalty_mode``) follows their code;
   it is 0 by default, since here no policy chose to KEEP. Their subgoal-consistency penalty
   compares subgoal tokens, which a StepBatch does not hold: not reproduced.
+- a branch (``StepBatch.parent``): its own rows are its episode, from its branch state (its
+  first own step starts a segment), as ``gae`` treats it; the parent's prefix is the parent's.
 - one advantage per step: ``hiper_assign="action"`` gives A^low (their action tokens' value);
   "sum" adds A^high on a segment's first step (what a token in both masks gets).
 """
