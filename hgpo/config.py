@@ -208,6 +208,29 @@ class EstimatorConfig:
     it stops earlier at the fixed point."""
     rewardflow_step_weight: float = setting(1.0, lo=0.0, hi=1e6)
     """RewardFlow: weight of the step term (the authors' ``step_advantage_w``, 1)."""
+    # --- hiper options
+    hiper_lam_turn: float = setting(1.0, lo=0.0, hi=1.0)
+    """HiPER: lambda of the low-level (turn) GAE inside a segment (the authors' ``lam_turn`` =
+    verl's ``algorithm.lam``, 1.0 in their recipes)."""
+    hiper_lam_seg: float = setting(0.95, lo=0.0, hi=1.0)
+    """HiPER: lambda of the segment-level SMDP GAE (the authors' ``algorithm.hae.lam_seg``)."""
+    hiper_norm: bool = True
+    """HiPER: whiten the low-level advantages over the batch's steps and the segment-level ones
+    over its segments (the authors' ``norm_adv``, True in their recipes): (A - mean) / (std +
+    eps) with ``std`` and ``eps`` (theirs: population, 1e-8), or A - mean with ``norm="mean"``."""
+    hiper_segments: str = setting("reward", choices=("reward", "step", "trajectory"))
+    """HiPER: where a new subgoal segment starts besides a trajectory's first step (the batch
+    holds no <switch> decisions): "reward" after a step with a non-zero environment reward,
+    "step" at every step, "trajectory" nowhere else."""
+    hiper_keep_penalty: float = setting(0.0, lo=-1e6, hi=1e6)
+    """HiPER: added to the reward of the steps that do not start a segment (KEEP turns; the
+    authors' recipes: -0.3 on the policy's own KEEP decisions; 0 here by default)."""
+    hiper_keep_penalty_mode: str = setting("normalized", choices=("normalized", "fixed"))
+    """HiPER: "fixed" adds ``hiper_keep_penalty`` to every KEEP step, "normalized" adds
+    penalty x (KEEP steps / T) / KEEP steps to each (trajectories of T > 1 steps only)."""
+    hiper_assign: str = setting("action", choices=("action", "sum"))
+    """HiPER: the step's advantage: "action" the low-level one (what the authors give the action
+    tokens), "sum" plus the segment-level one on a segment's first step."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "K", check_K("EstimatorConfig.K", self.K))
@@ -279,6 +302,8 @@ REFERENCE_ESTIMATORS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         "graphgpo": MappingProxyType({"std": "sample", "norm": "mean_std"}),
         # rewardflow/core_rewardflow.py: the trainer calls it with mode "mean_norm" (no std)
         "rewardflow": MappingProxyType({"std": "sample", "norm": "mean"}),
+        # hiper_hae/core_hae.py's norm_adv: (A - mean) / (std(unbiased=False) + 1e-8)
+        "hiper": MappingProxyType({"std": "population", "norm": "mean_std", "eps": 1e-8}),
     }
 )
 """Each estimator's own options in the reference (applied last: rloo's norm wins over the

@@ -54,6 +54,7 @@ from hgpo.estimators import (
 )
 from hgpo.gigpo_variants import gigpo_dynamic, gigpo_similarity
 from hgpo.graphgpo import graphgpo
+from hgpo.hiper import hiper
 from hgpo.returns import check_finite, check_step_texts, check_step_values
 from hgpo.rewardflow import rewardflow
 from hgpo.threespo import threespo
@@ -414,7 +415,7 @@ def compute_advantages(
 
     ``options`` override fields of ``config`` (or of the paper defaults). ``values``,
     ``entropy`` and ``observations`` are the per-step inputs of the estimators that read them
-    (:data:`STEP_INPUTS`; gae reads values, empg entropy, gigpo_similarity observations): one
+    (:data:`STEP_INPUTS`; gae and hiper read values, empg entropy, gigpo_similarity observations): one
     that the estimator needs and is not given, or that is given and not read, is a ValueError
     naming it. An unknown estimator or option, a batch that is not a StepBatch or a config
     that is not an EstimatorConfig raises ValueError naming it, and so does an advantage past
@@ -547,6 +548,7 @@ def _register_builtins() -> None:
         ("3spo", threespo, ()),
         ("ecpo", ecpo, ()),
         ("rewardflow", rewardflow, ()),
+        ("hiper", hiper, ("values",)),
     ]
     for name, fn, reads in builtins:
         _REGISTRY._specs[name] = _make_spec(name, fn, reads, "hgpo")

@@ -515,13 +515,82 @@ def ref_rewardflow(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
     return [e + cfg.rewardflow_step_weight * a for a, e in zip(step, ep, strict=True)]
 
 
+def _ref_hiper_rewards(b: StepBatch, cfg: EstimatorConfig, rows: list[int], switch: list[bool]):
+    """HiPER's turn rewards of one trajectory: env reward + KEEP penalty - invalid penalty."""
+    T, p = len(rows), cfg.hiper_keep_penalty
+    n_keep = sum(not s for s in switch)
+    if cfg.hiper_keep_penalty_mode == "fixed":
+        per = p
+    else:  # "normalized": p * keep_ratio / keep_count, trajectories of more than one turn
+        per = p * (n_keep / T) / n_keep if T > 1 and n_keep > 0 else 0.0
+    out = []
+    for pos, row in enumerate(rows):
+        r = float(b.reward[row]) + (0.0 if switch[pos] or p == 0.0 else per)
+        if b.invalid is not None and b.invalid[row] and cfg.invalid_penalty > 0.0:
+            r = r - cfg.invalid_penalty
+        out.append(r)
+    return out
+
+
+def ref_hiper(
+    b: StepBatch, cfg: EstimatorConfig, values: list[float]
+) -> tuple[list[float], list[float], list[float]]:
+    """HiPER written as the authors' loops (hiper_hae/core_hae.py): per trajectory (a branch:
+    its own rows, from its branch state), its segments; the low-level GAE backwards within
+    each segment, then the segment-level GAE backwards over the segments. V_low = V_high =
+    ``values``. Returns (advantages, low, high) per row."""
+    g = cfg.gamma
+    low, high, start_rows = [0.0] * b.n_steps, [0.0] * b.n_steps, []
+    for rows in _trajectories(b):
+        T = len(rows)
+        switch = [True] + [
+            cfg.hiper_segments == "step"
+            or (cfg.hiper_segments == "reward" and float(b.reward[rows[p - 1]]) != 0.0)
+            for p in range(1, T)
+        ]
+        r = _ref_hiper_rewards(b, cfg, rows, switch)
+        bounds = [p for p in range(T) if switch[p]]
+        segs = [(s, (bounds[k + 1] - 1) if k + 1 < len(bounds) else T - 1)
+                for k, s in enumerate(bounds)]  # fmt: skip
+        V = [float(values[row]) for row in rows]
+        for s, e in segs:
+            nxt = 0.0
+            for p in range(e, s - 1, -1):
+                v_next = V[p + 1] if p + 1 < T else 0.0  # (the next segment's V_high = V)
+                delta = r[p] + g * v_next - V[p]
+                nxt = delta + (g * cfg.hiper_lam_turn * nxt if p < e else 0.0)
+                low[rows[p]] = nxt
+        nxt = 0.0
+        for k in range(len(segs) - 1, -1, -1):
+            s, e = segs[k]
+            seg_return = r[e]  # sum_{p=s..e} g^(p - s) r_p, from the end back (the library's
+            for p in range(e - 1, s - 1, -1):  # rounding; the authors sum forwards)
+                seg_return = r[p] + g * seg_return
+            d, more = e - s + 1, e + 1 < T
+            target = seg_return + (g**d * V[e + 1] if more else 0.0)
+            nxt = target - V[s] + (g**d * cfg.hiper_lam_seg * nxt if more else 0.0)
+            high[rows[s]] = nxt
+            start_rows.append(rows[s])
+    if cfg.hiper_norm:
+        low = ref_normalise(low, cfg.norm, cfg.std, cfg.eps)
+        starts = sorted(start_rows)
+        for row, a in zip(starts, ref_normalise([high[i] for i in starts], cfg.norm, cfg.std,
+                                                 cfg.eps), strict=True):  # fmt: skip
+            high[row] = a
+    adv = low if cfg.hiper_assign == "action" else [x + y for x, y in zip(low, high, strict=True)]
+    return adv, low, high
+
+
 def ref_estimate(
     name: str,
     b: StepBatch,
     cfg: EstimatorConfig,
     entropy: list[float] | None = None,
     observations: list[str] | None = None,
+    values: list[float] | None = None,
 ) -> list[float]:
+    if name == "hiper":
+        return ref_hiper(b, cfg, values)[0]
     if name == "3spo":
         return ref_3spo(b, cfg)
     if name == "ecpo":

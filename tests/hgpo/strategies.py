@@ -184,3 +184,17 @@ def ecpo_options(draw) -> dict:
         ecpo_gate=draw(st.sampled_from(["variance", "none"])),
         ecpo_gate_eps=draw(st.sampled_from([0.0, 1e-6, 1.0])),
     )
+
+
+@st.composite
+def hiper_options(draw) -> dict:
+    """HiPER's own options (EstimatorConfig's hiper_* fields), edge values included."""
+    return dict(
+        hiper_lam_turn=draw(st.sampled_from([0.0, 0.7, 0.95, 1.0])),
+        hiper_lam_seg=draw(st.sampled_from([0.0, 0.5, 0.95, 1.0])),
+        hiper_norm=draw(st.booleans()),
+        hiper_segments=draw(st.sampled_from(["reward", "step", "trajectory"])),
+        hiper_keep_penalty=draw(st.sampled_from([0.0, -0.3, 0.2])),
+        hiper_keep_penalty_mode=draw(st.sampled_from(["normalized", "fixed"])),
+        hiper_assign=draw(st.sampled_from(["action", "sum"])),
+    )

@@ -196,7 +196,7 @@ def test_config_accepts_numpy_scalars_and_stores_python_numbers():
         (lambda: compute_advantages("gae", batch(), values=np.ones(3, dtype=bool)), r"gae: values: must be 3 real numbers, one per step, got dtype bool"),
         (lambda: compute_advantages("gae", batch(), values=np.ones(3, dtype=complex)), r"gae: values: must be 3 real numbers, one per step, got dtype complex128"),
         (lambda: compute_advantages("gae", batch(), values=["1", "2", "3"]), r"gae: values: must be 3 real numbers, one per step, got dtype <U1"),
-        (lambda: compute_advantages("grpo", batch(), values=np.zeros(3)), r"values: estimator 'grpo' does not read state values \(only gae does\); leave values out"),
+        (lambda: compute_advantages("grpo", batch(), values=np.zeros(3)), r"values: estimator 'grpo' does not read state values \(only gae, hiper do\); leave values out"),
         (lambda: compute_advantages("gae", batch(), values=[0.0, math.nan, 0.0]), r"values\[1\] is nan"),
         # finite rewards whose return overflows: the trajectory is named
         (lambda: compute_advantages("hgpo", StepBatch.from_trajectories([0, 0], [[1e308, 1e308], [0.0, 0.0]], [[0, 1], [0, 1]]), gamma=1.0),
@@ -523,3 +523,41 @@ def test_ecpo_needs_the_action_column_before_any_work(monkeypatch):
         compute_advantages("ecpo", {"reward": [1.0]})
     with pytest.raises(ValueError, match=r"^values: estimator 'ecpo' does not read state values"):
         compute_advantages("ecpo", pair([1.0, 0.0]), values=[0.0, 0.0])
+
+
+# --------------------------------------------------------------------------- hiper
+
+
+def _hiper_cases():
+    from hgpo.hiper import hiper
+
+    b, cfg, V = batch(), EstimatorConfig(), np.zeros(3)
+    huge = StepBatch.from_trajectories([0], [[1e308, 1e308]], [[0, 1]])
+    return [
+        (lambda: compute_advantages("hiper", b), r"^estimator 'hiper' needs values: float64\[n\] state values"),
+        (lambda: hiper(b, cfg), r"^estimator 'hiper' needs values: float64\[n\] state values V\(s_t\)$"),
+        (lambda: hiper({}, cfg, V), r"^estimator 'hiper': batch must be a StepBatch"),
+        (lambda: compute_advantages("hiper", b, values=np.zeros(2)), r"^hiper: values: must be one value per step, shape \(3,\), got shape \(2,\)$"),
+        (lambda: compute_advantages("hiper", b, values=[0.0, math.inf, 0.0]), r"^hiper: values\[1\] is inf; every value must be finite$"),
+        (lambda: hiper(b, cfg, ["a", "b", "c"]), r"^hiper: values: must be 3 real numbers, one per step, got dtype <U1$"),
+        (lambda: compute_advantages("hiper", b, values=V, entropy=[0.0, 0.0, 0.0]), r"^entropy: estimator 'hiper' does not read the policy's entropy"),
+        (lambda: EstimatorConfig(hiper_lam_turn=1.5), r"^EstimatorConfig\.hiper_lam_turn: must be a finite number in \[0\.0, 1\.0\], got 1\.5$"),
+        (lambda: EstimatorConfig(hiper_lam_seg=-0.1), r"^EstimatorConfig\.hiper_lam_seg: must be a finite number in \[0\.0, 1\.0\], got -0\.1$"),
+        (lambda: EstimatorConfig(hiper_lam_seg=math.nan), r"^EstimatorConfig\.hiper_lam_seg: must be a finite number in \[0\.0, 1\.0\], got nan$"),
+        (lambda: EstimatorConfig(hiper_keep_penalty=math.inf), r"^EstimatorConfig\.hiper_keep_penalty: must be a finite number in \[-1000000\.0, 1000000\.0\], got inf$"),
+        (lambda: EstimatorConfig(hiper_keep_penalty=-1e7), r"^EstimatorConfig\.hiper_keep_penalty: must be a finite number in"),
+        (lambda: EstimatorConfig(hiper_segments="switch"), r"^EstimatorConfig\.hiper_segments: must be one of 'reward', 'step', 'trajectory', got 'switch'$"),
+        (lambda: EstimatorConfig(hiper_keep_penalty_mode="last_step"), r"^EstimatorConfig\.hiper_keep_penalty_mode: must be one of 'normalized', 'fixed', got 'last_step'$"),
+        (lambda: EstimatorConfig(hiper_assign="subgoal"), r"^EstimatorConfig\.hiper_assign: must be one of 'action', 'sum', got 'subgoal'$"),
+        (lambda: EstimatorConfig(hiper_norm="yes"), r"^EstimatorConfig\.hiper_norm: must be true or false, got 'yes'$"),
+        # finite rewards whose (segment) return overflows: the trajectory is named
+        (lambda: compute_advantages("hiper", huge, gamma=1.0, hiper_segments="trajectory", values=np.zeros(2)),
+         r"^the HiPER low-level return of step 0 of trajectory 0 \(row 0\) overflows float64"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(len(_hiper_cases())))
+def test_hiper_names_bad_input(case):
+    fn, message = _hiper_cases()[case]
+    with pytest.raises(ValueError, match=message):
+        fn()

@@ -18,6 +18,7 @@ from tests.hgpo.reference_impl import (
     ref_estimate,
     ref_graph_distances,
     ref_graphgpo,
+    ref_hiper,
     ref_levels,
     ref_returns,
     ref_rewardflow_steps,
@@ -30,6 +31,7 @@ from tests.hgpo.strategies import (
     ecpo_options,
     graph_batches,
     graph_configs,
+    hiper_options,
     spo3_options,
     step_batches,
     step_inputs,
@@ -152,6 +154,22 @@ def test_rewardflow_equals_reference_over_its_options(estimator, batch, cfg, gam
                                atol=1e-13)  # fmt: skip
     ref = np.asarray(ref_estimate(estimator, batch, cfg))
     np.testing.assert_allclose(out.advantages, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("estimator", ["hiper"])  # (so HGPO_ESTIMATOR selects it)
+@given(batch=step_batches(), cfg=configs(), opts=hiper_options(), data=st.data())
+def test_hiper_equals_reference_over_its_options(estimator, batch, cfg, opts, data):
+    """HiPER with its own options drawn too (the generic test runs its defaults): the
+    advantages, both levels and the low-level returns A^low + V (before whitening)."""
+    cfg = cfg.replace(**opts)
+    V = data.draw(step_inputs(estimator, batch))["values"]
+    out = compute_advantages(estimator, batch, cfg, values=V)
+    adv, low, high = ref_hiper(batch, cfg, V)
+    np.testing.assert_allclose(out.advantages, adv, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out.diagnostics["hiper"]["low"], low, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out.diagnostics["hiper"]["high"], high, rtol=1e-12, atol=1e-12)
+    raw = ref_hiper(batch, cfg.replace(hiper_norm=False, hiper_assign="action"), V)[0]
+    np.testing.assert_allclose(out.returns, np.add(raw, V), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(

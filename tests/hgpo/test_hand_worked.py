@@ -469,3 +469,67 @@ def test_rewardflow_stopped_early_without_next_state_and_with_a_penalty():
     np.testing.assert_allclose(out.returns, [1, 1.9, 4, -1, 0, 0, 0, 1], rtol=1e-15)
     only = compute_advantages("rewardflow", FLOW, FLOW_CFG.replace(rewardflow_step_weight=0.0))
     np.testing.assert_allclose(only.advantages, [14 / 3] * 3 + [-1 / 3] * 3 + [-13 / 3] * 2)
+
+
+# HiPER (hgpo/hiper.py), one trajectory, gamma = 0.5, lambda_turn = 1, no whitening:
+#   r = [0, 1, 0, 2], V = [1, 2, 4, 1]. Segments ("reward": a new one after a non-zero reward):
+#   [0, 1] and [2, 3]. V(s_{t+1}) = [2, 4, 1, 0] (0 after the end).
+#   delta = r + 0.5 V' - V = [0 + 1 - 1, 1 + 2 - 2, 0 + 0.5 - 4, 2 + 0 - 1] = [0, 1, -3.5, 1]
+#   A^low (0.5 A^low_{t+1} inside the segment only): [0 + 0.5 * 1, 1, -3.5 + 0.5 * 1, 1]
+#       = [0.5, 1, -3, 1];  returns A^low + V = [1.5, 3, 1, 2]
+#   segment [2, 3]: R = 0 + 0.5 * 2 = 1, the episode ends: delta = 1 - V_2 = -3 = A^high
+#   segment [0, 1]: R = 0 + 0.5 * 1 = 0.5, d = 2: delta = 0.5 + 0.25 * V_2 - V_0 = 0.5;
+#       A^high = 0.5 + 0.25 * lambda_seg * (-3): -0.25 (lambda_seg = 1), 0.125 (0.5)
+HIPER = StepBatch.from_trajectories([0], [[0, 1, 0, 2]], [[1, 2, 3, 4]])
+HIPER_V = np.array([1.0, 2.0, 4.0, 1.0])
+HIPER_CFG = EstimatorConfig(gamma=0.5, hiper_lam_turn=1.0, hiper_lam_seg=1.0, hiper_norm=False)
+
+
+def test_hiper_levels_and_returns():
+    out = compute_advantages("hiper", HIPER, HIPER_CFG, values=HIPER_V)
+    np.testing.assert_allclose(out.advantages, [0.5, 1, -3, 1])
+    np.testing.assert_allclose(out.returns, [1.5, 3, 1, 2])
+    d = out.diagnostics["hiper"]
+    np.testing.assert_allclose(d["high"], [-0.25, 0, -3, 0])
+    assert d["segment_start"].tolist() == [True, False, True, False]
+    half = compute_advantages("hiper", HIPER, HIPER_CFG.replace(hiper_lam_seg=0.5), values=HIPER_V)
+    np.testing.assert_allclose(half.diagnostics["hiper"]["high"], [0.125, 0, -3, 0])
+    both = compute_advantages("hiper", HIPER, HIPER_CFG.replace(hiper_assign="sum"), values=HIPER_V)
+    np.testing.assert_allclose(both.advantages, [0.25, 1, -6, 1])
+
+
+def test_hiper_segment_modes():
+    # "trajectory": one segment, the low level is GAE: A = [-0.25, -0.5, -3, 1], and the
+    #   segment's R = 0 + 0.5 + 0 + 0.125 * 2 = 0.75, A^high_0 = 0.75 - V_0 = -0.25.
+    one = compute_advantages("hiper", HIPER, HIPER_CFG.replace(hiper_segments="trajectory"),
+                             values=HIPER_V)  # fmt: skip
+    gae = compute_advantages("gae", HIPER, gamma=0.5, gae_lambda=1.0, values=HIPER_V)
+    np.testing.assert_allclose(one.advantages, [-0.25, -0.5, -3, 1])
+    np.testing.assert_allclose(one.advantages, gae.advantages)
+    np.testing.assert_allclose(one.diagnostics["hiper"]["high"], [-0.25, 0, 0, 0])
+    # "step": A^low = delta, A^high = GAE(lambda_seg = 1) of the deltas = [-0.25, -0.5, -3, 1]
+    every = compute_advantages("hiper", HIPER, HIPER_CFG.replace(hiper_segments="step"),
+                               values=HIPER_V)  # fmt: skip
+    np.testing.assert_allclose(every.advantages, [0, 1, -3.5, 1])
+    np.testing.assert_allclose(every.diagnostics["hiper"]["high"], [-0.25, -0.5, -3, 1])
+
+
+def test_hiper_penalties_and_whitening():
+    # KEEP steps 1 and 3 (not segment starts). "fixed" -0.3: r = [0, 0.7, 0, 1.7];
+    # "normalized": -0.3 * (2 / 4) / 2 = -0.075 each. Invalid step 0 (0.1): r_0 = -0.1.
+    b = StepBatch.from_trajectories([0], [[0, 1, 0, 2]], [[1, 2, 3, 4]],
+                                    invalid=[[True, False, False, False]])  # fmt: skip
+    cfg = HIPER_CFG.replace(hiper_keep_penalty=-0.3, hiper_keep_penalty_mode="fixed")
+    r = compute_advantages("hiper", b, cfg, values=HIPER_V).diagnostics["hiper"]["reward"]
+    np.testing.assert_allclose(r, [-0.1, 0.7, 0, 1.7])
+    cfg = cfg.replace(hiper_keep_penalty_mode="normalized")
+    r = compute_advantages("hiper", b, cfg, values=HIPER_V).diagnostics["hiper"]["reward"]
+    np.testing.assert_allclose(r, [-0.1, 0.925, 0, 1.925])
+    # whitening, eps = 0: A^low = [0.5, 1, -3, 1] to mean 0 and population std 1; the two
+    # segments' A^high [-0.25, -3] to [1, -1]
+    out = compute_advantages("hiper", HIPER, HIPER_CFG.replace(hiper_norm=True, eps=0.0),
+                             values=HIPER_V)  # fmt: skip
+    assert abs(out.advantages.mean()) < 1e-15
+    np.testing.assert_allclose(out.advantages.std(), 1.0)
+    np.testing.assert_allclose(out.diagnostics["hiper"]["high"], [1, 0, -1, 0])
+    np.testing.assert_allclose(out.returns, [1.5, 3, 1, 2])  # (the critic targets: unwhitened)

@@ -166,6 +166,7 @@ def test_an_unknown_estimator_lists_the_registered_ones(registered):
 
 def test_builtin_reads():
     assert estimator_reads("gae") == ("values",)
+    assert estimator_reads("hiper") == ("values",)
     assert estimator_reads("hgpo") == ()
     for name in ESTIMATORS:
         assert set(estimator_reads(name)) <= set(hgpo.STEP_INPUTS)
