@@ -53,6 +53,7 @@ from hgpo.estimators import (
 )
 from hgpo.gigpo_variants import gigpo_dynamic, gigpo_similarity
 from hgpo.graphgpo import graphgpo
+from hgpo.mtgrpo import mtgrpo
 from hgpo.returns import check_finite, check_step_texts, check_step_values
 from hgpo.threespo import threespo
 
@@ -543,6 +544,7 @@ def _register_builtins() -> None:
         ("gigpo_dynamic", gigpo_dynamic, ()),
         ("gigpo_similarity", gigpo_similarity, ("observations",)),
         ("3spo", threespo, ()),
+        ("mtgrpo", mtgrpo, ()),
     ]
     for name, fn, reads in builtins:
         _REGISTRY._specs[name] = _make_spec(name, fn, reads, "hgpo")
