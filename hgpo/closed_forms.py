@@ -62,10 +62,10 @@ __all__ = [
 ]
 
 
-def _p(p: Any) -> np.ndarray:
+def _p(p: Any, where: str = "p") -> np.ndarray:
     arr = np.asarray(p, dtype=np.float64)
     if not np.all(np.isfinite(arr)) or np.any((arr < 0.0) | (arr > 1.0)):
-        raise bad("p", "probabilities in [0, 1]", p)
+        raise bad(where, "probabilities in [0, 1]", p)
     return arr
 
 
@@ -112,7 +112,7 @@ def mtgrpo_turn_weights(alive: Any, G: int, leave_one_out: bool = False) -> np.n
     the probability that a rollout is still running at turn k): E[(n_k - 1)/n_k] with
     n_k - 1 ~ Binomial(G - 1, S_k), = 1 - (1 - (1 - S_k)^G) / (G S_k) (1 - 1/1 = 0 at S_k = 0),
     or P(n_k >= 2) = 1 - (1 - S_k)^(G-1) with ``leave_one_out``."""
-    S, G = _p(alive), _G(G)
+    S, G = _p(alive, "alive"), _G(G)
     if leave_one_out:
         return 1.0 - (1.0 - S) ** (G - 1)
     with np.errstate(invalid="ignore", divide="ignore"):

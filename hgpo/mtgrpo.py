@@ -93,23 +93,31 @@ def _all_turns(batch: StepBatch, cfg: EstimatorConfig, r: np.ndarray) -> np.ndar
     tk[ids] = batch.step
     n = n_g[tg]
     alive = np.bincount(ids, minlength=m).astype(np.float64)
-    mean = np.bincount(ids, weights=r, minlength=m) / n
-    dev = np.bincount(ids, weights=(r - mean[ids]) ** 2, minlength=m) + (n - alive) * mean**2
     lo = np.full(m, np.inf)
     hi = np.full(m, -np.inf)
     np.minimum.at(lo, ids, r)
     np.maximum.at(hi, ids, r)
     tied = (n < 2) | ((lo == hi) & ((alive == n) | (lo == 0.0)))
+    # deviations from each (group, turn)'s minimum (an ended member's 0 included), as
+    # hgpo.groups.segment_normalise takes them: exact for equal members, full precision on
+    # near-ties
+    base = np.where(alive < n, np.minimum(lo, 0.0), lo)
+    d = r - base[ids]
+    d_pad = -base
+    mean_d = (np.bincount(ids, weights=d, minlength=m) + (n - alive) * d_pad) / n
+    dev = d - mean_d[ids]
+    dev_pad = d_pad - mean_d
     scale = np.ones(m)
     if cfg.norm == "mean_std":
         ddof = 1.0 if cfg.std == "sample" else 0.0
-        var = np.where(n > 1, dev / np.maximum(n - ddof, 1.0), 0.0)
-        scale = 1.0 / (np.sqrt(np.maximum(var, 0.0)) + cfg.eps)
+        ss = np.bincount(ids, weights=dev * dev, minlength=m) + (n - alive) * dev_pad**2
+        sd = np.sqrt(np.where(n > 1, ss / np.maximum(n - ddof, 1.0), 0.0)) + cfg.eps
+        scale = np.divide(1.0, sd, out=np.zeros(m), where=sd > 0)  # sd 0: tied, set 0 below
     if cfg.leave_one_out:
         scale = scale * np.where(n > 1, n / np.maximum(n - 1.0, 1.0), 1.0)
     scale = np.where(tied, 0.0, scale)
-    a_alive = (r - mean[ids]) * scale[ids]
-    pad = -mean * scale  # Ahat of a member that already ended
+    a_alive = dev * scale[ids]
+    pad = dev_pad * scale  # Ahat of a member that already ended
     C = _tail_sums(tg, tk, pad, cfg.gamma)  # C[(g, k)] = sum_{k' >= k} gamma^(k'-k) pad
     A = discounted_returns(batch, cfg.gamma, a_alive)
     last = starts + batch.traj_len - 1
@@ -127,12 +135,14 @@ def _tail_sums(tg: np.ndarray, tk: np.ndarray, x: np.ndarray, gamma: float) -> n
     """Backward discounted sums of ``x`` over the turn index within each group (the table is
     sorted by (group, turn) with turns 0..H_g-1 contiguous)."""
     out = x.copy()
+    by_k = np.argsort(tk, kind="stable")
+    bounds = np.searchsorted(tk[by_k], np.arange(int(tk.max()) + 2))
     for k in range(int(tk.max()) - 1, -1, -1):
-        rows = np.flatnonzero(tk == k)
+        rows = by_k[bounds[k] : bounds[k + 1]]  # the table rows of turn k (O(m) in all)
         nxt = rows + 1
         ok = nxt < tg.shape[0]
         rows, nxt = rows[ok], nxt[ok]
-        same = tg[nxt] == tg[rows]
+        same = (tg[nxt] == tg[rows]) & (tk[nxt] == k + 1)
         out[rows[same]] += gamma * out[nxt[same]]
     return out
 

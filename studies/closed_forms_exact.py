@@ -66,7 +66,7 @@ def task_chain(env: toyenvs.POMDP, pol: toyenvs.TabularPolicy, task: int) -> Tas
         success += float((w * goal[ns]).sum())
         alive.append(float(sol.d[t].sum()))
         er.append(float((w * r).sum()))
-    alive_arr = np.array(alive)
+    alive_arr = np.clip(alive, 0.0, 1.0)  # a sum of probabilities may round past 1
     mu = np.divide(er, alive_arr, out=np.zeros_like(alive_arr), where=alive_arr > 0)
     return TaskChain(rows, pis, chain.succ, prob, rew, sol.d, success, alive_arr, mu)
 
