@@ -17,15 +17,17 @@ training task), the estimators' actual advantages (hgpo.compute_advantages):
   success"); pooled over tasks (ratio of sums, delta-method interval);
 - mtgrpo (norm "mean", gamma 1) with mtgrpo_baseline "own_turns" (the natural construction,
   with and without leave_one_out) and "all_turns" (the fix, leave_one_out): the batch policy
-  gradient (1 / n_traj) sum_t A_t grad log pi(a_t | c_t) minus the exact undiscounted one,
-  projected on two unit directions: the predicted bias of own_turns (leave_one_out) and the
-  exact gradient. Predicted: the exact expected gradient of the closed form's expected
-  advantage (closed_forms module docstring, 2); "rfc" also gives the RFC's large-G form
-  (hidden reward -mu_k per turn, c_k = 1).
+  gradient (1 / n_traj) sum_t A_t grad log pi(a_t | c_t), projected on two unit directions: the
+  predicted bias of own_turns (leave_one_out) and the exact undiscounted gradient. The fix is
+  measured against the exact gradient (predicted difference 0: unbiased); each own_turns
+  variant against the fix on the same batches (paired: the sampling noise they share cancels),
+  predicted by the closed form's exact expected gradient (closed_forms module docstring, 2);
+  "RFC G->inf" gives the RFC's large-G form instead (hidden reward -mu_k per turn, c_k = 1).
 
 A row **holds** when the prediction lies inside the measured 95% interval (to 1e-9 relative:
 a row without noise, such as G = 2's successes, has an interval of width 0) (t interval over
-batches); each row gives the difference, its z and two-sided p. Results: results.csv,
+batches); each row gives the difference, its two-sided p and the p Holm-adjusted over all rows
+(statsmodels). Rows on the same batches are correlated: a cell's rows tend to fail together. Results: results.csv,
 results.json, report.md in --out (written atomically), settings.json first.
 """
 
@@ -125,16 +127,36 @@ def _mean_row(x: np.ndarray, predicted: float) -> dict[str, Any]:
     return _verdict(m, se, n - 1, predicted)
 
 
+MIN_EVENTS = 50
+"""Fewest events (non-degenerate groups, successes in them) a ratio row is measured on: with
+fewer, the delta-method interval is unreliable (with p near 0, every non-degenerate group may
+hold exactly one success: an interval of width 0 around the rare-event average)."""
+
+
 def _ratio_row(y: np.ndarray, z: np.ndarray, predicted: float) -> dict[str, Any]:
-    """Ratio of sums sum y / sum z over batches with a delta-method 95% interval."""
+    """Ratio of sums sum y / sum z over batches with a delta-method 95% interval (``n``: the
+    events, sum z; "too few events" below :data:`MIN_EVENTS`)."""
     n = y.size
-    if z.sum() <= 0:
-        return {"measured": math.nan, "lo": math.nan, "hi": math.nan, "predicted": predicted,
-                "diff": math.nan, "z": math.nan, "p": math.nan, "holds": "no data"}  # fmt: skip
+    if z.sum() < MIN_EVENTS:
+        return {"n": int(z.sum()), "measured": math.nan, "lo": math.nan, "hi": math.nan,
+                "predicted": predicted, "diff": math.nan, "z": math.nan, "p": math.nan,
+                "holds": "too few events"}  # fmt: skip
     R = float(y.sum() / z.sum())
     resid = y - R * z
     se = float(resid.std(ddof=1) / (math.sqrt(n) * z.mean())) if n > 1 else math.inf
-    return _verdict(R, se, n - 1, predicted)
+    return {"n": int(z.sum()), **_verdict(R, se, n - 1, predicted)}
+
+
+def holm(rows: list[dict]) -> None:
+    """Add ``p_holm`` to every row: its p Holm-adjusted over the rows with a p (statsmodels)."""
+    from statsmodels.stats.multitest import multipletests
+
+    idx = [i for i, r in enumerate(rows) if not math.isnan(r["p"])]
+    adj = multipletests([rows[i]["p"] for i in idx], method="holm")[1] if idx else []
+    for r in rows:
+        r["p_holm"] = math.nan
+    for i, a in zip(idx, adj, strict=True):
+        rows[i]["p_holm"] = float(a)
 
 
 def _verdict(m: float, se: float, dof: int, predicted: float) -> dict[str, Any]:
@@ -264,15 +286,21 @@ def _rfc_rows(cfg: ClosedFormConfig, env: Any, pol: Any, tasks: np.ndarray,
             e = _batch_gradient(rb, adv, probs) - truth
             proj[(label, "bias")][i] = float((e * u).sum())
             proj[(label, "grad")][i] = float((e * v).sum())
+    fix = MTGRPO[2][0]
     rows = []
     for label in configs:
         for d, unit in (("bias", u), ("grad", v)):
-            predicted = float(((pred[label] - truth) * unit).sum())
-            rfc = float(((pred["rfc"] - truth) * unit).sum()) if "own_turns" in label else math.nan
             what = "predicted bias of own_turns loo" if d == "bias" else "exact gradient"
-            rows.append({**common, "quantity": f"{label}: gradient bias on the {what}",
-                         "truth": 0.0, "rfc_predicted": rfc,
-                         **_mean_row(proj[(label, d)], predicted)})  # fmt: skip
+            if label == fix:  # unpaired: is the fix's expected gradient the exact one?
+                x, predicted, rfc = proj[(label, d)], 0.0, math.nan
+                q = f"{label}: gradient bias on the {what}"
+            else:  # paired with the fix on the same batches: the sampling noise cancels
+                x = proj[(label, d)] - proj[(fix, d)]
+                predicted = float(((pred[label] - pred[fix]) * unit).sum())
+                rfc = float(((pred["rfc"] - truth) * unit).sum())
+                q = f"{label} minus the fix: gradient on the {what}"
+            rows.append({**common, "quantity": q, "truth": 0.0, "rfc_predicted": rfc,
+                         "n": int(x.size), **_mean_row(x, predicted)})  # fmt: skip
     return rows
 
 
@@ -296,6 +324,7 @@ def run_study(cfg: ClosedFormConfig, progress: bool = True, fresh: bool = False)
             print(f"cell {e} stage={s} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
         rows += run_cell(cfg, e, s, int(sq.generate_state(1)[0] % 2**31))
     seconds = time.perf_counter() - t0
+    holm(rows)
     write_csv(out / "results.csv", rows)
     atomic_write_json(out / "results.json", {"settings": study_settings(cfg), "rows": rows,
                                              "seconds": seconds}, indent=1)  # fmt: skip
@@ -306,23 +335,31 @@ def run_study(cfg: ClosedFormConfig, progress: bool = True, fresh: bool = False)
 
 def render_report(rows: list[dict], cfg: ClosedFormConfig, seconds: float) -> str:
     """A markdown table: one row per (cell, quantity), the verdict and how far off."""
-    head = ("| env | stage | p | G | quantity | predicted | measured [95%] | diff (p) | "
-            "RFC G->inf | verdict |\n|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    head = ("| env | stage | p | G | quantity | n | predicted | measured [95%] | diff (p, Holm p) "
+            "| RFC G->inf | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     lines = [head]
     for r in rows:
         rfc = "" if math.isnan(r["rfc_predicted"]) else f"{r['rfc_predicted']:.4g}"
         lines.append(
             f"| {r['env'].split(':')[0]} | {r['stage']} | {r['success']:.2f} | {r['G']} | "
-            f"{r['quantity']} | {r['predicted']:.4g} | {r['measured']:.4g} "
-            f"[{r['lo']:.4g}, {r['hi']:.4g}] | {r['diff']:+.3g} ({r['p']:.2g}) | {rfc} | "
-            f"{r['holds']} |"
+            f"{r['quantity']} | {r['n']} | {r['predicted']:.4g} | {r['measured']:.4g} "
+            f"[{r['lo']:.4g}, {r['hi']:.4g}] | {r['diff']:+.3g} ({r['p']:.2g}, "
+            f"{r['p_holm']:.2g}) | {rfc} | {r['holds']} |"
         )
-    n_hold = sum(r["holds"] == "holds" for r in rows)
-    n_data = sum(r["holds"] != "no data" for r in rows)
-    lines.append(f"\n{n_hold} of {n_data} rows hold (prediction inside the 95% interval; about "
-                 f"5% of true predictions fall outside by chance). {cfg.batches} batches per "
-                 f"row, K = {cfg.K}, seed {cfg.seed}, {seconds:.0f} s.")  # fmt: skip
+    lines.append("\n" + summary_line(rows, cfg, seconds))
     return "\n".join(lines) + "\n"
+
+
+def summary_line(rows: list[dict], cfg: ClosedFormConfig, seconds: float) -> str:
+    """How many rows hold, how many are rejected after Holm, and the run's size."""
+    data = [r for r in rows if r["holds"] in ("holds", "does NOT hold")]
+    n_hold = sum(r["holds"] == "holds" for r in data)
+    n_holm = sum(r["p_holm"] < 0.05 for r in data)
+    return (f"{n_hold} of {len(data)} measured rows hold (prediction inside the 95% interval; "
+            f"about 5% of true predictions fall outside by chance); {n_holm} differ after Holm's "
+            f"correction over the {len(data)} rows (p_holm < 0.05); "
+            f"{len(rows) - len(data)} rows with too few events. {cfg.batches} batches per row, "
+            f"K = {cfg.K}, seed {cfg.seed}, {seconds:.0f} s.")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- command line
