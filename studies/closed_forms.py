@@ -163,9 +163,9 @@ def _verdict(m: float, se: float, dof: int, predicted: float) -> dict[str, Any]:
     q = float(stats.t.ppf(0.975, max(dof, 1)))
     lo, hi = m - q * se, m + q * se
     diff = m - predicted
-    z = diff / se if se > 0 else (0.0 if diff == 0 else math.inf)
-    p = float(2 * stats.t.sf(abs(z), max(dof, 1))) if math.isfinite(z) else 0.0
     tol = 1e-9 * max(1.0, abs(predicted))  # a zero-width interval (no noise) and rounding
+    z = diff / se if se > 0 else (0.0 if abs(diff) <= tol else math.inf)
+    p = float(2 * stats.t.sf(abs(z), max(dof, 1))) if math.isfinite(z) else 0.0
     holds = "holds" if lo - tol <= predicted <= hi + tol else "does NOT hold"
     return {"measured": m, "lo": lo, "hi": hi, "predicted": predicted, "diff": diff, "z": z,
             "p": p, "holds": holds}  # fmt: skip
