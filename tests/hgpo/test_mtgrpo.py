@@ -65,3 +65,30 @@ def test_equal_lengths_make_both_baselines_agree():
 def test_bad_option_is_one_line():
     with pytest.raises(ValueError, match="mtgrpo_baseline"):
         EstimatorConfig(mtgrpo_baseline="own")
+
+
+def test_two_turns_equal_mt_grpo_aae_assignment():
+    """MT-GRPO's "aae" advantage (SiliangZeng/Multi-Turn-RL-Agent at 7860de6,
+    verifiers/trainers/mt_grpo_env_trainer.py: _compute_normalized_advantages and
+    _assign_advantages, turn_advantage_coef 1): each reward normalised in its group as
+    (r - mean) / (sample std + 1e-4); the first turn's tokens get outcome + turn advantage,
+    the second turn's the outcome advantage. Written here in numpy from that code (their
+    trainer needs trl and vLLM; no outputs of it were recorded): mtgrpo with two turns per
+    trajectory, norm mean_std, sample std, eps 1e-4, gamma 1, is the same."""
+    rng = np.random.default_rng(1)
+    G, groups = 4, 3
+    turn = rng.choice([0.0, 0.5, 1.0], size=(groups, G))
+    outcome = rng.choice([0.0, 1.0], size=(groups, G))
+
+    def norm(x):
+        return (x - x.mean(axis=1, keepdims=True)) / (x.std(axis=1, ddof=1, keepdims=True) + 1e-4)
+
+    first, second = norm(outcome) + norm(turn), norm(outcome)
+    n = groups * G
+    b = StepBatch(group=np.repeat(np.arange(groups), 2 * G), traj=np.repeat(np.arange(n), 2),
+                  step=np.tile([0, 1], n), reward=np.stack([turn.ravel(), outcome.ravel()], 1).ravel(),
+                  state=np.zeros(2 * n, dtype=int))  # fmt: skip
+    for base in ("own_turns", "all_turns"):
+        a = _adv(b, norm="mean_std", std="sample", eps=1e-4, mtgrpo_baseline=base)
+        np.testing.assert_allclose(a[0::2], first.ravel(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(a[1::2], second.ravel(), rtol=1e-12, atol=1e-12)
