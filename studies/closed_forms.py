@@ -24,11 +24,13 @@ training task), the estimators' actual advantages (hgpo.compute_advantages):
   predicted by the closed form's exact expected gradient (closed_forms module docstring, 2);
   "RFC G->inf" gives the RFC's large-G form instead (hidden reward -mu_k per turn, c_k = 1).
 
-A row **holds** when the prediction lies inside the measured 95% interval (to 1e-9 relative:
-a row without noise, such as G = 2's successes, has an interval of width 0) (t interval over
-batches); each row gives the difference, its two-sided p and the p Holm-adjusted over all rows
-(statsmodels). Rows on the same batches are correlated: a cell's rows tend to fail together. Results: results.csv,
-results.json, report.md in --out (written atomically), settings.json first.
+A row **holds** when the prediction lies inside the measured 95% interval (a t interval over
+batches; to 1e-9 x max(1, |prediction|), which also counts as a difference of 0 with p = 1: a
+row without noise, such as G = 2's successes, has an interval of width 0, and a prediction
+and a measurement that are both 0 but for float residues differ by about 1e-15). Each row
+gives the difference, its two-sided p and the p Holm-adjusted over all rows (statsmodels).
+Rows on the same batches are correlated: a cell's rows tend to fail together. Results:
+results.csv, results.json, report.md in --out (written atomically), settings.json first.
 """
 
 from __future__ import annotations
@@ -163,8 +165,11 @@ def _verdict(m: float, se: float, dof: int, predicted: float) -> dict[str, Any]:
     q = float(stats.t.ppf(0.975, max(dof, 1)))
     lo, hi = m - q * se, m + q * se
     diff = m - predicted
-    tol = 1e-9 * max(1.0, abs(predicted))  # a zero-width interval (no noise) and rounding
-    z = diff / se if se > 0 else (0.0 if abs(diff) <= tol else math.inf)
+    # rounding: a prediction and a measurement both 0 but for float residues (own_turns with
+    # leave_one_out equals the fix when every rollout of a group takes as many turns), or a
+    # row without noise (G = 2's successes: an interval of width 0)
+    tol = 1e-9 * max(1.0, abs(predicted))
+    z = 0.0 if abs(diff) <= tol else (diff / se if se > 0 else math.inf)
     p = float(2 * stats.t.sf(abs(z), max(dof, 1))) if math.isfinite(z) else 0.0
     holds = "holds" if lo - tol <= predicted <= hi + tol else "does NOT hold"
     return {"measured": m, "lo": lo, "hi": hi, "predicted": predicted, "diff": diff, "z": z,
