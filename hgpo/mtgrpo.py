@@ -17,7 +17,7 @@ sum of the normalised rewards from that turn on.
 The subtracted baseline sum_{k=t}^{T_i-1} gamma^(k-t) mean_k has as many terms as trajectory i
 takes turns: it depends on the trajectory's own stopping turn, i.e. on its actions. The RFC's
 closed form: the bias is the accumulated per-turn group mean, a hidden reward of -mean_k for
-every turn taken (:func:`hgpo.closed_forms.mtgrpo_turn_weights` gives it exactly at finite
+every turn taken (:func:`hgpo.closed_form_bias.mtgrpo_turn_weights` gives it exactly at finite
 group size).
 
 ``mtgrpo_baseline="all_turns"`` (the fix): every trajectory's turn rewards are zero-padded to

@@ -1,4 +1,4 @@
-"""Do the closed forms of hgpo.closed_forms predict the estimators' measured bias?
+"""Do the closed forms of hgpo.closed_form_bias predict the estimators' measured bias?
 
     python -m studies.closed_forms            # the default: results/closed_forms
     python -m studies.closed_forms --quick    # a smoke run: results/closed_forms/quick
@@ -12,8 +12,8 @@ training task), the estimators' actual advantages (hgpo.compute_advantages):
 
 - grpo (norm "mean", no invalid penalty: the return is 10 x success, a binary reward): in the
   non-degenerate groups the mean of A_hat - A (A = 10 (success - p), the paper's expected
-  advantage), against 10 x closed_forms.advantage_bias(p, G) ("grpo baseline"), and the mean
-  A_hat of the successes against 10 x closed_forms.conditional_advantage(p, G, 1) ("grpo
+  advantage), against 10 x closed_form_bias.advantage_bias(p, G) ("grpo baseline"), and the mean
+  A_hat of the successes against 10 x closed_form_bias.conditional_advantage(p, G, 1) ("grpo
   success"); pooled over tasks (ratio of sums, delta-method interval);
 - mtgrpo (norm "mean", gamma 1) with mtgrpo_baseline "own_turns" (the natural construction,
   with and without leave_one_out) and "all_turns" (the fix, leave_one_out): the batch policy
@@ -21,7 +21,7 @@ training task), the estimators' actual advantages (hgpo.compute_advantages):
   predicted bias of own_turns (leave_one_out) and the exact undiscounted gradient. The fix is
   measured against the exact gradient (predicted difference 0: unbiased); each own_turns
   variant against the fix on the same batches (paired: the sampling noise they share cancels),
-  predicted by the closed form's exact expected gradient (closed_forms module docstring, 2);
+  predicted by the closed form's exact expected gradient (hgpo.closed_form_bias module docstring, 2);
   "RFC G->inf" gives the RFC's large-G form instead (hidden reward -mu_k per turn, c_k = 1).
 
 A row **holds** when the prediction lies inside the measured 95% interval (a t interval over
@@ -49,7 +49,7 @@ from scipy import stats
 
 import toyenvs
 from hgpo import EstimatorConfig, compute_advantages
-from hgpo import closed_forms as cf
+from hgpo import closed_form_bias as cf
 from hgpo.atomic import atomic_write_text
 from hgpo.options import ArgumentParser, check_int
 from studies.cli import apply_preset, check_out_dir, given_dests, one_line_stops

@@ -1,5 +1,5 @@
 """Exact per-task quantities of a toy POMDP under a tabular policy that the closed forms of
-:mod:`hgpo.closed_forms` take, and the exact expected policy gradient of an estimator whose
+:mod:`hgpo.closed_form_bias` take, and the exact expected policy gradient of an estimator whose
 expected advantage is known in closed form.
 
 For one task (start state) the reachable chain z = (t, hidden state, context) is enumerated

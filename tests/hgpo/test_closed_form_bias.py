@@ -1,4 +1,4 @@
-"""hgpo.closed_forms against exhaustive enumeration of small groups (exact, no sampling) and
+"""hgpo.closed_form_bias against exhaustive enumeration of small groups (exact, no sampling) and
 hand-worked values."""
 
 import itertools
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from hgpo import closed_forms as cf
+from hgpo import closed_form_bias as cf
 
 
 def _enumerate(p: float, G: int):
