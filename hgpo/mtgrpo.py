@@ -52,22 +52,13 @@ from hgpo.estimators import Advantages, check_inputs
 from hgpo.groups import dense_rank, group_by, normalise
 from hgpo.returns import check_finite, discounted_returns, penalised_rewards
 
-__all__ = ["mtgrpo", "turn_means"]
+__all__ = ["mtgrpo"]
 
 
 def _turn_keys(batch: StepBatch) -> tuple[np.ndarray, int]:
     """Dense id of each step's (rollout group, turn index) and the number of ids."""
     g, _ = dense_rank(batch.group)
     return dense_rank(g * (int(batch.step.max()) + 1) + batch.step)
-
-
-def turn_means(batch: StepBatch, rewards: np.ndarray) -> np.ndarray:
-    """float64[n] mean of ``rewards`` over the steps of the same rollout group and turn index
-    (the trajectories alive at that turn): the per-turn group mean the RFC accumulates."""
-    ids, m = _turn_keys(batch)
-    s = np.bincount(ids, weights=rewards, minlength=m)
-    c = np.bincount(ids, minlength=m)
-    return (s / c)[ids]
 
 
 def _own_turns(batch: StepBatch, cfg: EstimatorConfig, r: np.ndarray) -> np.ndarray:
