@@ -231,6 +231,13 @@ class EstimatorConfig:
     hiper_assign: str = setting("action", choices=("action", "sum"))
     """HiPER: the step's advantage: "action" the low-level one (what the authors give the action
     tokens), "sum" plus the segment-level one on a segment's first step."""
+    # --- mtgrpo options
+    mtgrpo_baseline: str = setting("own_turns", choices=("own_turns", "all_turns"))
+    """mtgrpo: which turn indices a trajectory's per-turn advantages are summed over:
+    "own_turns" (the turns it took, MT-GRPO's natural construction, biased when the policy
+    decides when to stop: verl RFC #7244) or "all_turns" (every turn index of its rollout
+    group, ended members counting reward 0: the baseline no longer depends on the
+    trajectory's own stopping turn, the fix)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "K", check_K("EstimatorConfig.K", self.K))

@@ -55,6 +55,7 @@ from hgpo.estimators import (
 from hgpo.gigpo_variants import gigpo_dynamic, gigpo_similarity
 from hgpo.graphgpo import graphgpo
 from hgpo.hiper import hiper
+from hgpo.mtgrpo import mtgrpo
 from hgpo.returns import check_finite, check_step_texts, check_step_values
 from hgpo.rewardflow import rewardflow
 from hgpo.threespo import threespo
@@ -549,6 +550,7 @@ def _register_builtins() -> None:
         ("ecpo", ecpo, ()),
         ("rewardflow", rewardflow, ()),
         ("hiper", hiper, ("values",)),
+        ("mtgrpo", mtgrpo, ()),
     ]
     for name, fn, reads in builtins:
         _REGISTRY._specs[name] = _make_spec(name, fn, reads, "hgpo")

@@ -581,6 +581,45 @@ def ref_hiper(
     return adv, low, high
 
 
+def ref_mtgrpo(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
+    """mtgrpo straight from its definition: each turn reward r_k (less the invalid penalty)
+    normalised among the group's rows at turn index k ("own_turns": the trajectories with a
+    row there; "all_turns": every trajectory of the group, one without a row there counting
+    0, up to the group's last turn index), then A_t = sum_{k >= t} gamma^(k-t) Ahat_k over the
+    trajectory's own turns ("own_turns") or every turn index of its group ("all_turns")."""
+    r = _rewards(b, cfg, with_penalty=True)
+    trajs = _trajectories(b)
+    out = [0.0] * b.n_steps
+    if cfg.mtgrpo_baseline == "own_turns":
+        keys = [(int(b.group[i]), int(b.step[i])) for i in range(b.n_steps)]
+        a = _group_norm(keys, r, cfg.norm, cfg.std, cfg.eps, leave_one_out=cfg.leave_one_out)
+        for rows in trajs:
+            running = 0.0
+            for row in reversed(rows):
+                running = a[row] + cfg.gamma * running
+                out[row] = running
+        return out
+    by_group: dict = defaultdict(list)
+    for rows in trajs:
+        by_group[int(b.group[rows[0]])].append({int(b.step[i]): i for i in rows})
+    for members in by_group.values():
+        H = max(max(m) for m in members) + 1
+        ahat = [[0.0] * H for _ in members]  # ahat[member][k]
+        for k in range(H):
+            vals = [r[m[k]] if k in m else 0.0 for m in members]
+            normed = ref_normalise(vals, cfg.norm, cfg.std, cfg.eps,
+                                   leave_one_out=cfg.leave_one_out)  # fmt: skip
+            for j, v in enumerate(normed):
+                ahat[j][k] = v
+        for j, m in enumerate(members):
+            running = 0.0
+            for k in range(H - 1, -1, -1):
+                running = ahat[j][k] + cfg.gamma * running
+                if k in m:
+                    out[m[k]] = running
+    return out
+
+
 def ref_estimate(
     name: str,
     b: StepBatch,
@@ -595,6 +634,8 @@ def ref_estimate(
         return ref_3spo(b, cfg)
     if name == "ecpo":
         return ref_ecpo(b, cfg)
+    if name == "mtgrpo":
+        return ref_mtgrpo(b, cfg)
     if name == "graphgpo":
         return ref_graphgpo(b, cfg)[1]
     if name == "rewardflow":

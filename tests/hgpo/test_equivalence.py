@@ -172,6 +172,17 @@ def test_hiper_equals_reference_over_its_options(estimator, batch, cfg, opts, da
     np.testing.assert_allclose(out.returns, np.add(raw, V), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("estimator", ["mtgrpo"])  # (so HGPO_ESTIMATOR selects it)
+@given(batch=step_batches(), cfg=configs(), baseline=st.sampled_from(["own_turns", "all_turns"]))
+def test_mtgrpo_equals_reference_over_its_options(estimator, batch, cfg, baseline):
+    """mtgrpo with mtgrpo_baseline drawn too (the generic test runs its default, own_turns):
+    the fix's zero-padding to each group's last turn index against the reference's loops."""
+    cfg = cfg.replace(mtgrpo_baseline=baseline)
+    fast = compute_advantages(estimator, batch, cfg).advantages
+    ref = np.asarray(ref_estimate(estimator, batch, cfg))
+    np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize(
     "estimator", [name for name in ESTIMATORS if name not in ("graphgpo", "3spo", "rewardflow")]
 )
