@@ -51,6 +51,8 @@ from hgpo.estimators import (
     step_returns,
     stepwise,
 )
+from hgpo.g2po import g2po
+from hgpo.gagpo import gagpo
 from hgpo.gigpo_variants import gigpo_dynamic, gigpo_similarity
 from hgpo.graphgpo import graphgpo
 from hgpo.returns import check_finite, check_step_texts, check_step_values
@@ -543,6 +545,8 @@ def _register_builtins() -> None:
         ("gigpo_dynamic", gigpo_dynamic, ()),
         ("gigpo_similarity", gigpo_similarity, ("observations",)),
         ("3spo", threespo, ()),
+        ("g2po", g2po, ()),
+        ("gagpo", gagpo, ()),
     ]
     for name, fn, reads in builtins:
         _REGISTRY._specs[name] = _make_spec(name, fn, reads, "hgpo")
