@@ -46,7 +46,7 @@ import numpy as np
 from hgpo.batch import StepBatch
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import Advantages, check_inputs, episode_advantage
-from hgpo.groups import dense_rank, group_by, normalise
+from hgpo.groups import dense_rank, group_by, key_means, normalise, sorted_within
 from hgpo.returns import check_batch, check_finite, episode_returns
 
 __all__ = ["g2po", "g2po_values"]
@@ -70,7 +70,7 @@ def g2po_values(batch: StepBatch, cfg: EstimatorConfig) -> tuple[np.ndarray, np.
     with np.errstate(over="ignore", invalid="ignore"):
         disc = np.power(cfg.g2po_gamma, to_end) * ret[batch.traj_index]
     node, _, n_nodes = _state_nodes(batch)
-    V = (np.bincount(node, disc, n_nodes) / np.bincount(node, minlength=n_nodes))[node]
+    V = key_means(node, n_nodes, disc)[node]
     V = check_finite(batch, V, "g2po state value")
     V_next = np.empty(n, dtype=np.float64)
     V_next[:-1] = V[1:]
@@ -103,8 +103,8 @@ def g2po(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = Non
     gain = check_finite(batch, gain, "g2po value gain")
     node, g, _ = _state_nodes(batch)
     by_state = group_by(node)
-    a_state, _ = normalise(by_state, x, cfg.norm, cfg.std, cfg.eps)
-    a_edge, _ = normalise(group_by(g), gain, cfg.norm, cfg.std, cfg.eps)
+    a_state, _ = normalise(sorted_within(by_state, x), x, cfg.norm, cfg.std, cfg.eps)
+    a_edge, _ = normalise(sorted_within(group_by(g), gain), gain, cfg.norm, cfg.std, cfg.eps)
     ep, _ = episode_advantage(batch, cfg)
     with np.errstate(over="ignore", invalid="ignore"):
         adv = ep + cfg.g2po_step_weight * (a_state + a_edge)

@@ -36,7 +36,7 @@ import numpy as np
 from hgpo.batch import StepBatch
 from hgpo.config import EstimatorConfig
 from hgpo.estimators import Advantages, check_inputs
-from hgpo.groups import dense_rank, group_by, normalise
+from hgpo.groups import dense_rank, group_by, key_means, normalise, sorted_within
 from hgpo.returns import check_batch, check_finite, discounted_returns, penalised_rewards
 
 __all__ = ["gagpo", "gagpo_values"]
@@ -50,7 +50,7 @@ def gagpo_values(batch: StepBatch, cfg: EstimatorConfig) -> np.ndarray:
     g, _ = dense_rank(batch.group)
     s, n_states = dense_rank(batch.state)
     node, n_nodes = dense_rank(g * n_states + s)
-    V = (np.bincount(node, R, n_nodes) / np.bincount(node, minlength=n_nodes))[node]
+    V = key_means(node, n_nodes, R)[node]
     return check_finite(batch, V, "gagpo value proxy")
 
 
@@ -77,7 +77,7 @@ def gagpo(batch: StepBatch, cfg: EstimatorConfig, values: np.ndarray | None = No
     A_td = discounted_returns(batch, cfg.gamma * cfg.gagpo_lambda, delta)
     g, _ = dense_rank(batch.group)
     groups = group_by(g)
-    adv, _ = normalise(groups, A_td, cfg.norm, cfg.std, cfg.eps)
+    adv, _ = normalise(sorted_within(groups, A_td), A_td, cfg.norm, cfg.std, cfg.eps)
     with np.errstate(over="ignore", invalid="ignore"):
         lam_return = A_td + V
     return Advantages(

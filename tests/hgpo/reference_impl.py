@@ -394,15 +394,16 @@ def ref_similarity_clusters(b: StepBatch, observations: list[str], thresh: float
 
 
 def _state_means(b: StepBatch, x: list[float]) -> list[float]:
-    """Per row the mean of ``x`` over the rows of its (group, state), summed in row order."""
+    """Per row the mean of ``x`` over the rows of its (group, state), the values summed in
+    ascending order (as hgpo.groups.key_means, so both round alike)."""
     members: dict = defaultdict(list)
     for row in range(b.n_steps):
         members[int(b.group[row]), int(b.state[row])].append(row)
     out = [0.0] * b.n_steps
     for rows in members.values():
         total = 0.0
-        for row in rows:
-            total += x[row]
+        for value in sorted(x[row] for row in rows):
+            total += value
         for row in rows:
             out[row] = total / len(rows)
     return out
