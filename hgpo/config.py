@@ -238,6 +238,24 @@ class EstimatorConfig:
     decides when to stop: verl RFC #7244) or "all_turns" (every turn index of its rollout
     group, ended members counting reward 0: the baseline no longer depends on the
     trajectory's own stopping turn, the fix)."""
+    # --- g2po options
+    g2po_gamma: float = setting(0.95, lo=0.0, hi=1.0)
+    """G2PO: discount of a visit's share gamma^(T - t) R(tau) in its state's value, T - t the
+    rows from the visit to its trajectory's end, the visit included (the authors' code: 0.95,
+    fixed). Not ``gamma``, which g2po does not read."""
+    g2po_success_return: float = setting(10.0, lo=-1e12, hi=1e12)
+    """G2PO: an episode whose return (environment rewards, no invalid penalty) is at least this
+    succeeded; its last step leads to a terminal node worth this much, a failed one's to a node
+    worth 0 (the authors' SUCCESS_REWARD, 10, ALFWorld's success reward, tested with ==)."""
+    g2po_step_weight: float = setting(1.0, lo=0.0, hi=1e6)
+    """G2PO: weight of the two step terms, same-state and edge (the authors'
+    ``step_advantage_w``)."""
+
+    # --- gagpo options
+    gagpo_lambda: float = setting(0.95, lo=0.0, hi=1.0)
+    """GAGPO: lambda of the GAE recursion over TD errors with the grouped value proxy (0: one-step
+    TD, 1: the discounted return less the proxy). 0.95 is this library's choice: the paper's
+    value is not in the text read (it ablates lambda = 0)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "K", check_K("EstimatorConfig.K", self.K))
@@ -311,6 +329,8 @@ REFERENCE_ESTIMATORS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         "rewardflow": MappingProxyType({"std": "sample", "norm": "mean"}),
         # hiper_hae/core_hae.py's norm_adv: (A - mean) / (std(unbiased=False) + 1e-8)
         "hiper": MappingProxyType({"std": "population", "norm": "mean_std", "eps": 1e-8}),
+        # Nala-YN/G2PO examples/g2po_trainer/run_*.sh: mean_std_norm (torch's sample std)
+        "g2po": MappingProxyType({"std": "sample", "norm": "mean_std"}),
     }
 )
 """Each estimator's own options in the reference (applied last: rloo's norm wins over the
@@ -349,6 +369,9 @@ def reference_config(
     (``compute_graphgpo_outcome_advantage`` calls GiGPO's functions), "mean_std" on both
     benchmarks, graph_gamma 0.1 on ALFWorld and 0.2 on WebShop
     (:data:`REFERENCE_ESTIMATOR_PROFILES`); checked by ``benchmarks/make_graphgpo_golden.py``.
+    g2po (Nala-YN/G2PO ``g2po/core_g2po.py``, verl-agent's trainer): GiGPO's episode term,
+    "mean_std" and the sample std (their run scripts) for every term, on either profile;
+    checked by ``benchmarks/make_g2po_golden.py``.
 
     Checked by running that code (zzj1111/alfworldauto at 51c1a039, the HGPO authors' recipe)
     next to ours on 2,000 random batches per estimator: every row agrees with its float32

@@ -52,6 +52,8 @@ from hgpo.estimators import (
     step_returns,
     stepwise,
 )
+from hgpo.g2po import g2po
+from hgpo.gagpo import gagpo
 from hgpo.gigpo_variants import gigpo_dynamic, gigpo_similarity
 from hgpo.graphgpo import graphgpo
 from hgpo.hiper import hiper
@@ -551,6 +553,8 @@ def _register_builtins() -> None:
         ("rewardflow", rewardflow, ()),
         ("hiper", hiper, ("values",)),
         ("mtgrpo", mtgrpo, ()),
+        ("g2po", g2po, ()),
+        ("gagpo", gagpo, ()),
     ]
     for name, fn, reads in builtins:
         _REGISTRY._specs[name] = _make_spec(name, fn, reads, "hgpo")

@@ -11,7 +11,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Grouping", "dense_rank", "group_by", "normalise", "segment_normalise"]
+__all__ = [
+    "Grouping",
+    "dense_rank",
+    "group_by",
+    "key_means",
+    "normalise",
+    "segment_normalise",
+    "sorted_within",
+]
 
 # Deviations below _SNAP * (|G| + 1) * spread are rounding residue (4 float64 ulps per member).
 _SNAP = 4.0 * np.finfo(np.float64).eps
@@ -34,6 +42,15 @@ def dense_rank(values: np.ndarray) -> tuple[np.ndarray, int]:
     ranks = np.empty(values.size, dtype=np.int64)
     ranks[order] = np.cumsum(boundary) - 1
     return ranks, int(ranks[order[-1]]) + 1
+
+
+def key_means(keys: np.ndarray, n_keys: int, x: np.ndarray) -> np.ndarray:
+    """float64[n_keys] the mean of ``x`` over the rows of each key (0..n_keys-1; a key without
+    rows gives NaN), each sum taken over the key's values in ascending order, so the result
+    does not depend on the order of the rows (verl's batches and ours order them apart)."""
+    order = np.lexsort((x, keys))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.bincount(keys[order], x[order], n_keys) / np.bincount(keys, minlength=n_keys)
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,14 @@ def group_by(keys: np.ndarray) -> Grouping:
     ids = np.full(n, -1, dtype=np.int64)
     ids[order] = np.cumsum(boundary) - 1
     return Grouping(ids, order, starts.astype(np.int64), sizes.astype(np.int64))
+
+
+def sorted_within(grouping: Grouping, x: np.ndarray) -> Grouping:
+    """``grouping`` (every row a member) with each group's rows in ascending order of ``x``:
+    :func:`normalise` then sums each group's values in an order that does not depend on the
+    order of the rows, so that a permuted batch gives the same advantages bit for bit."""
+    order = np.lexsort((x, grouping.ids))
+    return Grouping(grouping.ids, order, grouping.starts, grouping.sizes)
 
 
 def normalise(

@@ -393,6 +393,82 @@ def ref_similarity_clusters(b: StepBatch, observations: list[str], thresh: float
     return out
 
 
+def _state_means(b: StepBatch, x: list[float]) -> list[float]:
+    """Per row the mean of ``x`` over the rows of its (group, state), the values summed in
+    ascending order (as hgpo.groups.key_means, so both round alike)."""
+    members: dict = defaultdict(list)
+    for row in range(b.n_steps):
+        members[int(b.group[row]), int(b.state[row])].append(row)
+    out = [0.0] * b.n_steps
+    for rows in members.values():
+        total = 0.0
+        for value in sorted(x[row] for row in rows):
+            total += value
+        for row in rows:
+            out[row] = total / len(rows)
+    return out
+
+
+def ref_g2po_values(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[float], list[float]]:
+    """G2PO's V(s_t) and V'_t per row, by hand: a visit's share gamma^(rows to its
+    trajectory's end, itself included) R(tau), R(tau) the virtual episode's env return; V the
+    mean share of the (group, state); V' the next row's V, or after the last row the success
+    return (R(tau) >= it) or 0."""
+    virtual = _virtual(b)
+    share, V_next = [0.0] * b.n_steps, [0.0] * b.n_steps
+    goal = cfg.g2po_success_return
+    for rows in _trajectories(b):
+        ret = _total([float(b.reward[j]) for j in virtual[int(b.traj[rows[0]])]])
+        for i, row in enumerate(rows):
+            share[row] = cfg.g2po_gamma ** float(len(rows) - i) * ret
+        V_next[rows[-1]] = goal if ret >= goal else 0.0
+    V = _state_means(b, share)
+    for rows in _trajectories(b):
+        for row, nxt in itertools.pairwise(rows):
+            V_next[row] = V[nxt]
+    return V, V_next
+
+
+def ref_g2po(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
+    """G2PO: episode term + w * (V' less the penalty normalised within (group, state)
+    + (V' - V) normalised within the group)."""
+    V, V_next = ref_g2po_values(b, cfg)
+    x = [v - (cfg.invalid_penalty if b.invalid is not None and b.invalid[i] else 0.0)
+         for i, v in enumerate(V_next)]  # fmt: skip
+    states = [(int(b.group[i]), int(b.state[i])) for i in range(b.n_steps)]
+    a_state = _group_norm(states, x, cfg.norm, cfg.std, cfg.eps)
+    gain = [vn - v for vn, v in zip(V_next, V, strict=True)]
+    a_edge = _group_norm([int(g) for g in b.group], gain, cfg.norm, cfg.std, cfg.eps)
+    ep = ref_episode(b, cfg)[0]
+    w = cfg.g2po_step_weight
+    return [e + w * (s + d) for e, s, d in zip(ep, a_state, a_edge, strict=True)]
+
+
+def ref_gagpo(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
+    """GAGPO: V the (group, state) mean of the discounted returns of the penalised rewards;
+    GAE over delta_t = r_t + gamma V_{t+1} - V_t (0 after the last row); normalised within
+    the group."""
+    r = _rewards(b, cfg, with_penalty=True)
+    R = [0.0] * b.n_steps
+    for rows in _trajectories(b):
+        running = None
+        for row in reversed(rows):
+            running = r[row] if running is None else r[row] + cfg.gamma * running
+            R[row] = running
+    V = _state_means(b, R)
+    A = [0.0] * b.n_steps
+    gl = cfg.gamma * cfg.gagpo_lambda
+    for rows in _trajectories(b):
+        running = None
+        for k in range(len(rows) - 1, -1, -1):
+            row = rows[k]
+            v_next = V[rows[k + 1]] if k + 1 < len(rows) else 0.0
+            delta = r[row] + cfg.gamma * v_next - V[row]
+            running = delta if running is None else delta + gl * running
+            A[row] = running
+    return _group_norm([int(g) for g in b.group], A, cfg.norm, cfg.std, cfg.eps)
+
+
 def ref_dynamic_keep(b: StepBatch) -> list[bool]:
     """verl-agent's filter_group_data: a rollout group stays unless all its episode rewards
     (env rewards summed over the virtual trajectory, no penalty) are equal."""
@@ -636,6 +712,10 @@ def ref_estimate(
         return ref_ecpo(b, cfg)
     if name == "mtgrpo":
         return ref_mtgrpo(b, cfg)
+    if name == "g2po":
+        return ref_g2po(b, cfg)
+    if name == "gagpo":
+        return ref_gagpo(b, cfg)
     if name == "graphgpo":
         return ref_graphgpo(b, cfg)[1]
     if name == "rewardflow":

@@ -187,6 +187,17 @@ def ecpo_options(draw) -> dict:
 
 
 @st.composite
+def g2po_options(draw) -> dict:
+    """G2PO's own options (EstimatorConfig's g2po_* fields), edge values included; success
+    returns that the strategy's returns (|r| <= 10 a step) reach and miss."""
+    return dict(
+        g2po_gamma=draw(st.sampled_from([0.0, 0.5, 0.95, 1.0])),
+        g2po_success_return=draw(st.sampled_from([10.0, 0.0, 1.5, -3.0])),
+        g2po_step_weight=draw(st.sampled_from([1.0, 0.0, 0.5, 2.0])),
+    )
+
+
+@st.composite
 def hiper_options(draw) -> dict:
     """HiPER's own options (EstimatorConfig's hiper_* fields), edge values included."""
     return dict(
@@ -198,3 +209,9 @@ def hiper_options(draw) -> dict:
         hiper_keep_penalty_mode=draw(st.sampled_from(["normalized", "fixed"])),
         hiper_assign=draw(st.sampled_from(["action", "sum"])),
     )
+
+
+@st.composite
+def gagpo_options(draw) -> dict:
+    """GAGPO's own option (gagpo_lambda), edge values included."""
+    return dict(gagpo_lambda=draw(st.sampled_from([0.0, 0.5, 0.95, 1.0])))

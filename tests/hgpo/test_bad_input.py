@@ -303,6 +303,15 @@ def test_group_estimators_are_right_over_the_whole_float64_range(estimator, big)
         # for both) to 0.5 r_t: a reward of 1e-170 is lost in their rounding, the pair ties.
         np.testing.assert_array_equal(got, [0.0, 0.0])
         return
+    if estimator == "g2po":
+        # G2PO's terminal value (g2po_success_return, 10) is in reward units: at 1e154 the
+        # rewarded episode succeeds, at 1 not; only the episode term ("episode") is scale-free
+        # and the step terms must keep the signs.
+        e_want = compute_advantages(estimator, pair([1.0, 0.0]), eps=0.0).level_advantages[2]
+        e_got = compute_advantages(estimator, pair([big, 0.0]), eps=0.0).level_advantages[2]
+        np.testing.assert_allclose(e_got, e_want, rtol=1e-15)
+        assert np.isfinite(got).all() and (np.sign(got) == np.sign(want)).all()
+        return
     np.testing.assert_allclose(got, want, rtol=1e-15)
     if estimator in ("grpo", "hgpo", "stepwise", "oracle", "hgpo-nohog2", "hgpo-uniform"):
         np.testing.assert_array_equal(want, [1.0, -1.0])
@@ -561,3 +570,36 @@ def test_hiper_names_bad_input(case):
     fn, message = _hiper_cases()[case]
     with pytest.raises(ValueError, match=message):
         fn()
+
+
+# --------------------------------------------------------------------------- g2po, gagpo
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("g2po_gamma", 1.5), ("g2po_gamma", -0.1), ("g2po_success_return", math.inf),
+     ("g2po_success_return", 1e13), ("g2po_step_weight", math.nan), ("g2po_step_weight", -1.0),
+     ("gagpo_lambda", -0.1), ("gagpo_lambda", 1.01)],
+)  # fmt: skip
+def test_g2po_and_gagpo_options_out_of_range_are_refused_in_one_line(option, value):
+    for name in ("g2po", "gagpo"):
+        with pytest.raises(ValueError, match=rf"^EstimatorConfig\.{option}: must be a finite") as e:
+            compute_advantages(name, batch(), **{option: value})
+        assert "\n" not in str(e.value) and str(value) in str(e.value)
+
+
+def test_g2po_and_gagpo_refuse_what_they_do_not_read_before_any_work():
+    for name in ("g2po", "gagpo"):
+        with pytest.raises(ValueError, match=rf"estimator '{name}': batch must be a StepBatch"):
+            compute_advantages(name, {"reward": [1.0]})
+        with pytest.raises(ValueError, match=rf"^values: estimator '{name}' does not read"):
+            compute_advantages(name, batch(), values=np.zeros(3))
+
+
+def test_g2po_and_gagpo_name_an_overflow():
+    """A return past float64's range (1e308 twice) is named with its trajectory, not carried
+    on as inf into the state values."""
+    b = batch(reward=[1e308, 1e308, -1.7e308], state=[1, 2, 2])
+    for name in ("g2po", "gagpo"):
+        with pytest.raises(ValueError, match=r"of trajectory 0 .*overflows float64"):
+            compute_advantages(name, b, gamma=1.0)

@@ -29,6 +29,8 @@ from tests.hgpo.strategies import (
     configs,
     default_inputs,
     ecpo_options,
+    g2po_options,
+    gagpo_options,
     graph_batches,
     graph_configs,
     hiper_options,
@@ -287,3 +289,20 @@ def test_similarity_clusters_keep_to_the_memory_budget(monkeypatch):
     want = [c for _, c in ref_similarity_clusters(batch, texts, 0.7)]
     np.testing.assert_array_equal(got, want)
     assert 10 < max(want) < 50  # the texts do cluster (and not all into one)
+
+
+@pytest.mark.parametrize("estimator", ["g2po", "gagpo"])  # (so HGPO_ESTIMATOR selects it)
+@given(batch=step_batches(), cfg=configs(), data=st.data(), shared=st.booleans())
+def test_g2po_and_gagpo_equal_reference_over_their_options(estimator, batch, cfg, data, shared):
+    """G2PO's and GAGPO's own options drawn too (the test above runs their defaults);
+    ``shared`` folds the states onto two, so that trajectories cross in the group's graph and
+    the state values average over several visits."""
+    if shared:
+        batch = type(batch)(batch.group, batch.traj, batch.step, batch.reward,
+                            batch.state % 2, batch.action, batch.invalid)  # fmt: skip
+    own = data.draw(g2po_options() if estimator == "g2po" else gagpo_options())
+    cfg = cfg.replace(**own)
+    fast = compute_advantages(estimator, batch, cfg).advantages
+    ref = np.asarray(ref_estimate(estimator, batch, cfg))
+    assert np.isfinite(fast).all()
+    np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=1e-12)

@@ -22,7 +22,9 @@ from tests.hgpo.strategies import configs, default_inputs, step_batches
 # penalty and episode term scale): tests/hgpo/test_bad_input.py checks its two terms apart.
 # 3spo is not scale-free: its shaped reward adds terms that do not scale with the rewards
 # (novelty and state-score difference, in [-0.5, 1]) to 0.5 r_t. It gets its own test below.
-GROUP_ESTIMATORS = [name for name in ESTIMATORS if name not in ("gae", "graphgpo", "3spo")]
+# g2po is not scale-free: a successful episode's last step leads to a node worth
+# g2po_success_return (10), whatever the rewards' unit. It gets its own test below.
+GROUP_ESTIMATORS = [name for name in ESTIMATORS if name not in ("gae", "graphgpo", "3spo", "g2po")]
 
 
 def scaled(b: StepBatch, E: int) -> StepBatch:
@@ -65,6 +67,20 @@ def test_3spo_over_the_float64_range_is_finite_or_a_named_error(batch, cfg, E):
     big_cfg = cfg.replace(invalid_penalty=math.ldexp(cfg.invalid_penalty, E))
     try:
         big = compute_advantages("3spo", scaled(batch, E), big_cfg).advantages
+    except ValueError as exc:
+        assert "overflows float64" in str(exc) and "trajectory" in str(exc)
+        assert E >= 1014
+        return
+    assert np.isfinite(big).all()
+
+
+@given(batch=step_batches(), cfg=configs(), E=st.integers(-900, 1020))
+def test_g2po_over_the_float64_range_is_finite_or_a_named_error(batch, cfg, E):
+    """Rewards (and the penalty) scaled by 2^E: finite advantages, or the named overflow
+    error and only where a value can pass float64's range."""
+    big_cfg = cfg.replace(invalid_penalty=math.ldexp(cfg.invalid_penalty, E))
+    try:
+        big = compute_advantages("g2po", scaled(batch, E), big_cfg).advantages
     except ValueError as exc:
         assert "overflows float64" in str(exc) and "trajectory" in str(exc)
         assert E >= 1014

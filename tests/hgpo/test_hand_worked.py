@@ -533,3 +533,91 @@ def test_hiper_penalties_and_whitening():
     np.testing.assert_allclose(out.advantages.std(), 1.0)
     np.testing.assert_allclose(out.diagnostics["hiper"]["high"], [1, 0, -1, 0])
     np.testing.assert_allclose(out.returns, [1.5, 3, 1, 2])  # (the critic targets: unwhitened)
+
+
+# --------------------------------------------------------------------------- g2po
+# One rollout group of three trajectories, g2po_gamma = 1/2, norm = "mean", success return 10.
+#   tau1: s = [1, 2, 3], r = [0, 0, 10]: R = 10, succeeds; tau2: s = [1, 2], r = [0, 0];
+#   tau3: s = [1, 4], r = [0, 0]: R = 0, both fail.
+# A visit's share gamma^(rows to the end, itself included) R: tau1 [10/8, 10/4, 10/2] =
+#   [1.25, 2.5, 5]; tau2, tau3: 0.
+# State values (mean share): V(1) = 1.25 / 3 = 5/12, V(2) = 2.5 / 2 = 1.25, V(3) = 5, V(4) = 0.
+# V' (next row's V; after the last row 10 on success, else 0):
+#   tau1 [1.25, 5, 10], tau2 [1.25, 0], tau3 [0, 0].
+# Same-state term, V' within (group, s): state 1 = {1.25, 1.25, 0}, mean 5/6 ->
+#   [5/12, 5/12, -10/12]; state 2 = {5, 0} -> [2.5, -2.5]; states 3, 4 alone -> 0.
+# Edge term, V' - V over the group's 7 steps: tau1 [10/12, 45/12, 60/12], tau2 [10/12, -15/12],
+#   tau3 [-5/12, 0]: sum 105/12, mean 15/12 -> tau1 [-5/12, 30/12, 45/12],
+#   tau2 [-5/12, -30/12], tau3 [-20/12, -15/12].
+# Episode term: E = [10, 0, 0], mean 10/3 -> [20/3, -10/3, -10/3] = [80, -40, -40]/12.
+# A = episode + state + edge: tau1 [80, 140, 125]/12, tau2 [-40, -100]/12, tau3 [-70, -55]/12.
+G2 = StepBatch.from_trajectories(
+    groups=[0, 0, 0],
+    rewards=[[0, 0, 10], [0, 0], [0, 0]],
+    states=[[1, 2, 3], [1, 2], [1, 4]],
+)
+G2_CFG = EstimatorConfig(g2po_gamma=0.5, norm="mean")
+# rows: tau1 = 0, 1, 2; tau2 = 3, 4; tau3 = 5, 6
+
+
+def test_g2po_values_terms_and_advantages():
+    out = compute_advantages("g2po", G2, G2_CFG)
+    np.testing.assert_array_equal(out.returns, [1.25, 5, 10, 1.25, 0, 0, 0])
+    np.testing.assert_allclose(
+        out.level_advantages[0], np.array([5, 30, 0, 5, -30, -10, 0]) / 12, rtol=1e-15
+    )
+    np.testing.assert_allclose(
+        out.level_advantages[1], np.array([-5, 30, 45, -5, -30, -20, -15]) / 12, rtol=1e-15
+    )
+    np.testing.assert_allclose(
+        out.advantages, np.array([80, 140, 125, -40, -100, -70, -55]) / 12, rtol=1e-15
+    )
+
+
+def test_g2po_penalty_success_return_and_step_weight():
+    # An invalid first step of tau3: its V' loses 0.1 in the same-state term only:
+    #   state 1 = {1.25, 1.25, -0.1}, mean 0.8 -> [0.45, 0.45, -0.9]; the edge term and the
+    #   values (env rewards only) are unchanged.
+    inv = StepBatch(G2.group, G2.traj, G2.step, G2.reward, G2.state,
+                    invalid=[0, 0, 0, 0, 0, 1, 0])  # fmt: skip
+    out = compute_advantages("g2po", inv, G2_CFG)
+    np.testing.assert_allclose(out.level_advantages[0, [0, 3, 5]], [0.45, 0.45, -0.9], rtol=1e-14)
+    np.testing.assert_allclose(
+        out.level_advantages[1], np.array([-5, 30, 45, -5, -30, -20, -15]) / 12, rtol=1e-15
+    )
+    # g2po_success_return = 20: tau1 (R = 10) fails too, its last V' is 0.
+    out = compute_advantages("g2po", G2, G2_CFG.replace(g2po_success_return=20.0))
+    np.testing.assert_array_equal(out.returns, [1.25, 5, 0, 1.25, 0, 0, 0])
+    # g2po_step_weight = 0 leaves the episode term.
+    out = compute_advantages("g2po", G2, G2_CFG.replace(g2po_step_weight=0.0))
+    np.testing.assert_allclose(out.advantages, np.array([80, 80, 80, -40, -40, -40, -40]) / 12)
+
+
+# --------------------------------------------------------------------------- gagpo
+# The same batch, gamma = 1/2, gagpo_lambda = 1/2, norm = "mean".
+# Discounted returns R: tau1 [2.5, 5, 10], tau2 [0, 0], tau3 [0, 0].
+# Grouped value proxy (mean R per state): V(1) = 2.5 / 3 = 5/6, V(2) = 5 / 2 = 2.5,
+#   V(3) = 10, V(4) = 0.
+# delta_t = r_t + 1/2 V(s_{t+1}) - V(s_t) (0 after the last row):
+#   tau1 [5/4 - 5/6 = 5/12, 5 - 2.5 = 2.5, 10 - 10 = 0], tau2 [5/12, -2.5], tau3 [-5/6, 0].
+# GAE, gamma lambda = 1/4, from the end: tau1 [5/12 + 2.5/4 = 25/24, 2.5, 0],
+#   tau2 [5/12 - 2.5/4 = -5/24, -2.5], tau3 [-5/6, 0] = [25, 60, 0, -5, -60, -20, 0]/24,
+#   sum 0: the group mean is 0 and the "mean" normalisation leaves them.
+# lambda-returns A + V: tau1 [45/24, 5, 10], tau2 [15/24, 0], tau3 [0, 0].
+GA_CFG = EstimatorConfig(gamma=0.5, gagpo_lambda=0.5, norm="mean")
+
+
+def test_gagpo_value_proxy_td_and_gae():
+    out = compute_advantages("gagpo", G2, GA_CFG)
+    want = np.array([25, 60, 0, -5, -60, -20, 0]) / 24
+    np.testing.assert_allclose(out.advantages, want, rtol=1e-15, atol=1e-15)
+    np.testing.assert_allclose(out.returns, [45 / 24, 5, 10, 15 / 24, 0, 0, 0], atol=1e-15)
+    # mean_std (population std): the same values over their std (+ eps).
+    std = compute_advantages("gagpo", G2, GA_CFG.replace(norm="mean_std")).advantages
+    np.testing.assert_allclose(std, want / (np.sqrt(np.mean(want**2)) + 1e-6), rtol=1e-14)
+    # lambda = 1: A = R - V (tau1 [5/3, 2.5, 0], tau2 [-5/6, -2.5], tau3 [-5/6, 0]);
+    # lambda = 0: A = delta.
+    one = compute_advantages("gagpo", G2, GA_CFG.replace(gagpo_lambda=1.0)).advantages
+    np.testing.assert_allclose(one, [5 / 3, 2.5, 0, -5 / 6, -2.5, -5 / 6, 0], atol=1e-15)
+    zero = compute_advantages("gagpo", G2, GA_CFG.replace(gagpo_lambda=0.0)).advantages
+    np.testing.assert_allclose(zero, [5 / 12, 2.5, 0, 5 / 12, -2.5, -5 / 6, 0], atol=1e-15)

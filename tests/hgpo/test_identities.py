@@ -70,7 +70,7 @@ def test_trajectory_order_does_not_matter(batch, cfg, data):
         batch.action[rows],
         None if batch.invalid is None else batch.invalid[rows],
     )
-    for name in ("grpo", "rloo", "gigpo", "hgpo", "hgpo-nohog2", "oracle"):
+    for name in ("grpo", "rloo", "gigpo", "hgpo", "hgpo-nohog2", "oracle", "g2po", "gagpo"):
         a = compute_advantages(name, batch, cfg).advantages[rows]
         b = compute_advantages(name, shuffled, cfg).advantages
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

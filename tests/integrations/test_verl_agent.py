@@ -495,14 +495,14 @@ def _expected_config(name: str, norm: str, omega: float, **common) -> EstimatorC
     """contract_config's rules written out for the tests: the reference preset where one
     exists, the step weight as omega (GiGPO's variants) or graph_step_weight (GraphGPO, whose
     graph gamma is the call's gamma) or rewardflow_step_weight (RewardFlow, whose propagation
-    gamma is the call's gamma), EstimatorConfig() for 3spo and users' estimators."""
+    gamma is the call's gamma), EstimatorConfig() for 3spo, gagpo and users' estimators."""
     if name == "graphgpo":
         return reference_config(name, norm=norm, graph_gamma=common["gamma"],
                                 graph_step_weight=omega, graph_episode_weight=1.0, **common)  # fmt: skip
     if name == "gigpo_similarity":
         return reference_config(name, norm=norm, omega=omega, gigpo_similarity_thresh=0.95,
                                 **common)  # fmt: skip
-    if name == "empg":
+    if name in ("empg", "g2po"):  # g2po: its preset; step_advantage_w is not mapped
         return reference_config(name, norm=norm, **common)
     if name == "rewardflow":
         return reference_config(name, norm=norm, rewardflow_gamma=common["gamma"],

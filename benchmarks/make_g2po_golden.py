@@ -1,0 +1,230 @@
+"""Run the G2PO authors' advantage code next to ``hgpo``'s ``g2po`` and freeze the result.
+
+    python -m benchmarks.make_g2po_golden --ref-dir /tmp/g2po_ref [--cases 400] [--write]
+
+This is NOT run in CI: it needs torch and a local copy of the public reference code, which
+this repository does not ship. It checks, on random batches built to hit the edge cases
+(trajectories crossing in a state, revisited states, successful and failed episodes, groups
+without a success, single-trajectory groups, invalid actions, several rollout groups, both
+modes, the step weight), that ``compute_advantages("g2po", batch,
+config=reference_config("g2po", ...))`` gives the reference code's numbers, and with
+``--write`` stores a small set of inputs and the reference outputs in
+``tests/hgpo/data/g2po_golden.json`` for ``tests/hgpo/test_g2po_golden.py``.
+
+Reference code used (Nala-YN/G2PO, commit b8ffaf56ad241ce73507908e6ed30209cafd324d), copied
+into ``--ref-dir`` only:
+
+- ``g2po/core_g2po.py`` (blob 74936220786430f6c2a63cecb3ced307b4c01826), copied whole into
+  ``<ref-dir>/core_g2po.py``;
+- ``<ref-dir>/verl/__init__.py``: a stub defining ``DataProto`` (an object with ``.batch``,
+  ``.non_tensor_batch`` and ``.meta_info`` dicts), the only verl name it imports.
+
+The glue below replays what the authors' trainer does around the estimator
+(``verl/trainer/ppo/ray_trainer.py``): ``compute_group_aggregation_values`` on the rollout
+(``agent_system/multi_turn_rollout/rollout_loop.py``: every step row carries its episode's
+reward, a float32 running sum of the env rewards, and its ``anchor_obs``); the episode reward
+at the last response token of every step row (``agent_system/reward_manager/episode.py``);
+``apply_invalid_action_penalty`` subtracting 0.1 x invalid from that token (it does not touch
+the step rewards, which sit in ``non_tensor_batch``); then ``compute_g2po_outcome_advantage``.
+Observations are the strings ``"obs <state>"``. Each case is run twice, as published
+(float32) and with torch's default dtype float64 (the module names no float32 itself), and
+each row is classed as in ``make_verl_agent_golden.py``.
+
+The cases keep to where the two definitions are meant to agree: a successful episode's return
+is exactly 10 (the authors test ``== 10``, ours ``>= g2po_success_return``), and every rollout
+group has at least two step rows (one row gives their code a NaN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import types
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.make_verl_agent_golden import CLASSES, classify, load_modules, write_golden
+from hgpo import StepBatch, compute_advantages, reference_config
+from hgpo.options import ArgumentParser
+
+GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "hgpo" / "data" / "g2po_golden.json"
+REF_COMMIT = "Nala-YN/G2PO@b8ffaf56ad241ce73507908e6ed30209cafd324d (g2po/core_g2po.py)"
+REWARDS = np.array([0.0, 0.0, 0.0, 0.0, 1.0, 0.1, -0.5])
+
+
+def random_case(rng: np.random.Generator) -> dict[str, Any]:
+    """Inputs of one case: a batch plus the settings."""
+    group, traj, step, reward, state, invalid, resp_len = [], [], [], [], [], [], []
+    tid = 0
+    for g in rng.choice(100, int(rng.integers(1, 4)), replace=False):
+        n_states = int(rng.integers(2, 6))
+        rows = 0
+        while rows < 2 or (rows < 30 and rng.random() < 0.7):
+            T = int(rng.integers(1, 8))
+            rows += T
+            group += [int(g)] * T
+            traj += [tid] * T
+            step += list(range(T))
+            r = rng.choice(REWARDS, T, p=[0.25, 0.25, 0.15, 0.15, 0.08, 0.07, 0.05])
+            if rng.random() < 0.35:
+                r[:] = 0.0
+                r[-1] = 10.0  # success: ALFWorld's reward, the episode's only one
+            reward += [float(x) for x in r]
+            state += [int(s) for s in rng.integers(0, n_states, T)]
+            invalid += [bool(x) for x in rng.random(T) < 0.2]
+            resp_len += [int(x) for x in rng.integers(1, 4, T)]
+            tid += 1
+    return dict(
+        mode=str(rng.choice(["mean_std_norm", "mean_std_norm", "mean_norm"])),
+        step_weight=float(rng.choice([1.0, 1.0, 0.5, 2.0])),
+        group=group, traj=traj, step=step, reward=reward, state=state, invalid=invalid,
+        resp_len=resp_len,
+    )  # fmt: skip
+
+
+def run_reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np.ndarray:
+    """The reference pipeline on one case; returns the per-step advantage."""
+    import torch
+
+    torch.set_default_dtype(torch.float64 if float64 else torch.float32)
+    try:
+        with redirect_stdout(io.StringIO()):
+            return _reference(case, mod, float64)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np.ndarray:
+    import torch
+
+    fdt = torch.float64 if float64 else torch.float32
+    ndt = np.float64 if float64 else np.float32
+    n, L = len(case["group"]), max(case["resp_len"])
+    traj = np.asarray(case["traj"])
+    valid = ~np.asarray(case["invalid"], dtype=bool)
+    resp_len = np.asarray(case["resp_len"])
+    episode: dict[int, Any] = {}  # rollout_loop: a float32 running sum (f64 run: float64)
+    for t, r in zip(traj.tolist(), np.asarray(case["reward"], dtype=ndt), strict=True):
+        episode[t] = ndt(episode.get(t, ndt(0.0)) + r)
+    uid = np.array([f"g{g}" for g in case["group"]], dtype=object)
+    traj_uid = np.array([f"t{t:04d}" for t in case["traj"]], dtype=object)
+    batch = mod.DataProto(
+        batch={"responses": torch.zeros((n, L), dtype=torch.long)},
+        non_tensor_batch={
+            "episode_rewards": np.array([episode[t] for t in traj.tolist()], dtype=ndt),
+            "anchor_obs": np.array([f"obs {s}" for s in case["state"]], dtype=object),
+            "traj_uid": traj_uid, "uid": uid, "is_action_valid": valid,
+        },
+    )  # fmt: skip
+    step_rewards, group_idx, next_group_idx = mod.compute_group_aggregation_values(batch)
+    response_mask = torch.zeros((n, L), dtype=fdt)
+    scores = torch.zeros((n, L), dtype=fdt)
+    for i in range(n):
+        response_mask[i, : resp_len[i]] = 1.0
+        scores[i, resp_len[i] - 1] = torch.tensor(episode[int(traj[i])], dtype=fdt)
+        inv = torch.tensor(1 - np.float32(valid[i]), dtype=fdt)  # apply_invalid_action_penalty
+        scores[i, resp_len[i] - 1] -= 0.1 * inv
+    adv, _ = mod.compute_g2po_outcome_advantage(
+        token_level_rewards=scores, step_rewards=step_rewards, response_mask=response_mask,
+        index=uid, traj_index=traj_uid, group_idx=group_idx, next_group_idx=next_group_idx,
+        is_action_valid=valid, epsilon=1e-6, step_advantage_w=case["step_weight"],
+        mode=case["mode"],
+    )  # fmt: skip
+    return adv[:, 0].double().numpy()  # every row has >= 1 response token
+
+
+def case_batch(case: dict[str, Any]) -> StepBatch:
+    """The StepBatch of one golden case (also used by tests/hgpo/test_g2po_golden.py)."""
+    return StepBatch(
+        group=np.asarray(case["group"]),
+        traj=np.asarray(case["traj"]),
+        step=np.asarray(case["step"]),
+        reward=np.asarray(case["reward"], dtype=np.float64),
+        state=np.asarray(case["state"]),
+        invalid=np.asarray(case["invalid"], dtype=bool),
+    )
+
+
+def case_config(case: dict[str, Any]):
+    """``reference_config("g2po")`` with the case's mode and step weight."""
+    return reference_config(
+        "g2po",
+        norm="mean_std" if case["mode"] == "mean_std_norm" else "mean",
+        g2po_step_weight=case["step_weight"],
+    )
+
+
+def ours(case: dict[str, Any]) -> np.ndarray:
+    return compute_advantages("g2po", case_batch(case), config=case_config(case)).advantages
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--ref-dir", type=Path, required=True, help="folder with the copied reference modules"
+    )
+    p.add_argument("--cases", type=int, default=400, help="random cases")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")
+    p.add_argument("--golden-cases", type=int, default=16, help="first cases in the file")
+    p.add_argument(
+        "--extra-cases", type=int, default=8,
+        help="later cases in the file, of those with a row that is not equal to both runs",
+    )  # fmt: skip
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    missing = [x for x in ("core_g2po.py", "verl/__init__.py") if not (args.ref_dir / x).is_file()]
+    if missing:
+        p.error(f"--ref-dir {args.ref_dir}: no {', '.join(missing)}; copy them there as this "
+                "script's docstring says")  # fmt: skip
+    import torch
+
+    torch.set_num_threads(1)
+    refs = [load_modules(args.ref_dir, ("core_g2po",), f)["core_g2po"] for f in (False, True)]
+    rng = np.random.default_rng(args.seed)
+    counts = np.zeros(4, dtype=np.int64)
+    bad: list[dict[str, Any]] = []
+    golden: list[dict[str, Any]] = []
+    for c in range(args.cases):
+        case = random_case(rng)
+        a = ours(case)
+        f32 = run_reference(case, refs[0], float64=False)
+        f64 = run_reference(case, refs[1], float64=True)
+        cls = classify(a, f32, f64)
+        counts += np.bincount(cls, minlength=4)
+        if (cls >= 2).any():
+            i = int(np.flatnonzero(cls >= 2)[0])
+            bad.append(dict(case=c, rows=int((cls >= 2).sum()), row=i, ours=a[i], f32=f32[i],
+                            f64=f64[i]))  # fmt: skip
+        extra = (cls != 0).any() and len(golden) < args.golden_cases + args.extra_cases
+        if args.write and (c < args.golden_cases or extra):
+            golden.append({**case, "reference_f32": [float(np.float32(x)) for x in f32],
+                           "reference_f64": f64.tolist(),
+                           "classes": np.bincount(cls, minlength=4).tolist()})  # fmt: skip
+    shares = ", ".join(f"{name} {n}" for name, n in zip(CLASSES, counts, strict=True))
+    print(f"g2po {args.cases} cases, {counts.sum()} rows; ours equals: {shares}")
+    if bad:
+        print(f"     NOT EQUAL to the float64 run in {len(bad)} cases, first: {bad[0]}")
+    if args.write:
+        write_golden(GOLDEN, ABOUT, REF_COMMIT, args.seed, golden)
+    return int(bool(bad))
+
+
+ABOUT = (
+    "Inputs and the outputs of the G2PO authors' advantage code (Nala-YN/G2PO "
+    "g2po/core_g2po.py, after the glue of their ray_trainer.py and verl-agent's episode "
+    "reward manager) made by benchmarks/make_g2po_golden.py; reference_f32 as published "
+    "(float32), reference_f64 the same code under torch's float64 default dtype."
+)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
