@@ -107,6 +107,8 @@ UNROUTED_BUILTINS = {
     "last try unfiltered; routed here it would filter a second time at the advantage step, "
     "zeroing the groups verl-agent keeps on that last try (and, without filter_groups, zeroing "
     "tied groups with nothing sampled in their place)",
+    "ecpo": "it needs each step's canonical action (StepBatch.action), and verl-agent's batch "
+    "carries no action column",
 }
 """Built-in estimators not routed to verl-agent, and why."""
 

@@ -667,8 +667,9 @@ def test_the_new_routes_are_routed_and_gigpo_dynamic_is_not():
     routed = va.routed_names()
     for name in NEW_ROUTES:
         assert routed[name] == name and routed[f"hgpo.{name}"] == name
-    assert set(va.UNROUTED_BUILTINS) == {"gigpo_dynamic"}
-    assert "gigpo_dynamic" not in routed and "hgpo.gigpo_dynamic" not in routed
+    assert set(va.UNROUTED_BUILTINS) == {"gigpo_dynamic", "ecpo"}
+    for name in va.UNROUTED_BUILTINS:
+        assert name not in routed and f"hgpo.{name}" not in routed
     mod = _verl_agent_stand_in()
     va.install(mod)
     data = _agent_data(CASES[0])
@@ -676,6 +677,8 @@ def test_the_new_routes_are_routed_and_gigpo_dynamic_is_not():
         mod.compute_advantage(data, "gigpo_dynamic")
     with pytest.raises(ValueError, match=r"'hgpo.gae' is not routed.*critic"):
         mod.compute_advantage(data, "hgpo.gae")
+    with pytest.raises(ValueError, match=r"'ecpo' is not routed.*canonical action"):
+        mod.compute_advantage(data, "ecpo")
 
 
 @pytest.mark.parametrize("name", NEW_ROUTES)
