@@ -261,11 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         snapshots = check_args(args)
         cfg, split = _config(args)
-        plans = expert_plans(cfg, list(range(args.tasks)))
     except ValueError as e:
         ap.error(str(e))
     extras = ("llm", *benchmark(cfg.env).extras)
     exit_on_missing_extras(f"python -m hgpo.train.warmstart --env {cfg.env}", *extras)
+    try:  # a toy spec with slip has no expert: refused here, before the model is loaded
+        plans = expert_plans(cfg, list(range(args.tasks)))
+    except ValueError as e:
+        ap.error(str(e))
     configure_logging(rank0=True, fmt="%(asctime)s %(message)s")
     import torch
     from transformers import AutoModelForCausalLM
