@@ -89,13 +89,16 @@ def _cell(count: int, n: int) -> str:
     return f"{count}/{n} = {count / n if n else 0.0:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
-def table(env: str, before: EvalCounts, after: EvalCounts) -> str:
-    """A Markdown table of the two evaluations (counts, rates, 95% Wilson intervals)."""
+def table(env: str, before: EvalCounts | None, after: EvalCounts) -> str:
+    """A Markdown table of the evaluations (counts, rates, 95% Wilson intervals); ``before``
+    None: the after row only."""
     rows = [
         "| env | split | model | episodes | success [95% CI] | valid steps [95% CI] | s |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, c in (("before", before), ("after", after)):
+        if c is None:
+            continue
         rows.append(
             f"| {env} | {c.split} | {name} | {c.episodes} | {_cell(c.won, c.episodes)} | "
             f"{_cell(c.valid_steps, c.steps)} | {c.seconds:.0f} |"

@@ -197,6 +197,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--eval-repeats", type=int, default=1, help="episodes per evaluated task")
     ap.add_argument(
+        "--eval-before",
+        choices=("yes", "no"),
+        default="yes",
+        help="no: evaluate only after (the base model's figures do not depend on the fine-tuning)",
+    )
+    ap.add_argument(
         "--eval-split",
         default="",
         help="the split evaluated (default: the benchmark's first held-out split with tasks, "
@@ -285,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     samples, expert_success = expert_samples(cfg, tok, list(range(args.tasks)), plans)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     report: dict[str, Any] = {"machine_start": _machine()}
-    if args.eval_tasks:
+    before = None
+    if args.eval_tasks and args.eval_before == "yes":
         before = evaluate(cfg, model, tok, split, args.eval_tasks, args.eval_repeats)
         log.info("before the warm start: %s", before)
 
@@ -313,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     if args.eval_tasks:
         after = evaluate(cfg, model, tok, split, args.eval_tasks, args.eval_repeats)
-        report["eval"] = {"before": before.as_dict(), "after": after.as_dict()}
+        log.info("after the warm start: %s", after)
+        report["eval"] = {"before": before and before.as_dict(), "after": after.as_dict()}
         report["eval_table"] = table(cfg.env, before, after)
     report.update(seconds=time.perf_counter() - t0, machine_end=_machine())
     atomic_write_text(out / "warmstart.json", json.dumps(report, indent=2) + "\n")

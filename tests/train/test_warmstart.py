@@ -188,3 +188,13 @@ def test_bad_eval_and_toy_flags_stop_before_any_work(tmp_path, flags, message, c
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert message in err, err
     assert not (tmp_path / "w" / "model").exists()
+
+
+def test_the_table_without_a_before_row_has_the_after_counts():
+    from hgpo.train.warm_eval import EvalCounts, table, wilson
+
+    after = EvalCounts("train", 2, 8, 6, 24, 20, 0, 3.0)
+    lines = table("toy:tmaze:length=1", None, after).splitlines()
+    lo, hi = wilson(20, 24)
+    assert len(lines) == 3 and "| after | 8 | 6/8 = 0.75 " in lines[2]
+    assert f"20/24 = 0.83 [{lo:.2f}, {hi:.2f}]" in lines[2] and 0.6 < lo < 0.83 < hi < 1
