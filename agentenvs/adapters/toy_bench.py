@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -12,6 +13,7 @@ from agentenvs.batched import TextEnv
 from agentenvs.memory import EpisodeMemory
 from agentenvs.parser import ParsedAction, parse_action
 from agentenvs.toytext import (
+    SPLITS,
     TOY_PREFIX,
     ToyText,
     parse_toy_spec,
@@ -21,6 +23,7 @@ from agentenvs.toytext import (
     toy_factory,
     toy_prompt,
 )
+from hgpo.options import bad
 
 
 class ToySettings(Protocol):
@@ -68,6 +71,45 @@ def _parse(text: str, info: dict[str, Any]) -> ParsedAction:
     return parse_action(text, "alfworld", info.get("admissible_actions"))
 
 
+def shortest_plan(env: Any, start: int) -> list[int]:
+    """The fewest valid actions that take deterministic POMDP ``env`` from hidden state
+    ``start`` into a rewarding terminal state (breadth-first search; ties: the lowest action
+    ids first). Raises ValueError when no such path exists."""
+    prev: dict[int, tuple[int, int]] = {start: (-1, -1)}
+    todo = deque([start])
+    while todo:
+        s = todo.popleft()
+        if env.terminal[s]:
+            if env.reward_enter[s] <= 0:
+                continue
+            plan = []
+            while prev[s][0] >= 0:
+                s, a = prev[s]
+                plan.append(a)
+            return plan[::-1]
+        for a in range(env.n_actions):
+            s2 = int(env.next_state[s, a, 0])
+            if not env.invalid[s, a] and s2 not in prev:
+                prev[s2] = (s, a)
+                todo.append(s2)
+    raise ValueError(f"{env.name}: no path from state {start} reaches a goal")
+
+
+def expert_plans(settings: ToySettings, tasks: list[int]) -> list[list[str]]:
+    """The shortest plan to the goal of each training task (start state) of ``tasks``: the
+    optimum when the spec has no slip. A spec with slip is refused (an open-loop plan is no
+    expert there)."""
+    env = parse_toy_spec(settings.env).build()
+    if not env.deterministic:
+        raise bad(
+            "--env",
+            "a toy spec without slip (the warm start replays open-loop plans)",
+            settings.env,
+        )
+    starts = split_tasks(env, SPLITS[0])
+    return [[env.action_names[a] for a in shortest_plan(env, int(starts[t]))] for t in tasks]
+
+
 def _check(env: str, where: str) -> None:
     parse_toy_spec(env, where=where)
 
@@ -90,5 +132,6 @@ TOY = Benchmark(
     check=_check,
     corpus=toy_corpus,
     exact_truth=True,
+    expert_plans=expert_plans,
 )
 """A toy POMDP (issue 14 hook): held-out start states, known hidden states (exact truth)."""

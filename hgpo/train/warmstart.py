@@ -1,11 +1,17 @@
 """Supervised warm start on the environments' expert trajectories (for the CPU learning demo).
 
 ``python -m hgpo.train.warmstart --env webshop --tasks 8 --epochs 3 --out runs/warm`` replays the
-scripted expert (WebShop ``expert_actions``, ALFWorld ``run_expert``) on the first ``--tasks``
-training tasks through the trainer's own prompt path (memory module + paper template + chat
-template), and fine-tunes a model on the responses ``<think>...</think><action>{a}</action>``
-(cross-entropy on the response tokens only). The result is a model folder for ``--model``.
-With ``--model tiny`` a tiny model and tokenizer are built first (as the trainer does).
+scripted expert (WebShop ``expert_actions``, ALFWorld ``run_expert``, a toy POMDP's shortest
+plan) on the first ``--tasks`` training tasks through the trainer's own prompt path (memory
+module + paper template + chat template), and fine-tunes a model on the responses
+``<think>...</think><action>{a}</action>`` (cross-entropy on the response tokens only). The
+result is a model folder for ``--model``. With ``--model tiny`` a tiny model and tokenizer are
+built first (as the trainer does); ``--model smollm2-135m`` fine-tunes the real SmolLM2 (its
+converted cache folder, docs/real_model.md).
+
+``--eval-tasks N`` also plays ``--eval-repeats`` free-text (generate-mode) episodes of each of
+the first N tasks of ``--eval-split`` (default: the benchmark's first held-out split) before and
+after the fine-tuning, and prints the valid-step and success counts with 95% Wilson intervals.
 """
 
 from __future__ import annotations
@@ -24,17 +30,20 @@ from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo.atomic import atomic_write_text
 from hgpo.extras import exit_on_missing_extras
 from hgpo.options import ArgumentParser, bad, check_int, check_number, check_writable_dir
-from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size
+from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
 from hgpo.train.logs import configure_logging
 from hgpo.train.tiny import build_tiny
 from hgpo.train.train_config import TINY_MODEL, TrainConfig, parse_options, resolve
+from hgpo.train.warm_eval import evaluate, table
 
 log = logging.getLogger(__name__)
 
 THINK = "<think>I follow the plan.</think>"
 
-EXPERT_ENVS = tuple(sorted((n for n, b in BENCHMARKS.items() if b.expert_plans), reverse=True))
-"""The benchmarks with a scripted expert: the ``--env`` choices (reverse name order, so that
+EXPERT_ENVS = tuple(
+    sorted((b.usage or n for n, b in BENCHMARKS.items() if b.expert_plans), reverse=True)
+)
+"""The benchmarks with a scripted expert, as ``--env`` names them (reverse name order, so that
 --help lists webshop, the default, first, as it always has)."""
 
 
@@ -46,13 +55,23 @@ def expert_plans(cfg: TrainConfig, tasks: list[int]) -> list[list[str]]:
     return plans(cfg, tasks)
 
 
+def check_env(env: str) -> None:
+    """A named error for an ``--env`` that is no benchmark, or one without a scripted expert
+    (before any work)."""
+    found = benchmark(env, "--env")
+    if found.expert_plans is None:
+        raise bad("--env", "a benchmark with a scripted expert: " + ", ".join(EXPERT_ENVS), env)
+    found.check(env, "--env")
+
+
 def expert_samples(
-    cfg: TrainConfig, tok, tasks: list[int]
+    cfg: TrainConfig, tok, tasks: list[int], plans: list[list[str]] | None = None
 ) -> tuple[list[tuple[list[int], list[int]]], float]:
-    """(prompt ids, response ids) of every expert step, and the experts' success rate."""
+    """(prompt ids, response ids) of every expert step, and the experts' success rate.
+    ``plans``: the expert's actions of each task (default: :func:`expert_plans`)."""
     from hgpo.train.model import encode_prompt
 
-    plans = expert_plans(cfg, tasks)
+    plans = expert_plans(cfg, tasks) if plans is None else plans
     envs = EnvSet(cfg, TRAIN_SPLIT, len(tasks))
     try:
         obs, infos = envs.reset(tasks, 1)
@@ -124,13 +143,16 @@ def finetune(
 
 
 def check_args(args: argparse.Namespace) -> set[int]:
-    """Named errors for the numeric flags, an unwritable ``--out`` and a ``--model`` that is
-    neither a model folder nor in the Hugging Face cache, before any work; the epochs of
+    """Named errors for ``--env``, the numeric flags, an unwritable ``--out`` and a ``--model``
+    that is neither a model folder nor in the Hugging Face cache, before any work; the epochs of
     ``--save-epochs``."""
+    check_env(args.env)
     check_int("--tasks", args.tasks, lo=1)
     check_int("--epochs", args.epochs, lo=1)
     check_number("--lr", args.lr, lo=0.0, lo_open=True)
     check_int("--batch", args.batch, lo=1)
+    check_int("--eval-tasks", args.eval_tasks, lo=0)
+    check_int("--eval-repeats", args.eval_repeats, lo=1, hi=1024)
     snapshots = set()
     for item in filter(None, (x.strip() for x in args.save_epochs.split(","))):
         if not item.isdigit() or not 1 <= int(item) <= args.epochs:
@@ -150,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--env", choices=EXPERT_ENVS, default="webshop")
+    ap.add_argument("--env", default="webshop", help="one of: " + ", ".join(EXPERT_ENVS))
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--model", default=TINY_MODEL)
     ap.add_argument("--tasks", type=int, default=8, help="the first N training tasks")
@@ -167,12 +189,31 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="TrainConfig field=value (the same as the RL run's, e.g. max_prompt_tokens=1024)",
     )
+    ap.add_argument(
+        "--eval-tasks",
+        type=int,
+        default=0,
+        help="evaluate generate mode on the first N tasks of --eval-split before and after (0: no)",
+    )
+    ap.add_argument("--eval-repeats", type=int, default=1, help="episodes per evaluated task")
+    ap.add_argument(
+        "--eval-before",
+        choices=("yes", "no"),
+        default="yes",
+        help="no: evaluate only after (the base model's figures do not depend on the fine-tuning)",
+    )
+    ap.add_argument(
+        "--eval-split",
+        default="",
+        help="the split evaluated (default: the benchmark's first held-out split with tasks, "
+        "else the training split)",
+    )
     return ap
 
 
-def _config(args: argparse.Namespace) -> TrainConfig:
-    """The RL run's config of these flags (named errors); ``--tasks`` within its training
-    tasks."""
+def _config(args: argparse.Namespace) -> tuple[TrainConfig, str]:
+    """The RL run's config of these flags (named errors), ``--tasks`` within its training
+    tasks; the evaluated split (``--eval-tasks`` within its tasks)."""
     overrides = parse_options(",".join(args.override), where="--override")
     cfg = resolve(
         args.env, args.preset, {"model": args.model, "out_dir": str(Path(args.out)), **overrides}
@@ -180,14 +221,23 @@ def _config(args: argparse.Namespace) -> TrainConfig:
     n_train = split_size(cfg, TRAIN_SPLIT)
     if args.tasks > n_train:
         raise bad("--tasks", f"an integer in 1..{n_train} (the training tasks)", args.tasks)
-    return cfg
+    splits = (*val_splits(cfg.env), TRAIN_SPLIT)
+    split = args.eval_split or next(s for s in splits if split_size(cfg, s) > 0)
+    if split not in splits:
+        raise bad("--eval-split", "one of " + ", ".join(splits), split)
+    n_eval = split_size(cfg, split)
+    if args.eval_tasks > n_eval:
+        raise bad("--eval-tasks", f"an integer in 0..{n_eval} (the {split} tasks)", args.eval_tasks)
+    return cfg, split
 
 
 def _initial_model(cfg: TrainConfig, out: Path) -> str:
-    """The folder of the model to fine-tune: ``--model``, or a tiny model built as the trainer
-    builds it (under ``out/init``)."""
+    """The folder of the model to fine-tune: ``--model`` (a named or GGUF model: its converted
+    cache folder), or a tiny model built as the trainer builds it (under ``out/init``)."""
     if cfg.model != TINY_MODEL:
-        return cfg.model
+        from hgpo.train.pretrained import model_folder
+
+        return model_folder(cfg.model, "--model")
     from hgpo.train.trainer import tiny_corpus
 
     return str(
@@ -198,17 +248,33 @@ def _initial_model(cfg: TrainConfig, out: Path) -> str:
     )  # fmt: skip
 
 
+def _machine() -> dict[str, Any]:
+    """Peak RSS of this process and the load average now (the report's machine figures)."""
+    import os
+    import resource
+
+    return {
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "load_average": list(os.getloadavg()),
+        "cpus": os.cpu_count(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line: collect the expert samples, fine-tune, save the model folder."""
+    """Command line: collect the expert samples, (evaluate,) fine-tune, (evaluate,) save."""
     ap = _parser()
     args = ap.parse_args(argv)
     try:
         snapshots = check_args(args)
-        cfg = _config(args)
+        cfg, split = _config(args)
     except ValueError as e:
         ap.error(str(e))
     extras = ("llm", *benchmark(cfg.env).extras)
     exit_on_missing_extras(f"python -m hgpo.train.warmstart --env {cfg.env}", *extras)
+    try:  # a toy spec with slip has no expert: refused here, before the model is loaded
+        plans = expert_plans(cfg, list(range(args.tasks)))
+    except ValueError as e:
+        ap.error(str(e))
     configure_logging(rank0=True, fmt="%(asctime)s %(message)s")
     import torch
     from transformers import AutoModelForCausalLM
@@ -222,8 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(path)
     check_thinking_switch(tok, cfg.enable_thinking)
     t0 = time.perf_counter()
-    samples, expert_success = expert_samples(cfg, tok, list(range(args.tasks)))
+    samples, expert_success = expert_samples(cfg, tok, list(range(args.tasks)), plans)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    report: dict[str, Any] = {"machine_start": _machine()}
+    before = None
+    if args.eval_tasks and args.eval_before == "yes":
+        before = evaluate(cfg, model, tok, split, args.eval_tasks, args.eval_repeats)
+        log.info("before the warm start: %s", before)
 
     def save(m: Any, name: str) -> None:
         m.save_pretrained(str(out / name))
@@ -233,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         if epoch in snapshots:
             save(m, f"model_e{epoch}")
 
+    t1 = time.perf_counter()
     try:
         losses = finetune(
             model, samples, args.epochs, args.lr, args.batch, tok.pad_token_id, cfg.seed, snapshot
@@ -240,16 +312,22 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    train_s = time.perf_counter() - t1
     save(model, "model")
-    report = {
-        "samples": len(samples),
-        "expert_success": expert_success,
-        "epoch_losses": losses,
-        "seconds": time.perf_counter() - t0,
-        "model": str(out / "model"),
-    }
+    report.update(
+        samples=len(samples), expert_success=expert_success, epoch_losses=losses,
+        finetune_seconds=train_s, model=str(out / "model"),
+    )  # fmt: skip
+    if args.eval_tasks:
+        after = evaluate(cfg, model, tok, split, args.eval_tasks, args.eval_repeats)
+        log.info("after the warm start: %s", after)
+        report["eval"] = {"before": before and before.as_dict(), "after": after.as_dict()}
+        report["eval_table"] = table(cfg.env, before, after)
+    report.update(seconds=time.perf_counter() - t0, machine_end=_machine())
     atomic_write_text(out / "warmstart.json", json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report))
+    if args.eval_tasks:
+        print(report["eval_table"])
+    print(json.dumps({k: v for k, v in report.items() if k != "eval_table"}))
     return 0
 
 

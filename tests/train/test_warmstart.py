@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -124,3 +125,76 @@ def test_read_metrics_drops_a_line_cut_by_a_kill_and_names_a_bad_one(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("[1, 2]\n" + good + "\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 1 is not a JSON object: '\[1, 2\]'"):
         read_metrics(tmp_path)
+
+
+def test_toy_expert_is_the_shortest_plan():
+    from agentenvs.adapters.toy_bench import expert_plans
+    from hgpo.train.train_config import resolve
+
+    cfg = resolve("toy:tmaze:length=1", "tiny")
+    assert expert_plans(cfg, [0, 1]) == [
+        ["forward", "forward", "up"],
+        ["forward", "forward", "down"],
+    ]
+    cfg = resolve("toy:keydoor:size=4", "tiny")
+    import toyenvs
+
+    env = toyenvs.make("keydoor", size=4)
+    for t, plan in enumerate(expert_plans(cfg, [0, 1, 2])):
+        r, c, _ = (int(x) for x in re.findall(r"\d+", env.state_names[env.train_tasks[t]]))
+        assert plan.count("pickup") == 1 and len(plan) == (3 - r) + c + 1 + 2 * 3
+
+
+def test_eval_counts_before_and_after_a_tiny_warm_start(tmp_path, capsys):
+    """--eval-tasks: the tiny model never writes the format before, mostly does after; the
+    table's counts are the report's, with 95% Wilson intervals."""
+    from hgpo.train.warmstart import main
+
+    out = tmp_path / "w"
+    argv = ["--env", "toy:tmaze:length=1", "--tasks", "2", "--epochs", "60", "--lr", "5e-3",
+            "--batch", "6", "--out", str(out), "--eval-tasks", "2", "--eval-repeats", "4",
+            "--override", "max_steps=4,max_response_tokens=48"]  # fmt: skip
+    assert main(argv) == 0
+    rep = json.loads((out / "warmstart.json").read_text())
+    before, after = rep["eval"]["before"], rep["eval"]["after"]
+    assert before["episodes"] == after["episodes"] == 8 and before["split"] == "train"
+    assert before["steps"] == 32 and before["valid_steps"] == 0 and before["won"] == 0
+    assert after["valid_steps"] / after["steps"] > 0.5 and after["won"] >= 4
+    z2 = 1.959964**2  # Wilson's upper bound of 0 of n: z^2 / (n + z^2)
+    assert before["success_ci95"][1] == pytest.approx(z2 / (8 + z2), abs=1e-5)
+    assert (
+        f"| before | 8 | 0/8 = 0.00 [0.00, {z2 / (8 + z2):.2f}] | 0/32 = 0.00" in rep["eval_table"]
+    )
+    assert rep["eval_table"] in capsys.readouterr().out
+    assert rep["machine_end"]["peak_rss_gib"] > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--env", "toy:tmaze:length=1,slip=0.1"], "--env: must be a toy spec without slip"),
+        (["--env", "nope"], "--env: must be one of 'alfworld'"),
+        (["--env", "toy:tmaze:length=1", "--eval-tasks", "3"], "--eval-tasks: must be an integer in 0..2 (the train tasks), got 3"),
+        (["--env", "toy:tmaze:length=1", "--eval-split", "x"], "--eval-split: must be one of heldout, train, got 'x'"),
+        (["--eval-repeats", "0"], "--eval-repeats: must be an integer in 1..1024, got 0"),
+    ],
+)  # fmt: skip
+def test_bad_eval_and_toy_flags_stop_before_any_work(tmp_path, flags, message, capsys):
+    from hgpo.train.warmstart import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--tasks", "1", "--out", str(tmp_path / "w"), *flags])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in err, err
+    assert not (tmp_path / "w" / "model").exists()
+
+
+def test_the_table_without_a_before_row_has_the_after_counts():
+    from hgpo.train.warm_eval import EvalCounts, table, wilson
+
+    after = EvalCounts("train", 2, 8, 6, 24, 20, 0, 3.0)
+    lines = table("toy:tmaze:length=1", None, after).splitlines()
+    lo, hi = wilson(20, 24)
+    assert len(lines) == 3 and "| after | 8 | 6/8 = 0.75 " in lines[2]
+    assert f"20/24 = 0.83 [{lo:.2f}, {hi:.2f}]" in lines[2] and 0.6 < lo < 0.83 < hi < 1
