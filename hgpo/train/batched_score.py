@@ -36,7 +36,13 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["MAX_TOKENS", "batched_score", "length_batches", "prompt_runs"]
+__all__ = [
+    "MAX_TOKENS",
+    "batched_score",
+    "batched_token_logprobs",
+    "length_batches",
+    "prompt_runs",
+]
 
 MAX_TOKENS = 8192
 """Tokens per batch: rows x longest prompt, and the sum over runs of prompt + candidates'
@@ -107,6 +113,45 @@ def batched_score(
     Raises:
         ValueError on unequal input lengths or an empty prompt.
     """
+    sums = _batched(model, prompts, responses, pad_id, device, max_tokens, pad_prompts,
+                    on_prompts, per_token=False)  # fmt: skip
+    return [float(x) for x in sums]
+
+
+@torch.no_grad()
+def batched_token_logprobs(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    pad_id: int,
+    device: torch.device,
+    max_tokens: int = MAX_TOKENS,
+    pad_prompts: bool = True,
+) -> list[list[float]]:
+    """Each response's token log-probs (temperature 1, float32 figures) after its prompt, by
+    the method of :func:`batched_score` (its sums are these lists' sums, to float32 rounding):
+    the figures of the trainer's packed forward (:func:`hgpo.train.model.response_logprobs`)
+    for the same pairs, to float32 rounding.
+
+    Raises:
+        ValueError on unequal input lengths or an empty prompt.
+    """
+    return _batched(model, prompts, responses, pad_id, device, max_tokens, pad_prompts,
+                    None, per_token=True)  # fmt: skip
+
+
+def _batched(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    pad_id: int,
+    device: torch.device,
+    max_tokens: int,
+    pad_prompts: bool,
+    on_prompts: Callable[[int], None] | None,
+    per_token: bool,
+) -> list[Any]:
+    """Per pair, its summed log-prob (``per_token`` False) or its token log-probs (True)."""
     if len(prompts) != len(responses):
         raise ValueError(f"score: {len(prompts)} prompts but {len(responses)} responses (one each)")
     if any(len(p) == 0 for p in prompts):
@@ -114,7 +159,7 @@ def batched_score(
     runs = prompt_runs(prompts)
     lengths = [len(prompts[s]) for s, _ in runs]
     widths = [len(prompts[s]) + sum(len(r) for r in responses[s:e]) for s, e in runs]
-    out = [0.0] * len(prompts)
+    out: list[Any] = [0.0] * len(prompts)
     was_training = model.training
     model.eval()
     try:
@@ -122,7 +167,7 @@ def batched_score(
         order = sorted(range(len(runs)), key=lambda i: (lengths[i], list(prompts[runs[i][0]])))
         for batch in length_batches(order, lengths, widths, max_tokens, not pad_prompts):
             chosen = [runs[i] for i in batch]
-            scores = _score_batch(model, prompts, responses, chosen, pad_id, device)
+            scores = _score_batch(model, prompts, responses, chosen, pad_id, device, per_token)
             for (s, e), sc in zip(chosen, scores, strict=True):
                 out[s:e] = sc
             if on_prompts is not None:
@@ -234,10 +279,12 @@ def _score_batch(
     runs: Sequence[tuple[int, int]],
     pad_id: int,
     device: torch.device,
-) -> list[list[float]]:
-    """Per run of ``runs``, its candidates' summed log-probs: the batch's common prompt prefix
-    once (one row, its cache repeated for every prompt), then one pass over every prompt's
-    :class:`_Tree` (its own suffix, its candidates' common prefix, every candidate's tail)."""
+    per_token: bool = False,
+) -> list[list[Any]]:
+    """Per run of ``runs``, its candidates' summed log-probs (``per_token``: their token
+    log-probs, a list per candidate): the batch's common prompt prefix once (one row, its cache
+    repeated for every prompt), then one pass over every prompt's :class:`_Tree` (its own
+    suffix, its candidates' common prefix, every candidate's tail)."""
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     key = _cache_key(decoder)
     batch_prompts = [list(prompts[s]) for s, _ in runs]
@@ -262,11 +309,15 @@ def _score_batch(
     hid = out.last_hidden_state[tree.row.to(device).unsqueeze(1), tree.pred.to(device)]
     logp = torch.log_softmax(head(hid).float(), dim=-1)
     target, mask = tree.target.to(device), tree.mask.to(device)
-    lp = (logp.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask).sum(-1).tolist()
-    return _split(lp, runs)
+    tokens = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1) * mask
+    if per_token:
+        n = mask.sum(-1).long().tolist()
+        rows = [row[:k] for row, k in zip(tokens.tolist(), n, strict=True)]
+        return _split(rows, runs)
+    return _split(tokens.sum(-1).tolist(), runs)
 
 
-def _split(values: list[float], runs: Sequence[tuple[int, int]]) -> list[list[float]]:
+def _split(values: list[Any], runs: Sequence[tuple[int, int]]) -> list[list[Any]]:
     """``values`` cut into consecutive pieces of each run's size."""
     out, k = [], 0
     for s, e in runs:

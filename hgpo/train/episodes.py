@@ -7,6 +7,7 @@ finished batch also yields the :class:`hgpo.StepBatch` that the estimators read.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -141,6 +142,11 @@ class Sampled(NamedTuple):
     entropy: list[float]
     """Per prompt, H(pi) = -sum_a pi(a) log pi(a) in nats, pi = softmax(log p(response(a) |
     prompt) / temperature) over its candidate actions a (float64)."""
+    token_logprobs: list[list[float]] | None = None
+    """Per prompt, the sampled response's token log-probs at temperature 1 under the engine's
+    weights (the trainer's old log-probs of that step, where the engine scores with the
+    training module itself: :meth:`hgpo.train.trainer.Trainer._score`); None from an engine
+    that reports sums only (``score``, no ``score_tokens``)."""
 
 
 def score_and_sample(
@@ -175,16 +181,23 @@ def score_candidates(
     ]
     flat_p = [p for p, rs in zip(prompts, resp, strict=True) for _ in rs]
     flat_r = [r for rs in resp for r in rs]
-    scores = engine.score(flat_p, flat_r)
-    out, entropy, k = [], [], 0
+    tokens: list[list[float]] | None = None
+    if hasattr(engine, "score_tokens"):  # every env's candidates in a few batched passes
+        tokens = engine.score_tokens(flat_p, flat_r)
+        scores = [math.fsum(t) for t in tokens]
+    else:
+        scores = engine.score(flat_p, flat_r)
+    out, entropy, chosen, k = [], [], [], 0
     for rs in resp:
         s = torch.tensor(scores[k : k + len(rs)], dtype=torch.float64)
-        k += len(rs)
         j = int(torch.multinomial(torch.softmax(s / temperature, 0), 1))
         out.append(rs[j])
+        if tokens is not None:
+            chosen.append(tokens[k + j])
+        k += len(rs)
         logp = torch.log_softmax(s / temperature, 0)
         entropy.append(float(-(logp.exp() * logp).sum()))
-    return Sampled(out, entropy)
+    return Sampled(out, entropy, chosen if tokens is not None else None)
 
 
 @dataclass(frozen=True)
@@ -233,6 +246,11 @@ class Rollout:
     action: list[str] = field(default_factory=list)
     """The action each step sent to the env, as the env parsed it from the response (the
     listed action in action_mode "score"): the canonical action of ``StepBatch.action``."""
+    score_logprobs: list[list[float] | None] = field(default_factory=list)
+    """action_mode="score": each response's token log-probs at temperature 1 as the rollout's
+    scoring computed them (:attr:`Sampled.token_logprobs`), None where the engine reported
+    none; the trainer reuses them as the old log-probs where they are exactly its own
+    (:meth:`hgpo.train.trainer.Trainer._score`)."""
     success: list[bool] = field(default_factory=list)
     score: list[float] = field(default_factory=list)
     task_type: list[str] = field(default_factory=list)
@@ -316,6 +334,7 @@ class Rollout:
             self.observation.append(rec.observation)
             self.candidate_entropy.append(rec.candidate_entropy)
             self.action.append(rec.action)
+            self.score_logprobs.append(rec.score_logprobs)
 
     def step_batch(self) -> StepBatch:
         """The estimator input: state = id of the raw-observation key within this batch,
@@ -369,6 +388,9 @@ class StepRecord:
     """The observation text the step was taken from, as the env returned it."""
     candidate_entropy: float | None = None
     """action_mode="score": the entropy of the policy over the step's candidates; else None."""
+    score_logprobs: list[float] | None = None
+    """action_mode="score": the response's token log-probs at temperature 1 from the rollout's
+    scoring (:attr:`Sampled.token_logprobs`); else None."""
     next_key: str | None = None
     """The state key of the observation the step led to (filled after the env stepped)."""
     action: str = ""
@@ -408,10 +430,13 @@ def act(
     ]
     t = time.perf_counter()
     entropy: list[float | None] = [None] * len(live)
+    score_lps: list[list[float] | None] = [None] * len(live)
     if play.action_mode == "score":
         cands = [envs.candidates(i, infos[i]) for i in live]
         sampled = score_candidates(engine, tok, prompts, cands, play.temperature)
         responses, entropy = sampled.responses, list(sampled.entropy)
+        if sampled.token_logprobs is not None:
+            score_lps = list(sampled.token_logprobs)
         engine_lps = None
     else:
         responses = engine.generate(prompts, play.temperature, play.top_p, play.max_response_tokens)
@@ -434,6 +459,7 @@ def act(
                 observation=obs[i],
                 candidate_entropy=entropy[j],
                 action=parsed.action,
+                score_logprobs=score_lps[j] if keep else None,
             )
         )
         envs.remember(i, obs[i], parsed.action)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hgpo.train.batched_score import batched_score
+from hgpo.train.batched_score import batched_score, batched_token_logprobs
 from hgpo.train.model import inference_named_parameters, load_named, pack, stop_ids
 
 __all__ = ["HFEngine"]
@@ -131,6 +131,17 @@ class HFEngine:
         exact truth's scorer."""
         return batched_score(self.model, prompts, responses, self.tok.pad_token_id,
                              self.device, on_prompts=on_prompts)  # fmt: skip
+
+    def score_tokens(
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """Each response's token log-probs (temperature 1) given its prompt, all pairs in a few
+        batched passes (:func:`hgpo.train.batched_score.batched_token_logprobs`: prompts of
+        neighbouring lengths batched, shared prefixes computed once): the per-token figures
+        of the trainer's packed forward, to float32 rounding; their sums are :meth:`score`'s.
+        action_mode="score" scores every candidate of every env of a step this way."""
+        return batched_token_logprobs(self.model, prompts, responses, self.tok.pad_token_id,
+                                      self.device)  # fmt: skip
 
     def _score_shared(
         self, prompt: Sequence[int], responses: Sequence[Sequence[int]]

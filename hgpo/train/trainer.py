@@ -25,10 +25,12 @@ import torch
 from agentenvs.registry import BENCHMARKS, benchmark
 from hgpo import Advantages, compute_advantages, estimator_reads
 from hgpo.train import dist
+from hgpo.train.batched_score import batched_token_logprobs
 from hgpo.train.branched_play import BranchPlan, branch_figures, play_branched
 from hgpo.train.engines import build_engines, rollout_engine
 from hgpo.train.envs import TRAIN_SPLIT, EnvSet, split_size, val_splits
 from hgpo.train.episodes import Play, Rollout, logprob_gap, run_episodes
+from hgpo.train.hf_engine import HFEngine
 from hgpo.train.loss import ppo_loss, value_loss
 from hgpo.train.model import (
     Packed,
@@ -410,8 +412,17 @@ class Trainer:
         """Old log-probs (actor), reference log-probs and values of every step sample, and,
         for an estimator that reads ``entropy`` in action_mode "generate", each response's
         mean token entropy from the same forward (:func:`~hgpo.train.update.mean_token_entropy`:
-        per micro-batch, the [B, R, V] log-probs are never kept)."""
+        per micro-batch, the [B, R, V] log-probs are never kept).
+
+        The old log-probs are the rollout's own where they are exactly what the actor's
+        forward here would give (:meth:`_reusable_logprobs`): then the actor runs no forward,
+        and the reference's log-probs come from batched passes that share prompt prefixes
+        (:meth:`_reference_token_logprobs`)."""
         cfg = self.cfg
+        reused = self._reusable_logprobs(roll) if cfg.action_mode == "score" else None
+        if reused is not None and self.critic is None:
+            ref = self._reference_token_logprobs(roll) if cfg.kl_coef > 0 else None
+            return Scored(reused, ref, None, None)
         want_entropy = needs_token_entropy(cfg.estimator, cfg.action_mode)
         old, ref, val, ent = [], [], [], []
         self.actor.module.eval()
@@ -423,12 +434,15 @@ class Trainer:
             extra = m * mb >= len(roll)  # a forward to keep in step, its result dropped
             sl = slice(0, 1) if extra else slice(m * mb, (m + 1) * mb)
             b = pack(roll.prompt_ids[sl], roll.response_ids[sl], self.tok.pad_token_id, self.device)
-            lp, token_ent = response_logprobs(self.actor.module, b, with_entropy=want_entropy)
+            lp, token_ent = None, None
+            if reused is None:
+                lp, token_ent = response_logprobs(self.actor.module, b, with_entropy=want_entropy)
             rl = self._reference_logprobs(b) if cfg.kl_coef > 0 else None
             v = self.critic.module(b) if self.critic is not None else None
             if extra:
                 continue
-            old.extend(lp.float().cpu())
+            if lp is not None:
+                old.extend(lp.float().cpu())
             if token_ent is not None:
                 ent.extend(mean_token_entropy(token_ent, b.response_mask).cpu().tolist())
             if rl is not None:
@@ -437,11 +451,52 @@ class Trainer:
                 val.extend(v.float().cpu())
         self.actor.module.train()
         return Scored(
-            old,
+            old if reused is None else reused,
             ref if cfg.kl_coef > 0 else None,
             val if self.critic is not None else None,
             ent if want_entropy else None,
         )
+
+    def _reusable_logprobs(self, roll: Rollout) -> list[torch.Tensor] | None:
+        """The rollout's score-mode token log-probs as the old log-probs, where they are
+        exactly what the actor's forward in :meth:`_score` computes, else None (score afresh).
+
+        PPO's old log-probs are the behaviour weights' token log-probs at temperature 1 (the
+        update's own forward divides by no temperature); score mode computes exactly those for
+        every candidate before it samples one (the sampling temperature acts on the candidates'
+        summed scores only, not on these). They are reused when the rollout engine scored with
+        the actor's own module (the hf engine without a copy: not under ZeRO-3, whose engine
+        holds a merged copy), in float32 (bf16's rounding differs between batch layouts), and
+        every row has its own, one per response token. The weights cannot have changed in
+        between: the update comes after :meth:`_score`; both passes run in eval mode (no
+        dropout)."""
+        if self.dtype != torch.float32:
+            return None
+        engine = self.engine
+        if not isinstance(engine, HFEngine) or engine.copy or engine.model is not self.actor.module:
+            return None
+        got = roll.score_logprobs
+        if len(got) != len(roll) or any(
+            lp is None or len(lp) != len(r) for lp, r in zip(got, roll.response_ids, strict=True)
+        ):
+            return None
+        return [torch.tensor(lp, dtype=torch.float32) for lp in got]
+
+    def _reference_token_logprobs(self, roll: Rollout) -> list[torch.Tensor]:
+        """The reference's token log-probs of every step sample, in batched passes that share
+        the prompts' common prefixes (:func:`~hgpo.train.batched_score.batched_token_logprobs`;
+        the figures of :meth:`_reference_logprobs` to float32 rounding). Not under ZeRO-3
+        (its forwards are collectives, in micro-batches on every rank)."""
+        pad = self.tok.pad_token_id
+        if self.ref is not None:
+            got = batched_token_logprobs(self.ref, roll.prompt_ids, roll.response_ids, pad,
+                                         self.device)  # fmt: skip
+        else:
+            with self.actor.module.disable_adapter():  # LoRA: the base model is the reference
+                got = batched_token_logprobs(self.actor.module, roll.prompt_ids,
+                                             roll.response_ids, pad, self.device)  # fmt: skip
+        self.actor.module.train()
+        return [torch.tensor(lp, dtype=torch.float32) for lp in got]
 
     def _micro_step(
         self,

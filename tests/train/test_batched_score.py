@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from hgpo.train.batched_score import batched_score, length_batches, prompt_runs
+from hgpo.train.batched_score import (
+    batched_score,
+    batched_token_logprobs,
+    length_batches,
+    prompt_runs,
+)
+from hgpo.train.model import pack, response_logprobs
 from tests.train.tiny_engine import tiny_engine
 
 CORPUS = ["the key lies at row 3, column 0; the door at row 2", "<action>up</action> left right"]
@@ -54,6 +60,27 @@ def test_batched_score_equals_the_engine_score(tiny, pad_prompts, max_tokens):
     assert np.abs(want).max() > 1.0  # the figures are not trivially zero
     assert sum(seen) == len(prompt_runs(prompts))
     assert engine.score_batched(prompts, responses) == pytest.approx(list(want), abs=1e-4)
+
+
+@pytest.mark.parametrize("max_tokens", [60, 8192])
+def test_token_logprobs_equal_the_packed_forward(tiny, max_tokens):
+    """batched_token_logprobs (the rollout's score mode) gives each response's token
+    log-probs of the trainer's packed forward (response_logprobs, left-padded prompts) to
+    float32 rounding, one figure per response token; HFEngine.score_tokens is it."""
+    tok, engine = tiny
+    prompts, responses = _pairs(np.random.default_rng(1), len(tok))
+    got = batched_token_logprobs(engine.model, prompts, responses, tok.pad_token_id,
+                                 torch.device("cpu"), max_tokens)  # fmt: skip
+    assert [len(g) for g in got] == [len(r) for r in responses]
+    with torch.no_grad():
+        want, _ = response_logprobs(engine.model, pack(prompts, responses, tok.pad_token_id, "cpu"))
+    for i, r in enumerate(responses):
+        np.testing.assert_allclose(got[i], want[i, : len(r)].numpy(), atol=2e-5, err_msg=str(i))
+    via_engine = engine.score_tokens(prompts, responses)
+    assert [len(g) for g in via_engine] == [len(r) for r in responses]
+    np.testing.assert_allclose(np.concatenate(via_engine), np.concatenate(got), atol=2e-5)
+    sums = batched_score(engine.model, prompts, responses, tok.pad_token_id, torch.device("cpu"))
+    np.testing.assert_allclose([sum(g) for g in got], sums, atol=1e-4)
 
 
 def test_runs_and_batches():

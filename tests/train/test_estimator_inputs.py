@@ -142,7 +142,9 @@ def test_score_mode_entropy_comes_from_the_rollouts_candidates(tiny, reader):
         logp = torch.log_softmax(s / cfg.temperature, 0)
         want.append(float(-(logp.exp() * logp).sum()))
     inputs = estimator_inputs("test_reader", roll, Scored([]), "score")
-    np.testing.assert_allclose(inputs["entropy"], want, rtol=1e-9)
+    # the rollout scores all envs' candidates in batched passes, the engine.score here one
+    # prompt at a time: the same scores to float32 rounding
+    np.testing.assert_allclose(inputs["entropy"], want, rtol=1e-5)
     assert inputs["observations"] == _observation_texts(roll)
 
 
