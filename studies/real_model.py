@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--history-length", type=int, default=2, help="K")
     ap.add_argument("--max-steps", type=int, default=None, help="default: the env's horizon")
     ap.add_argument("--lr", type=float, default=None, help="default: the preset's")
+    ap.add_argument("--model", default=None,
+                    help="default: the preset's; e.g. a warm start's model folder")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS of the runs (1: best on a shared machine)")  # fmt: skip
     ap.add_argument("--run-timeout", type=float, default=6 * 3600.0,
@@ -132,7 +134,7 @@ def parse(argv: list[str] | None) -> Study:
     check_out_dir(a.out)
     s = Study(Path(a.out), a.preset, a.env, tuple(a.estimators), a.seeds, a.iterations,
               a.truth_every, a.groups_per_iter, a.group_size, a.history_length,
-              horizon if a.max_steps is None else a.max_steps, a.lr, a.threads,
+              horizon if a.max_steps is None else a.max_steps, a.lr, a.model, a.threads,
               float(a.run_timeout), a.fresh, {})  # fmt: skip
     common: dict[str, Any] = {}
     for est in s.estimators:

@@ -47,22 +47,23 @@ PAIRED = ("bias2", "variance", "mse")
 Records = dict[tuple[str, int], dict[str, Any]]
 
 
-def run_figures(rec: dict[str, Any]) -> dict[str, Any]:
+def run_figures(rec: dict[str, Any], seed: int) -> dict[str, Any]:
     """The figures of one run's record (see the module docstring)."""
     rows = rec["rows"]
     success = np.array([r.get("success_rate", math.nan) for r in rows], dtype=float)
     J = [r["truth/J"] for r in rows if "truth/J" in r]
     cfg = rec["config"]
+    ran = len(rows) - rec.get("iterations_before", 0)  # (a resumed run: its own iterations)
 
     def phase(key: str, only_truth: bool = False) -> float:
         vals = [r[key] for r in rows if key in r and (not only_truth or "truth/J" in r)]
         return float(np.mean(vals)) if vals else math.nan
 
     return {
-        "estimator": cfg["estimator"], "seed": cfg["seed"], "final": float(success[-1]),
+        "estimator": cfg["estimator"], "seed": seed, "train_seed": cfg["seed"], "final": float(success[-1]),
         "auc": float(success.mean()), "J_last": J[-1] if J else math.nan,
         "J_change": J[-1] - J[0] if len(J) > 1 else math.nan,
-        "s_per_iteration": rec["wall_s"] / len(rows), "wall_s": rec["wall_s"],
+        "s_per_iteration": rec["wall_s"] / ran if ran else math.nan, "wall_s": rec["wall_s"],
         "cpu_s": rec["cpu_s"], "rollout_s": phase("time/rollout"), "score_s": phase("time/score"),
         "update_s": phase("time/update"), "truth_s": phase("time/truth", only_truth=True),
         "peak_rss_gib": rec["peak_rss_bytes"] / 2**30, "kl_last": rows[-1].get("kl", math.nan),
@@ -318,7 +319,7 @@ def write_report(s: Study, records: Records, command: str) -> list[Path]:
     """Write report.md, runs.csv, curves.csv, tests.csv, truth.csv, learning.png and truth.png
     into ``s.out`` (atomically); returns their paths."""
     est = s.estimators
-    figs = [run_figures(records[(e, seed)]) for seed in range(s.seeds) for e in est]
+    figs = [run_figures(records[(e, seed)], seed) for seed in range(s.seeds) for e in est]
     tests = welch_tests(figs, est)
     batches = truth_batches({k: records[k] for k in records if k[0] in est})
     pairs = paired_truth(batches, est)

@@ -130,7 +130,8 @@ def run_one(s: Study, estimator: str, seed: int, argv: list[str], tag: str) -> d
     log = run_dir.parent / f"{name}.log"
     print(f"{tag}: hgpo.train, {s.iterations} iterations (log: {log})", file=sys.stderr, flush=True)
     load_before, started, t0 = os.getloadavg(), _now(), time.monotonic()
-    seen = [len(run_rows(run_dir, s.iterations))]
+    before = 0 if "--fresh" in argv else len(run_rows(run_dir, s.iterations))
+    seen = [before]  # (iterations logged: a resumed run goes on after its checkpoint)
 
     def tick() -> None:
         rows = run_rows(run_dir, s.iterations)
@@ -158,7 +159,8 @@ def run_one(s: Study, estimator: str, seed: int, argv: list[str], tag: str) -> d
         raise RunFailed(f"run {name} exited 0 with {len(rows)} of {s.iterations} iterations in "
                         f"{run_dir / 'metrics.jsonl'}")  # fmt: skip
     rec = {
-        "config": s.run_config(estimator, seed), "rows": rows, "wall_s": wall,
+        "config": s.run_config(estimator, seed), "rows": rows, "iterations_before": before,
+        "wall_s": wall,
         "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_bytes": usage.ru_maxrss * 1024,
         "load_before": list(load_before), "load_after": list(os.getloadavg()),
         "threads": s.threads, "machine": machine(), "started": started, "finished": _now(),

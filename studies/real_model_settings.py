@@ -8,6 +8,7 @@ and its record live) and each run's ``hgpo.train`` arguments, in one place.
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ class Study:
     history_length: int
     max_steps: int
     lr: float | None
+    model: str | None
+    """``--model`` of the runs (a warm-started model folder, a GGUF file); None: the preset's."""
     threads: int
     run_timeout: float
     fresh: bool
@@ -58,9 +61,17 @@ class Study:
     def record_path(self, estimator: str, seed: int) -> Path:
         return self.out / "results" / f"{self.name(estimator, seed)}.json"
 
+    def train_seed(self, estimator: str, seed: int) -> int:
+        """``hgpo.train``'s ``--seed`` of run ``seed`` of ``estimator``: CRC-32 of the name mod
+        10^6, plus ``seed``. Distinct estimators get distinct seeds, so their runs are
+        independent, as Welch's test and the pooling of the truth batches assume: with one
+        seed, every estimator's first batch would be the same batch (the same pretrained policy,
+        the same random numbers), and the later ones nearly so at a small lr."""
+        return zlib.crc32(estimator.encode()) % 1_000_000 + seed
+
     def run_config(self, estimator: str, seed: int) -> dict[str, Any]:
         """The resolved TrainConfig of one run (what its record is checked against)."""
-        return {**self.config, "estimator": estimator, "seed": seed}
+        return {**self.config, "estimator": estimator, "seed": self.train_seed(estimator, seed)}
 
     def settings(self) -> dict[str, Any]:
         """What ``settings.json`` keeps: every setting that changes a run's result (not the
@@ -77,11 +88,12 @@ def train_argv(
     run's folder."""
     out_dir = s.run_dir(estimator, seed) if out_dir is None else out_dir
     lr = [] if s.lr is None else ["--lr", repr(s.lr)]
+    model = [] if s.model is None else ["--model", s.model]
     return [
-        "--preset", s.preset, "--env", s.env, "--action-mode", "score",
+        "--preset", s.preset, *model, "--env", s.env, "--action-mode", "score",
         "--history-length", str(s.history_length), "--max-steps", str(s.max_steps),
         "--groups-per-iter", str(s.groups_per_iter), "--group-size", str(s.group_size),
         "--iterations", str(s.iterations), "--truth-every", str(s.truth_every), *lr,
         "--val-every", "0", "--save-every", "1", "--keep-checkpoints", "1", "--progress", "false",
-        "--estimator", estimator, "--seed", str(seed), "--out-dir", str(out_dir), start,
+        "--estimator", estimator, "--seed", str(s.train_seed(estimator, seed)), "--out-dir", str(out_dir), start,
     ]  # fmt: skip
