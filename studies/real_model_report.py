@@ -297,6 +297,27 @@ def plot_truth(batches: dict[str, dict[str, np.ndarray]], path: Path) -> None:
     plt.close(fig)
 
 
+def scope_md(s: Study, n_batches: int) -> str:
+    """What the run's size can and cannot show, in numbers."""
+    c = s.config
+    n = c["groups_per_iter"] * c["group_size"]
+    return (
+        f"{len(s.estimators)} estimators x {s.seeds} seeds x {s.iterations} iterations of {n} "
+        f"episodes; {n_batches} truth batches. One iteration's success rate over {n} episodes "
+        f"has a standard error of up to {0.5 / n**0.5:.2f}; with {s.seeds} seeds the 95% t "
+        f"interval of a mean is ±{_t975(s.seeds):.1f} standard errors of it. A difference "
+        "between estimators is claimed only where its Holm-corrected p < 0.05; any other "
+        "direction above is no evidence. KL to the base model (Time and memory) says how far "
+        "the runs moved at all."
+    )
+
+
+def _t975(n: int) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, n - 1)) if n > 1 else math.inf
+
+
 def _header(s: Study, records: Records, command: str) -> str:
     recs = list(records.values())
     loads = [x for r in recs for x in (r["load_before"][0], r["load_after"][0])]
@@ -315,6 +336,10 @@ def _header(s: Study, records: Records, command: str) -> str:
     ])  # fmt: skip
 
 
+def _n_batches(batches: dict[str, dict[str, np.ndarray]]) -> int:
+    return len(next(iter(batches.values()))["bias2"]) if batches else 0
+
+
 def write_report(s: Study, records: Records, command: str) -> list[Path]:
     """Write report.md, runs.csv, curves.csv, tests.csv, truth.csv, learning.png and truth.png
     into ``s.out`` (atomically); returns their paths."""
@@ -330,6 +355,7 @@ def write_report(s: Study, records: Records, command: str) -> list[Path]:
         "over batches]; * = trained with)", truth_md(batches, est),
         "### Paired on the same batches", paired_md(pairs),
         "## Time and memory (mean [95% t interval over seeds])", cost_md(figs, est),
+        "## What this size can show", scope_md(s, _n_batches(batches)),
     ]) + "\n"  # fmt: skip
     out = s.out
     paths = [out / n for n in ("report.md", "runs.csv", "curves.csv", "tests.csv", "truth.csv",
