@@ -13,6 +13,7 @@ import json
 import math
 import sys
 import textwrap
+import time
 import zlib
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 
 from studies import real_model, real_model_run
 from studies.real_model_report import paired_truth, truth_batches, welch_tests
+from studies.real_model_settings import Study, train_argv
 
 FAKE = textwrap.dedent(
     """
@@ -185,3 +187,23 @@ def test_the_real_trainer_on_the_tiny_model(tmp_path, capsys):
         assert key in row, key
     assert 0.2 < rec["peak_rss_bytes"] / 2**30 < 8
     assert "| hgpo * |" in (out / "report.md").read_text()
+
+
+def test_a_run_past_its_timeout_is_stopped_in_one_line(tmp_path, fake_trainer, capsys):
+    real_model_run.TRAIN[:] = [sys.executable, "-c", "import time; time.sleep(120)"]
+    t0 = time.monotonic()
+    assert real_model.main([*_argv(tmp_path / "out"), "--run-timeout", "1"]) == 1
+    assert time.monotonic() - t0 < 60  # (stopped, not waited for)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "error: run hgpo-s0 ran past --run-timeout; stopped after 1 s" in err[-1]
+
+
+def test_the_runs_arguments(tmp_path):
+    s = Study(tmp_path, "smol-cpu", "toy:tmaze:length=0", ("hgpo",), 1, 3, 2, 4, 8, 2, 6, None,
+              "runs/warm/model", 1, 60.0, False, {})  # fmt: skip
+    argv = train_argv(s, "hgpo", 1)
+    flags = dict(zip(argv[::2], argv[1::2], strict=False))
+    assert flags["--model"] == "runs/warm/model" and flags["--truth-every"] == "2"
+    assert flags["--seed"] == str(zlib.crc32(b"hgpo") % 1_000_000 + 1)
+    assert flags["--out-dir"] == str(tmp_path / "runs" / "hgpo-s1") and argv[-1] == "--resume"
+    assert "--lr" not in argv  # (the preset's)
