@@ -180,6 +180,25 @@ class EstimatorConfig:
     not hold (1: an unseen state, as the authors' code scores the never-counted terminal
     observation)."""
 
+    # --- ecpo options (arXiv 2606.05885; no public code: hgpo/ecpo.py says which are ours)
+    ecpo_kappa: float = setting(2.0, lo=0.0, hi=1e6)
+    """ECPO: prior strength kappa of the shrinkage mu~_{s,u} = (n_{s,u} Gbar_{s,u} + kappa
+    mu_s) / (n_{s,u} + kappa), in pseudo-occurrences at the anchor mean (2 as the paper's
+    summaries quote; 0: no shrinkage, the paper's VarGate-only ablation)."""
+    ecpo_tau: float = setting(4.0, lo=0.0, hi=1e6, lo_open=True)
+    """ECPO: count scale tau of the gate's tanh(n_s / tau), n_s the occurrences at the anchor
+    (4 is our choice: the text read gives no value)."""
+    ecpo_omega: float = setting(1.0, lo=0.0, hi=1e6)
+    """ECPO: weight omega of the gated step term rho(s) A_act(s, u) added to the episode term
+    (1, GiGPO's step weight: our choice, the text read gives no value)."""
+    ecpo_gate: str = setting("variance", choices=("variance", "none"))
+    """ECPO: "variance" (rho(s) = tanh(n_s / tau) B_s / (B_s + W_s + eps_g), the paper's
+    Variance-Gated Credit Weighting) or "none" (rho = 1: the paper's ECA-only ablation)."""
+    ecpo_gate_eps: float = setting(0.0, lo=0.0, hi=1e6)
+    """ECPO: eps_g of the gate's denominator, in squared return units (0, our choice: an
+    anchor whose returns are all equal gets rho = 0 exactly, and 0 keeps the gate
+    scale-free)."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "K", check_K("EstimatorConfig.K", self.K))
         check_fields(self, "EstimatorConfig")  # numpy scalars stored as Python numbers and str

@@ -36,6 +36,7 @@ import numpy as np
 
 from hgpo.batch import ARRAY_FIELDS, StepBatch
 from hgpo.config import EstimatorConfig
+from hgpo.ecpo import ecpo
 from hgpo.empg import empg
 from hgpo.estimators import (
     Advantages,
@@ -543,6 +544,7 @@ def _register_builtins() -> None:
         ("gigpo_dynamic", gigpo_dynamic, ()),
         ("gigpo_similarity", gigpo_similarity, ("observations",)),
         ("3spo", threespo, ()),
+        ("ecpo", ecpo, ()),
     ]
     for name, fn, reads in builtins:
         _REGISTRY._specs[name] = _make_spec(name, fn, reads, "hgpo")

@@ -230,6 +230,9 @@ class Rollout:
     """action_mode="score": the exact entropy of the policy over each step's candidate actions
     (:class:`Sampled`); None per step in "generate" mode (the trainer's scoring pass computes
     the mean token entropy there)."""
+    action: list[str] = field(default_factory=list)
+    """The action each step sent to the env, as the env parsed it from the response (the
+    listed action in action_mode "score"): the canonical action of ``StepBatch.action``."""
     success: list[bool] = field(default_factory=list)
     score: list[float] = field(default_factory=list)
     task_type: list[str] = field(default_factory=list)
@@ -312,11 +315,14 @@ class Rollout:
             self.hidden.append(rec.hidden)
             self.observation.append(rec.observation)
             self.candidate_entropy.append(rec.candidate_entropy)
+            self.action.append(rec.action)
 
     def step_batch(self) -> StepBatch:
         """The estimator input: state = id of the raw-observation key within this batch,
         ``next_state`` = id of ``next_key`` with the same ids (one interning of both; None when
-        no step recorded its next key); a branched rollout's batch has the ``parent`` column
+        no step recorded its next key), ``action`` = id of each step's parsed action text (equal
+        texts, equal ids: what ecpo and ``include_actions`` key on; None when the rollout
+        recorded no actions); a branched rollout's batch has the ``parent`` column
         (hgpo.branched_batch)."""
         traj = np.asarray(self.traj, dtype=np.int64)
         parent = None
@@ -333,6 +339,7 @@ class Rollout:
                     "every step of a batch records the key of the observation it led to, or none"
                 )
             next_state = keys(self.next_key)
+        action = StateIndexer()(self.action) if len(self.action) == len(traj) > 0 else None
         return StepBatch(
             group=np.asarray(self.group, dtype=np.int64),
             traj=traj,
@@ -342,6 +349,7 @@ class Rollout:
             invalid=np.asarray(self.invalid, dtype=bool),
             parent=parent,
             next_state=next_state,
+            action=action,
         )
 
 
@@ -363,6 +371,8 @@ class StepRecord:
     """action_mode="score": the entropy of the policy over the step's candidates; else None."""
     next_key: str | None = None
     """The state key of the observation the step led to (filled after the env stepped)."""
+    action: str = ""
+    """The action parsed from the response (the text sent to the env)."""
 
 
 @dataclass
@@ -423,6 +433,7 @@ def act(
                 hidden=int(infos[i].get("hidden_state", -1)),
                 observation=obs[i],
                 candidate_entropy=entropy[j],
+                action=parsed.action,
             )
         )
         envs.remember(i, obs[i], parsed.action)

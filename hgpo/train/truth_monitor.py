@@ -50,6 +50,7 @@ not finite) and pi(action | x) would be a sum over every think text that ends in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -429,8 +430,12 @@ class TruthMonitor:
     def estimator_metrics(
         self, truth: LLMTruth, steps: TruthSteps, nodes: StepNodes
     ) -> dict[str, float]:
-        """``truth/<estimator>/<metric>`` of every registered estimator on ``steps``."""
+        """``truth/<estimator>/<metric>`` of every registered estimator on ``steps``. The
+        batch's ``action`` column is the action id each response names (score mode: the
+        listed actions are the canonical ones), which ecpo reads."""
         batch = steps.batch
+        if batch.action is None:
+            batch = dataclasses.replace(batch, action=nodes.action)
         A_true = truth.Q[nodes.node, nodes.action] - truth.V[nodes.node]
         group = batch.group
         # the key is (task, z, a): an estimator's mean at (z, a) may depend on the group's task

@@ -404,6 +404,56 @@ def ref_dynamic_keep(b: StepBatch) -> list[bool]:
     return [len(set(totals[int(b.group[row])])) > 1 for row in range(b.n_steps)]
 
 
+def ref_ecpo_terms(b: StepBatch, cfg: EstimatorConfig) -> tuple[list[float], list[float]]:
+    """ECPO's (A_act, rho) of every step, straight from the definitions (hgpo/ecpo.py), one
+    anchor (group, state) at a time, every mean and variance in exact rational arithmetic:
+
+        mu~_{s,u} = (n_{s,u} Gbar_{s,u} + kappa mu_s) / (n_{s,u} + kappa)
+        A_act     = (mu~_{s,u} - mu_s) [/ (sigma_s + eps)]
+        rho(s)    = tanh(n_s / tau) B_s / (B_s + W_s + eps_g)   (0 for equal returns / 0 / 0)
+    """
+    R = ref_returns(b, cfg)
+    anchors: dict = defaultdict(list)
+    for row in range(b.n_steps):
+        anchors[int(b.group[row]), int(b.state[row])].append(row)
+    A_act, rho = [0.0] * b.n_steps, [0.0] * b.n_steps
+    kappa = Fraction(cfg.ecpo_kappa)
+    for rows in anchors.values():
+        G = {i: Fraction(R[i]) for i in rows}
+        n = len(rows)
+        mu = sum(G.values()) / n
+        by_action: dict = defaultdict(list)
+        for i in rows:
+            by_action[int(b.action[i])].append(i)
+        gbar = {u: sum(G[i] for i in m) / len(m) for u, m in by_action.items()}
+        B = sum(len(m) * (gbar[u] - mu) ** 2 for u, m in by_action.items()) / n
+        W = sum((G[i] - gbar[u]) ** 2 for u, m in by_action.items() for i in m) / n
+        ddof = 0 if cfg.std == "population" else 1
+        sd = math.sqrt(float(sum((g - mu) ** 2 for g in G.values()) / max(n - ddof, 1)))
+        tied = len(set(G.values())) == 1
+        den = B + W + Fraction(cfg.ecpo_gate_eps)
+        share = 0.0 if tied or den == 0 else float(B / den)
+        gate = 1.0 if cfg.ecpo_gate == "none" else math.tanh(n / cfg.ecpo_tau) * share
+        for u, m in by_action.items():
+            shrunk = (len(m) * gbar[u] + kappa * mu) / (len(m) + kappa) - mu
+            if tied:
+                a = 0.0
+            elif cfg.norm == "mean":
+                a = float(shrunk)
+            else:
+                a = float(shrunk) / (sd + cfg.eps)
+            for i in m:
+                A_act[i], rho[i] = a, gate
+    return A_act, rho
+
+
+def ref_ecpo(b: StepBatch, cfg: EstimatorConfig) -> list[float]:
+    """ECPO: A = A^GRPO + omega rho(s) A_act(s, u) (:func:`ref_ecpo_terms`)."""
+    A_act, rho = ref_ecpo_terms(b, cfg)
+    ep = ref_episode(b, cfg)[0]
+    return [e + cfg.ecpo_omega * r * a for e, r, a in zip(ep, rho, A_act, strict=True)]
+
+
 def ref_estimate(
     name: str,
     b: StepBatch,
@@ -413,6 +463,8 @@ def ref_estimate(
 ) -> list[float]:
     if name == "3spo":
         return ref_3spo(b, cfg)
+    if name == "ecpo":
+        return ref_ecpo(b, cfg)
     if name == "graphgpo":
         return ref_graphgpo(b, cfg)[1]
     if name == "empg":

@@ -172,3 +172,15 @@ def spo3_options(draw) -> dict:
         spo3_target=draw(st.sampled_from(["reward", "return"])),
         spo3_terminal_score=draw(st.sampled_from([1.0, 0.0, 0.5])),
     )
+
+
+@st.composite
+def ecpo_options(draw) -> dict:
+    """ECPO's own options (EstimatorConfig's ecpo_* fields), edge values included."""
+    return dict(
+        ecpo_kappa=draw(st.sampled_from([2.0, 0.0, 0.5, 1e3])),
+        ecpo_tau=draw(st.sampled_from([4.0, 1.0, 0.25, 1e3])),
+        ecpo_omega=draw(st.sampled_from([1.0, 0.0, 0.5])),
+        ecpo_gate=draw(st.sampled_from(["variance", "none"])),
+        ecpo_gate_eps=draw(st.sampled_from([0.0, 1e-6, 1.0])),
+    )

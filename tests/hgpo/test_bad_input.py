@@ -29,8 +29,10 @@ def batch(**over):
 
 
 def pair(reward):
-    """Two one-step trajectories in one group, same state: every group estimator compares them."""
-    return StepBatch(group=[0, 0], traj=[0, 1], step=[0, 0], reward=reward, state=[0, 0])
+    """Two one-step trajectories in one group, same state, two actions (ecpo's canonical
+    actions; no other estimator reads them here): every group estimator compares them."""
+    return StepBatch(group=[0, 0], traj=[0, 1], step=[0, 0], reward=reward, state=[0, 0],
+                     action=[0, 1])  # fmt: skip
 
 
 # --------------------------------------------------------------------------- StepBatch(...)
@@ -434,3 +436,48 @@ def test_empg_and_gigpo_variants_name_bad_input(case):
     fn, message = _new_estimator_cases()[case]
     with pytest.raises(ValueError, match=message):
         fn()
+
+
+# --------------------------------------------------------------------------- ecpo
+
+ECPO_NUMERIC = ("ecpo_kappa", "ecpo_tau", "ecpo_omega", "ecpo_gate_eps")
+
+
+@pytest.mark.parametrize(
+    ("opts", "match"),
+    [
+        (dict(ecpo_kappa=-1.0), r"^EstimatorConfig\.ecpo_kappa: must be a finite number in \[0\.0, 1000000\.0\], got -1\.0$"),
+        (dict(ecpo_kappa=1e7), r"^EstimatorConfig\.ecpo_kappa: must be a finite number in \[0\.0, 1000000\.0\], got 10000000\.0$"),
+        (dict(ecpo_tau=0.0), r"^EstimatorConfig\.ecpo_tau: must be a finite number in \(0\.0, 1000000\.0\], got 0\.0$"),
+        (dict(ecpo_omega=-0.5), r"^EstimatorConfig\.ecpo_omega: must be a finite number in \[0\.0, 1000000\.0\], got -0\.5$"),
+        (dict(ecpo_gate_eps=-1e-9), r"^EstimatorConfig\.ecpo_gate_eps: must be a finite number in \[0\.0, 1000000\.0\], got -1e-09$"),
+        (dict(ecpo_gate="off"), r"^EstimatorConfig\.ecpo_gate: must be one of 'variance', 'none', got 'off'$"),
+    ]
+    + [(dict([(name, v)]), rf"^EstimatorConfig\.{name}: must be a finite number")
+       for name in ECPO_NUMERIC for v in (math.inf, -math.inf, math.nan, "1", True)],
+)  # fmt: skip
+def test_ecpo_config_table(opts, match):
+    with pytest.raises(ValueError, match=match):
+        EstimatorConfig(**opts)
+    with pytest.raises(ValueError, match=match):
+        compute_advantages("ecpo", pair([1.0, 0.0]), **opts)
+
+
+def test_ecpo_needs_the_action_column_before_any_work(monkeypatch):
+    """A batch without StepBatch.action (the canonical actions) is a named error, raised
+    before the returns are computed (step_returns is made to fail here: it is never reached)."""
+    import hgpo.ecpo
+
+    def boom(*args, **kwargs):
+        raise AssertionError("step_returns was called")
+
+    monkeypatch.setattr(hgpo.ecpo, "step_returns", boom)
+    no_actions = StepBatch(group=[0, 0], traj=[0, 1], step=[0, 0], reward=[1.0, 0.0],
+                           state=[0, 0])  # fmt: skip
+    with pytest.raises(ValueError, match=r"^estimator 'ecpo' needs StepBatch\.action: the "
+                       r"canonical action key of every step"):  # fmt: skip
+        compute_advantages("ecpo", no_actions)
+    with pytest.raises(ValueError, match=r"estimator 'ecpo': batch must be a StepBatch"):
+        compute_advantages("ecpo", {"reward": [1.0]})
+    with pytest.raises(ValueError, match=r"^values: estimator 'ecpo' does not read state values"):
+        compute_advantages("ecpo", pair([1.0, 0.0]), values=[0.0, 0.0])

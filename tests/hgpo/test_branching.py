@@ -174,9 +174,11 @@ def test_a_batch_with_roots_only_names_what_an_unbranched_one_does(step, traj, m
 
 
 def test_parents_all_minus_one_is_the_unbranched_batch():
-    b = StepBatch([0, 0, 0], [0, 0, 1], [0, 1, 0], [1.0, 0.0, 2.0], [1, 2, 1], parent=[-1] * 3)
+    # (actions for ecpo, which reads them; no other estimator does here)
+    b = StepBatch([0, 0, 0], [0, 0, 1], [0, 1, 0], [1.0, 0.0, 2.0], [1, 2, 1], [0, 1, 1],
+                  parent=[-1] * 3)  # fmt: skip
     assert b.branches is None
-    u = StepBatch([0, 0, 0], [0, 0, 1], [0, 1, 0], [1.0, 0.0, 2.0], [1, 2, 1])
+    u = StepBatch([0, 0, 0], [0, 0, 1], [0, 1, 0], [1.0, 0.0, 2.0], [1, 2, 1], [0, 1, 1])
     for name in GROUP_ESTIMATORS:
         np.testing.assert_array_equal(
             compute_advantages(name, b, **default_inputs(name, b)).advantages,

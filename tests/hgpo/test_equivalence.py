@@ -13,6 +13,7 @@ from hgpo.gigpo_variants import lcs_bounds, similarity_clusters
 from hgpo.graphgpo import graph_distances
 from tests.hgpo.reference_impl import (
     ref_context,
+    ref_ecpo_terms,
     ref_episode,
     ref_estimate,
     ref_graph_distances,
@@ -25,6 +26,7 @@ from tests.hgpo.strategies import (
     OBSERVATIONS,
     configs,
     default_inputs,
+    ecpo_options,
     graph_batches,
     graph_configs,
     spo3_options,
@@ -105,6 +107,30 @@ def test_3spo_equals_reference_over_its_options(estimator, batch, cfg, spo3, man
     fast = compute_advantages(estimator, batch, cfg).advantages
     ref = np.asarray(ref_estimate(estimator, batch, cfg))
     np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("estimator", ["ecpo"])  # (so HGPO_ESTIMATOR selects it)
+@given(batch=step_batches(n_states=2), cfg=configs(), ecpo=ecpo_options(), data=st.data())
+def test_ecpo_equals_reference_over_its_options(estimator, batch, cfg, ecpo, data):
+    """ECPO with its own options drawn too (the generic test runs its defaults), on batches
+    with two states so that anchors gather many occurrences, actions from 1 to 3 values (one
+    action per anchor: the gate's B_s = 0; many: shrinkage of single occurrences)."""
+    n_actions = data.draw(st.integers(1, 3))
+    actions = np.asarray(
+        data.draw(
+            st.lists(st.integers(0, n_actions - 1), min_size=batch.n_steps, max_size=batch.n_steps)
+        )
+    )
+    batch = dataclasses.replace(batch, action=actions)
+    cfg = cfg.replace(**ecpo)
+    out = compute_advantages(estimator, batch, cfg)
+    A_act, rho = ref_ecpo_terms(batch, cfg)
+    np.testing.assert_allclose(out.diagnostics["ecpo"]["gate"], rho, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        out.diagnostics["ecpo"]["step_advantage"], A_act, rtol=1e-12, atol=1e-12
+    )
+    ref = np.asarray(ref_estimate(estimator, batch, cfg))
+    np.testing.assert_allclose(out.advantages, ref, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -340,3 +340,65 @@ def test_gigpo_dynamic_drops_groups_of_equal_episode_rewards():
     # rescaled by n / n_kept = 6 / 2
     a = compute_advantages("gigpo_dynamic", DYN_BATCH, DYN_CFG.replace(gigpo_dynamic_rescale=True))
     np.testing.assert_allclose(a.advantages, [0, 0, 0, 0, 3, -3])
+
+
+# --------------------------------------------------------------------------- ecpo
+# ECPO (arXiv 2606.05885; no public code, so this example is worked from the paper's
+# definitions, hgpo/ecpo.py). norm = "mean", gamma = 1, kappa = 2, tau = 4, omega = 1.
+# Group 0: four one-step trajectories from state 1 (one anchor s, n_s = 4):
+#   tau1: action 0, G = 1;  tau2: action 0, G = 0;  tau3: action 0, G = 0;  tau4: action 1, G = 1
+#   mu_s = 1/2; action 0: n = 3, Gbar = 1/3; action 1 (the rare, lucky one): n = 1, Gbar = 1.
+#   Shrinkage: mu~ - mu_s = n / (n + 2) (Gbar - mu_s): action 0: 3/5 (-1/6) = -1/10;
+#   action 1: 1/3 (1/2) = 1/6 (GiGPO's step term would give tau4 the full 1 - 1/2 = 1/2).
+#   Gate: B = (3 (1/6)^2 + 1 (1/2)^2) / 4 = (1/12 + 3/12) / 4 = 1/12;
+#         W = ((2/3)^2 + 2 (1/3)^2 + 0) / 4 = (6/9) / 4 = 1/6;  B + W = 1/4, the anchor's variance;
+#         rho = tanh(4 / 4) (1/12) / (1/4) = tanh(1) / 3.
+#   Episode term: E - mean = [1/2, -1/2, -1/2, 1/2].
+#   A = [1/2 - tanh(1)/30, -1/2 - tanh(1)/30, -1/2 - tanh(1)/30, 1/2 + tanh(1)/18].
+# Group 1: tau5 (action 0, G = 1), tau6 (action 0, G = 0) from state 1: its own anchor (not
+#   group 0's), one action: B = 0, rho = 0: A = the episode term [1/2, -1/2].
+ECPO_BATCH = StepBatch.from_trajectories(
+    groups=[0, 0, 0, 0, 1, 1],
+    rewards=[[1.0], [0.0], [0.0], [1.0], [1.0], [0.0]],
+    states=[[1]] * 6,
+    actions=[[0], [0], [0], [1], [0], [0]],
+)
+ECPO_CFG = EstimatorConfig(gamma=1.0, norm="mean")
+TANH1 = np.tanh(1.0)
+
+
+def test_ecpo_shrinks_the_rare_lucky_action_and_gates_the_anchor():
+    out = compute_advantages("ecpo", ECPO_BATCH, ECPO_CFG)
+    d = out.diagnostics["ecpo"]
+    np.testing.assert_allclose(d["step_advantage"], [-0.1, -0.1, -0.1, 1 / 6, 0, 0], atol=1e-15)
+    np.testing.assert_allclose(d["between"][:4], 1 / 12, rtol=1e-15)
+    np.testing.assert_allclose(d["within"][:4], 1 / 6, rtol=1e-15)
+    np.testing.assert_allclose(d["gate"], [TANH1 / 3] * 4 + [0, 0], rtol=1e-15)
+    np.testing.assert_allclose(
+        out.advantages,
+        [0.5 - TANH1 / 30, -0.5 - TANH1 / 30, -0.5 - TANH1 / 30, 0.5 + TANH1 / 18, 0.5, -0.5],
+        rtol=1e-15,
+    )
+    assert d["n_anchor"].tolist() == [4, 4, 4, 4, 2, 2]
+    assert d["n_action"].tolist() == [3, 3, 3, 1, 2, 2]
+    # GiGPO gives tau4 1/2 + 1/2: ECPO credits the single lucky occurrence far less
+    assert compute_advantages("gigpo", ECPO_BATCH, ECPO_CFG).advantages[3] == 1.0
+
+
+def test_ecpo_options_on_the_hand_worked_batch():
+    # kappa = 0 and no gate: GiGPO's step term averaged per action: action 0 -> 1/3 - 1/2
+    a = compute_advantages("ecpo", ECPO_BATCH, ECPO_CFG, ecpo_kappa=0.0, ecpo_gate="none")
+    np.testing.assert_allclose(a.advantages[:4], [1 / 3, -2 / 3, -2 / 3, 1.0], rtol=1e-15)
+    # tau = 1: rho = tanh(4) / 3;  eps_g = 1/4: rho = tanh(1) (1/12) / (1/4 + 1/4) = tanh(1) / 6
+    g = compute_advantages("ecpo", ECPO_BATCH, ECPO_CFG, ecpo_tau=1.0).diagnostics["ecpo"]["gate"]
+    assert g[0] == pytest.approx(np.tanh(4.0) / 3, rel=1e-15)
+    g = compute_advantages("ecpo", ECPO_BATCH, ECPO_CFG, ecpo_gate_eps=0.25)
+    assert g.diagnostics["ecpo"]["gate"][0] == pytest.approx(TANH1 / 6, rel=1e-15)
+    # omega = 0: the episode term alone
+    a = compute_advantages("ecpo", ECPO_BATCH, ECPO_CFG, ecpo_omega=0.0).advantages
+    np.testing.assert_array_equal(a, [0.5, -0.5, -0.5, 0.5, 0.5, -0.5])
+    # mean_std, eps = 0: sigma_s = 1/2 (population) -> A_act = [-1/5, 1/3]; episode +-1
+    a = compute_advantages("ecpo", ECPO_BATCH, ECPO_CFG, norm="mean_std", eps=0.0).advantages
+    np.testing.assert_allclose(
+        a, [1 - TANH1 / 15, -1 - TANH1 / 15, -1 - TANH1 / 15, 1 + TANH1 / 9, 1, -1], rtol=1e-15
+    )

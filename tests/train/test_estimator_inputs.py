@@ -185,6 +185,27 @@ def test_the_batch_records_the_observation_each_step_led_to(tiny, monkeypatch):
     assert out.diagnostics["graph"]["terminal"] == "next_state"
 
 
+def test_the_batch_carries_each_steps_parsed_action_and_ecpo_runs_on_it(tiny):
+    """StepBatch.action: the id of the action text each step sent to the env (equal texts,
+    equal ids), in score mode one of the env's listed actions; ecpo (which needs canonical
+    actions) and hgpo with include_actions then run on the trainer's batch."""
+    from hgpo import compute_advantages
+
+    cfg = _cfg(max_steps=4, action_mode="score")
+    roll = _play(tiny, cfg)
+    batch = roll.step_batch()
+    assert batch.action is not None and len(roll.action) == len(roll) == len(batch.action)
+    listed = set(render(parse_toy_spec(ENV).build()).actions)
+    assert set(roll.action) <= listed
+    for i in range(len(roll)):
+        for j in range(len(roll)):
+            assert (roll.action[i] == roll.action[j]) == (batch.action[i] == batch.action[j])
+    out = compute_advantages("ecpo", batch, cfg.estimator_config())
+    assert np.isfinite(out.advantages).all()
+    est = cfg.estimator_config().replace(include_actions=True)
+    assert np.isfinite(compute_advantages("hgpo", batch, est).advantages).all()
+
+
 def test_a_values_reader_trains_a_critic_and_an_unknown_name_lists_the_registered():
     from tests.train.conftest import run_cli
 
