@@ -128,7 +128,8 @@ def run_one(s: Study, estimator: str, seed: int, argv: list[str], tag: str) -> d
     its record; RunFailed when it fails."""
     name, run_dir = s.name(estimator, seed), s.run_dir(estimator, seed)
     log = run_dir.parent / f"{name}.log"
-    print(f"{tag}: hgpo.train, {s.iterations} iterations (log: {log})", file=sys.stderr, flush=True)
+    its = f"{s.iterations} iteration{'s' if s.iterations > 1 else ''}"
+    print(f"{tag}: hgpo.train, {its} (log: {log})", file=sys.stderr, flush=True)
     load_before, started, t0 = os.getloadavg(), _now(), time.monotonic()
     before = 0 if "--fresh" in argv else len(run_rows(run_dir, s.iterations))
     seen = [before]  # (iterations logged: a resumed run goes on after its checkpoint)
