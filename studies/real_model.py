@@ -63,6 +63,18 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--history-length", type=int, default=2, help="K")
     ap.add_argument("--max-steps", type=int, default=None, help="default: the env's horizon")
     ap.add_argument("--lr", type=float, default=None, help="default: the preset's")
+    ap.add_argument(
+        "--mini-batch-size",
+        type=int,
+        default=None,
+        help="step samples per optimizer step (default: the preset's)",
+    )
+    ap.add_argument(
+        "--ppo-epochs",
+        type=int,
+        default=None,
+        help="passes over an iteration's samples (default: the preset's)",
+    )
     ap.add_argument("--model", default=None,
                     help="default: the preset's; e.g. a warm start's model folder")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1,
@@ -96,6 +108,10 @@ def _check_flags(a: argparse.Namespace) -> int:
         check_int("--max-steps", a.max_steps, lo=horizon, hi=100_000)
     if a.lr is not None:
         check_number("--lr", a.lr, lo=0.0, hi=1.0, lo_open=True)
+    if a.mini_batch_size is not None:
+        check_int("--mini-batch-size", a.mini_batch_size, lo=1, hi=1_048_576)
+    if a.ppo_epochs is not None:
+        check_int("--ppo-epochs", a.ppo_epochs, lo=1, hi=100)
     check_int("--threads", a.threads, lo=1, hi=1024)
     check_number("--run-timeout", a.run_timeout, lo=1.0, hi=30 * 86400.0)
     return horizon
@@ -135,7 +151,7 @@ def parse(argv: list[str] | None) -> Study:
     s = Study(Path(a.out), a.preset, a.env, tuple(a.estimators), a.seeds, a.iterations,
               a.truth_every, a.groups_per_iter, a.group_size, a.history_length,
               horizon if a.max_steps is None else a.max_steps, a.lr, a.model, a.threads,
-              float(a.run_timeout), a.fresh, {})  # fmt: skip
+              float(a.run_timeout), a.fresh, {}, a.mini_batch_size, a.ppo_epochs)  # fmt: skip
     common: dict[str, Any] = {}
     for est in s.estimators:
         cfg = _resolved(s, est)

@@ -50,6 +50,10 @@ class Study:
     fresh: bool
     config: dict[str, Any]
     """The runs' resolved TrainConfig without the estimator, the seed and :data:`UNKEYED`."""
+    mini_batch_size: int | None = None
+    """``--mini-batch-size`` of the runs (step samples per optimizer step); None: the preset's."""
+    ppo_epochs: int | None = None
+    """``--ppo-epochs`` of the runs (passes over an iteration's samples); None: the preset's."""
 
     def name(self, estimator: str, seed: int) -> str:
         """``<estimator>-s<seed>``: the run's folder name (studies.llm_truth_report reads it)."""
@@ -89,11 +93,13 @@ def train_argv(
     out_dir = s.run_dir(estimator, seed) if out_dir is None else out_dir
     lr = [] if s.lr is None else ["--lr", repr(s.lr)]
     model = [] if s.model is None else ["--model", s.model]
+    mb = [] if s.mini_batch_size is None else ["--mini-batch-size", str(s.mini_batch_size)]
+    ep = [] if s.ppo_epochs is None else ["--ppo-epochs", str(s.ppo_epochs)]
     return [
         "--preset", s.preset, *model, "--env", s.env, "--action-mode", "score",
         "--history-length", str(s.history_length), "--max-steps", str(s.max_steps),
         "--groups-per-iter", str(s.groups_per_iter), "--group-size", str(s.group_size),
-        "--iterations", str(s.iterations), "--truth-every", str(s.truth_every), *lr,
+        "--iterations", str(s.iterations), "--truth-every", str(s.truth_every), *lr, *mb, *ep,
         "--val-every", "0", "--save-every", "1", "--keep-checkpoints", "1", "--progress", "false",
         "--estimator", estimator, "--seed", str(s.train_seed(estimator, seed)), "--out-dir", str(out_dir), start,
     ]  # fmt: skip

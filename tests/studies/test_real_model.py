@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,8 @@ def _argv(out: Path, *extra: str) -> list[str]:
         (["--iterations", "3", "--truth-every", "4"], "--truth-every: must be an integer in 1..3"),
         (["--max-steps", "2"], "--max-steps: must be an integer in 9..100000, got 2"),
         (["--lr", "nan"], "--lr: must be a finite number"),
+        (["--mini-batch-size", "0"], "--mini-batch-size: must be an integer in 1..1048576, got 0"),
+        (["--ppo-epochs", "101"], "--ppo-epochs: must be an integer in 1..100, got 101"),
         (["--threads", "0"], "--threads"),
         (["--preset", "alfworld-1.5b-k2"], "--preset: must be one of"),
         (["--run-timeout", "inf"], "--run-timeout"),
@@ -207,3 +210,11 @@ def test_the_runs_arguments(tmp_path):
     assert flags["--seed"] == str(zlib.crc32(b"hgpo") % 1_000_000 + 1)
     assert flags["--out-dir"] == str(tmp_path / "runs" / "hgpo-s1") and argv[-1] == "--resume"
     assert "--lr" not in argv  # (the preset's)
+    assert "--mini-batch-size" not in argv and "--ppo-epochs" not in argv
+    s = replace(s, lr=1e-4, mini_batch_size=8, ppo_epochs=2)
+    flags = dict(zip(*[iter(train_argv(s, "hgpo", 1))] * 2, strict=False))
+    assert (flags["--lr"], flags["--mini-batch-size"], flags["--ppo-epochs"]) == (
+        "0.0001",
+        "8",
+        "2",
+    )
