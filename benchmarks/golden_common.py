@@ -196,6 +196,42 @@ def compare_cases(
     return rep
 
 
+def episode_rewards(case: dict[str, Any], float64: bool) -> dict[int, Any]:
+    """verl-agent's rollout loop's ``episode_rewards`` by trajectory: the env rewards summed
+    step by step in float32 (in the float64 run, float64)."""
+    ndt = np.float64 if float64 else np.float32
+    episode: dict[int, Any] = {}
+    for t, r in zip(np.asarray(case["traj"]).tolist(), np.asarray(case["reward"], dtype=ndt),
+                    strict=True):  # fmt: skip
+        episode[t] = ndt(episode.get(t, ndt(0.0)) + r)
+    return episode
+
+
+def trainer_scores(
+    case: dict[str, Any], episode: dict[int, Any], float64: bool
+) -> tuple[Any, Any, list[Any]]:
+    """(response_mask, scores, penalty) as verl-agent's trainer makes them, in the run's float
+    type: the mask [n, L] of each step's ``resp_len`` tokens; the episode reward at each step's
+    last response token (reward_manager/episode.py) less 0.1 x invalid
+    (``apply_invalid_action_penalty``); that penalty's 0 or 1 per step (0-d tensors), which
+    some trainers take off the step rewards too."""
+    import torch
+
+    fdt = torch.float64 if float64 else torch.float32
+    n, L = len(case["group"]), max(case["resp_len"])
+    traj, resp_len = case["traj"], case["resp_len"]
+    valid = ~np.asarray(case["invalid"], dtype=bool)
+    response_mask = torch.zeros((n, L), dtype=fdt)
+    scores = torch.zeros((n, L), dtype=fdt)
+    penalty = []
+    for i in range(n):
+        response_mask[i, : resp_len[i]] = 1.0
+        scores[i, resp_len[i] - 1] = torch.tensor(episode[int(traj[i])], dtype=fdt)
+        penalty.append(torch.tensor(1 - np.float32(valid[i]), dtype=fdt))
+        scores[i, resp_len[i] - 1] -= 0.1 * penalty[i]
+    return response_mask, scores, penalty
+
+
 def case_step_batch(case: dict[str, Any], **fields: Any) -> StepBatch:
     """The StepBatch of a golden case's ``group``, ``traj``, ``step``, ``reward`` (float64) and
     ``state``; ``fields`` add to or replace those."""

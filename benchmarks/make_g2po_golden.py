@@ -48,10 +48,12 @@ import numpy as np
 from benchmarks.golden_common import (
     case_step_batch,
     compare_cases,
+    episode_rewards,
     golden_parser,
     golden_path,
     require_files,
     torch_default_dtype,
+    trainer_scores,
     write_golden,
 )
 from benchmarks.make_verl_agent_golden import load_modules
@@ -101,15 +103,11 @@ def run_reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) ->
 def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np.ndarray:
     import torch
 
-    fdt = torch.float64 if float64 else torch.float32
     ndt = np.float64 if float64 else np.float32
     n, L = len(case["group"]), max(case["resp_len"])
     traj = np.asarray(case["traj"])
     valid = ~np.asarray(case["invalid"], dtype=bool)
-    resp_len = np.asarray(case["resp_len"])
-    episode: dict[int, Any] = {}  # rollout_loop: a float32 running sum (f64 run: float64)
-    for t, r in zip(traj.tolist(), np.asarray(case["reward"], dtype=ndt), strict=True):
-        episode[t] = ndt(episode.get(t, ndt(0.0)) + r)
+    episode = episode_rewards(case, float64)
     uid = np.array([f"g{g}" for g in case["group"]], dtype=object)
     traj_uid = np.array([f"t{t:04d}" for t in case["traj"]], dtype=object)
     batch = mod.DataProto(
@@ -121,13 +119,7 @@ def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np
         },
     )  # fmt: skip
     step_rewards, group_idx, next_group_idx = mod.compute_group_aggregation_values(batch)
-    response_mask = torch.zeros((n, L), dtype=fdt)
-    scores = torch.zeros((n, L), dtype=fdt)
-    for i in range(n):
-        response_mask[i, : resp_len[i]] = 1.0
-        scores[i, resp_len[i] - 1] = torch.tensor(episode[int(traj[i])], dtype=fdt)
-        inv = torch.tensor(1 - np.float32(valid[i]), dtype=fdt)  # apply_invalid_action_penalty
-        scores[i, resp_len[i] - 1] -= 0.1 * inv
+    response_mask, scores, _ = trainer_scores(case, episode, float64)
     adv, _ = mod.compute_g2po_outcome_advantage(
         token_level_rewards=scores, step_rewards=step_rewards, response_mask=response_mask,
         index=uid, traj_index=traj_uid, group_idx=group_idx, next_group_idx=next_group_idx,

@@ -64,12 +64,14 @@ import numpy as np
 from benchmarks.golden_common import (
     case_step_batch,
     compare_cases,
+    episode_rewards,
     exec_source,
     golden_parser,
     golden_path,
     require_files,
     terminal_next_state,
     torch_default_dtype,
+    trainer_scores,
     write_golden,
 )
 from hgpo import StepBatch, compute_advantages, reference_config
@@ -169,17 +171,12 @@ def run_reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) ->
 def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np.ndarray:
     import torch
 
-    fdt = torch.float64 if float64 else torch.float32
     ndt = np.float64 if float64 else np.float32
     n = len(case["group"])
-    L = max(case["resp_len"])
     rewards = np.asarray(case["reward"], dtype=ndt)
     traj = np.asarray(case["traj"])
     valid = ~np.asarray(case["invalid"], dtype=bool)
-    resp_len = np.asarray(case["resp_len"])
-    episode: dict[int, Any] = {}  # rollout_loop: a running sum in float32 (f64 run: float64)
-    for t, r in zip(traj.tolist(), rewards, strict=True):
-        episode[t] = ndt(episode.get(t, ndt(0.0)) + r)
+    episode = episode_rewards(case, float64)
     anchor, nxt = _observations(case, episode)
     uid = np.array([f"g{g}" for g in case["group"]], dtype=object)
     traj_uid = np.array([f"t{t:04d}" for t in case["traj"]], dtype=object)
@@ -199,14 +196,9 @@ def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np
     step_rewards = mod.compute_graph_path_returns(
         batch=batch, Gs=graphs, gamma=gamma, normalize_distance=case["normalize_distance"]
     )
-    response_mask = torch.zeros((n, L), dtype=fdt)
-    scores = torch.zeros((n, L), dtype=fdt)
+    response_mask, scores, penalty = trainer_scores(case, episode, float64)
     for i in range(n):
-        response_mask[i, : resp_len[i]] = 1.0
-        scores[i, resp_len[i] - 1] = torch.tensor(episode[int(traj[i])], dtype=fdt)
-        inv = torch.tensor(1 - np.float32(valid[i]), dtype=fdt)  # apply_invalid_action_penalty
-        scores[i, resp_len[i] - 1] -= 0.1 * inv
-        step_rewards[i] -= 0.1 * inv
+        step_rewards[i] -= 0.1 * penalty[i]
     adv, _ = mod.compute_graphgpo_outcome_advantage(
         token_level_rewards=scores, step_rewards=step_rewards, response_mask=response_mask,
         anchor_obs=anchor, index=uid, traj_index=traj_uid, epsilon=1e-6,

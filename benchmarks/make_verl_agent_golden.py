@@ -59,11 +59,13 @@ import numpy as np
 from benchmarks.golden_common import (
     Tally,
     case_step_batch,
+    episode_rewards,
     exec_source,
     golden_entry,
     golden_parser,
     golden_path,
     torch_default_dtype,
+    trainer_scores,
     write_golden,
 )
 from hgpo import StepBatch, compute_advantages, reference_config
@@ -161,17 +163,9 @@ def _reference_inputs(
     returns, the episode reward at the last response token, the invalid-action penalty."""
     import torch
 
-    fdt = torch.float64 if float64 else torch.float32
     ndt = np.float64 if float64 else np.float32
     n = len(case["group"])
-    L = max(case["resp_len"])
     rewards = np.asarray(case["reward"], dtype=ndt)
-    traj = np.asarray(case["traj"])
-    invalid = np.asarray(case["invalid"], dtype=bool)
-    resp_len = np.asarray(case["resp_len"])
-    response_mask = torch.zeros((n, L), dtype=fdt)
-    for i, m in enumerate(resp_len):
-        response_mask[i, :m] = 1.0
     # The rollout loop's uids are strings; ours are ints. Strings keep np.unique's order
     # irrelevant (nothing depends on it) and exercise to_hashable on str observations.
     traj_uid = np.array([f"t{t:04d}" for t in case["traj"]], dtype=object)
@@ -186,19 +180,11 @@ def _reference_inputs(
     core = mods["core_hgpo"] if case["estimator"] == "hgpo" else mods["core_gigpo"]
     with redirect_stdout(io.StringIO()):
         step_rewards = core.compute_step_discounted_returns(batch=batch, gamma=case["gamma"])
-    # rollout_loop: episode_rewards accumulated step by step in float32 (float64 run: f64).
-    episode = {}
-    for t, r in zip(traj, rewards, strict=True):
-        episode[t] = ndt(episode.get(t, ndt(0.0)) + r)
-    # reward_manager/episode.py: the episode reward at the last valid response token.
-    scores = torch.zeros((n, L), dtype=fdt)
+    # rollout_loop's episode rewards, at the last response token less the invalid penalty
+    # (hgpo_ray_trainer.apply_invalid_action_penalty, coefficient 0.1), on the returns too.
+    response_mask, scores, penalty = trainer_scores(case, episode_rewards(case, float64), float64)
     for i in range(n):
-        scores[i, resp_len[i] - 1] = torch.tensor(episode[traj[i]], dtype=fdt)
-    # hgpo_ray_trainer.apply_invalid_action_penalty, coefficient 0.1.
-    for i in range(n):
-        inv = torch.tensor(1 - np.float32(not invalid[i]), dtype=fdt)
-        scores[i, resp_len[i] - 1] -= 0.1 * inv
-        step_rewards[i] -= 0.1 * inv
+        step_rewards[i] -= 0.1 * penalty[i]
     return _RefInputs(
         scores=scores,
         step_rewards=step_rewards,
