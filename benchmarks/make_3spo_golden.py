@@ -65,18 +65,23 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.make_verl_agent_golden import write_golden
+from benchmarks.golden_common import (
+    Tally,
+    case_step_batch,
+    golden_entry,
+    golden_parser,
+    golden_path,
+    terminal_next_state,
+    torch_default_dtype,
+    write_golden,
+)
 from hgpo import EstimatorConfig, StepBatch, compute_advantages
-from hgpo.options import ArgumentParser
 from hgpo.threespo import SPO3_SOURCE, rollout_allocation, state_score, state_visits
 
-GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "hgpo" / "data" / "3spo_golden.json"
+GOLDEN = golden_path("3spo")
 G_MAX = 8  # StateScoreManager's default, which main_3spo.py keeps
 EPS = 1e-6  # StateScoreManager's epsilon and compute_3spo_advantage's
-F32_TOL = 1e-6
-F64_TOL = 1e-7
 SHAPED_TOL = 1e-12
-CLASSES = ("both", "float64 only", "float32 only", "neither")
 
 
 def load_reference(ref_dir: Path) -> types.ModuleType:
@@ -120,21 +125,8 @@ def random_case(rng: np.random.Generator) -> dict[str, Any]:
 def case_batch(case: dict[str, Any]) -> StepBatch:
     """The StepBatch of one golden case (also used by tests/hgpo/test_3spo_golden.py); with
     the case's terminal observations as the ``next_state`` of each trajectory's last step."""
-    state, traj = np.asarray(case["state"]), np.asarray(case["traj"])
-    next_state = None
-    if case.get("terminal") is not None:
-        next_state = np.empty_like(state)
-        next_state[:-1] = state[1:]
-        last = np.flatnonzero(np.r_[traj[1:] != traj[:-1], True])
-        next_state[last] = np.asarray(case["terminal"])[traj[last]]
-    return StepBatch(
-        group=np.asarray(case["group"]),
-        traj=traj,
-        step=np.asarray(case["step"]),
-        reward=np.asarray(case["reward"], dtype=np.float64),
-        state=state,
-        next_state=next_state,
-    )
+    has_terminal = case.get("terminal") is not None
+    return case_step_batch(case, next_state=terminal_next_state(case) if has_terminal else None)
 
 
 def case_config(case: dict[str, Any]) -> EstimatorConfig:
@@ -214,8 +206,7 @@ def _advantage(
 
     build_step_group = importlib.import_module("gigpo.core_gigpo").build_step_group  # --ref-dir
     dt = torch.float64 if float64 else torch.float32
-    torch.set_default_dtype(dt)
-    try:
+    with torch_default_dtype(float64):
         n, L = len(shaped), max(case["resp_len"])
         mask = torch.zeros((n, L), dtype=dt)
         for i, m in enumerate(case["resp_len"]):
@@ -226,8 +217,6 @@ def _advantage(
             torch.tensor(shaped, dtype=dt), mask, groups, epsilon=EPS,
             remove_std=case["remove_std"],
         )  # fmt: skip
-    finally:
-        torch.set_default_dtype(torch.float32)
     return adv[:, 0].double().numpy()  # every row has >= 1 response token
 
 
@@ -252,21 +241,10 @@ def f32_causes(case: dict[str, Any], shaped: np.ndarray, rows: np.ndarray) -> li
     return out
 
 
-def classify(a: np.ndarray, f32: np.ndarray, f64: np.ndarray) -> np.ndarray:
-    """Per row: 0 equal to both runs, 1 to the float64 run only, 2 to the float32 run only,
-    3 to neither (a semantic mismatch)."""
-    scale = np.maximum(1.0, np.abs(a))
-    ok64 = np.abs(a - f64) <= F64_TOL * scale
-    ok32 = np.abs(a - f32) <= F32_TOL * scale
-    return np.where(ok64 & ok32, 0, np.where(ok64, 1, np.where(ok32, 2, 3)))
-
-
 @dataclass
-class _Report:
-    counts: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))
-    worst: np.ndarray = field(default_factory=lambda: np.zeros(4))
-    """max |ours - f32| on "both" rows, on "float64 only" rows; max |ours - f64| on those;
-    max relative |shaped - theirs|."""
+class _Report(Tally):
+    shaped_worst: float = 0.0
+    """max relative |shaped - theirs|."""
     bad: list[str] = field(default_factory=list)
     golden: list[dict[str, Any]] = field(default_factory=list)
     truncated: int = 0
@@ -282,13 +260,9 @@ def _compare(args: argparse.Namespace, core: types.ModuleType) -> _Report:
         case = random_case(rng)
         a, shaped, n = ours(case)
         ref = run_reference(case, core)
-        cls = classify(a, ref.f32, ref.f64)
-        rep.counts += np.bincount(cls, minlength=4)
-        d32, d64 = np.abs(a - ref.f32), np.abs(a - ref.f64)
+        cls = rep.add(a, ref.f32, ref.f64)
         rel = np.abs(shaped - ref.shaped) / np.maximum(1.0, np.abs(ref.shaped))
-        rep.worst = np.maximum(rep.worst, [d32[cls == 0].max(initial=0.0),
-                                           d32[cls == 1].max(initial=0.0),
-                                           d64[cls <= 1].max(initial=0.0), rel.max()])  # fmt: skip
+        rep.shaped_worst = max(rep.shaped_worst, float(rel.max()))
         rep.truncated += int((ref.n_rollouts == 0).sum())
         for cause in f32_causes(case, ref.shaped, np.flatnonzero(cls == 1)):
             rep.causes[cause] += 1
@@ -299,11 +273,9 @@ def _compare(args: argparse.Namespace, core: types.ModuleType) -> _Report:
                 f"{np.flatnonzero(n != ref.n_rollouts).tolist()} (allocation)"
             )
         if args.write and (c < args.golden_cases or (cls >= 1).any()):
-            rep.golden.append({**case, "reference_f32": [float(np.float32(x)) for x in ref.f32],
-                               "reference_f64": ref.f64.tolist(),
-                               "reference_shaped": ref.shaped.tolist(),
-                               "reference_n_rollouts": ref.n_rollouts.tolist(),
-                               "classes": np.bincount(cls, minlength=4).tolist()})  # fmt: skip
+            rep.golden.append(golden_entry(case, ref.f32, ref.f64, cls,
+                                           reference_shaped=ref.shaped.tolist(),
+                                           reference_n_rollouts=ref.n_rollouts.tolist()))  # fmt: skip
     return rep
 
 
@@ -316,31 +288,20 @@ ABOUT = (
 )
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ref-dir", type=Path, required=True,
-                   help="folder with gigpo/core_3spo.py, gigpo/core_gigpo.py and verl/__init__.py")  # fmt: skip
-    p.add_argument("--cases", type=int, default=400, help="random cases")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")
-    p.add_argument("--golden-cases", type=int, default=24, help="cases in the file (at least)")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = golden_parser(
+        __doc__, GOLDEN, golden_cases=24, golden_help="cases in the file (at least)",
+        ref_help="folder with gigpo/core_3spo.py, gigpo/core_gigpo.py and verl/__init__.py",
+    ).parse_args(argv)  # fmt: skip
     import torch
 
     torch.set_num_threads(1)
     core = load_reference(args.ref_dir)
     rep = _compare(args, core)
-    shares = ", ".join(f"{name} {k}" for name, k in zip(CLASSES, rep.counts, strict=True))
-    print(f"3spo   {args.cases} cases, {rep.counts.sum()} rows; ours equals: {shares}; "
-          f"rows whose state the authors truncate (n = 0): {rep.truncated}")  # fmt: skip
-    print(f"       max |ours - f32|: {rep.worst[0]:.2g} where both agree, {rep.worst[1]:.2g} "
-          f"where only the float64 run agrees; max |ours - f64| on those rows: "
-          f"{rep.worst[2]:.2g}; shaped rewards: max relative difference {rep.worst[3]:.2g}; "
-          "allocations: " + ("all equal" if not rep.bad else "see below"))  # fmt: skip
+    print(rep.summary("3spo  ", args.cases)
+          + f"; rows whose state the authors truncate (n = 0): {rep.truncated}")  # fmt: skip
+    print(f"       {rep.worst_text()}; shaped rewards: max relative difference "
+          f"{rep.shaped_worst:.2g}; allocations: " + ("all equal" if not rep.bad else "see below"))  # fmt: skip
     print("       float64-only rows by cause: "
           + ", ".join(f"{k} {v}" for k, v in rep.causes.items()))  # fmt: skip
     for line in rep.bad:

@@ -37,21 +37,29 @@ group has at least two step rows (one row gives their code a NaN).
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
 import types
 from contextlib import redirect_stdout
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.make_verl_agent_golden import CLASSES, classify, load_modules, write_golden
+from benchmarks.golden_common import (
+    case_step_batch,
+    compare_cases,
+    episode_rewards,
+    golden_parser,
+    golden_path,
+    require_files,
+    torch_default_dtype,
+    trainer_scores,
+    write_golden,
+)
+from benchmarks.make_verl_agent_golden import load_modules
 from hgpo import StepBatch, compute_advantages, reference_config
-from hgpo.options import ArgumentParser
 
-GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "hgpo" / "data" / "g2po_golden.json"
+GOLDEN = golden_path("g2po")
 REF_COMMIT = "Nala-YN/G2PO@b8ffaf56ad241ce73507908e6ed30209cafd324d (g2po/core_g2po.py)"
 REWARDS = np.array([0.0, 0.0, 0.0, 0.0, 1.0, 0.1, -0.5])
 
@@ -88,28 +96,18 @@ def random_case(rng: np.random.Generator) -> dict[str, Any]:
 
 def run_reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np.ndarray:
     """The reference pipeline on one case; returns the per-step advantage."""
-    import torch
-
-    torch.set_default_dtype(torch.float64 if float64 else torch.float32)
-    try:
-        with redirect_stdout(io.StringIO()):
-            return _reference(case, mod, float64)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    with torch_default_dtype(float64), redirect_stdout(io.StringIO()):
+        return _reference(case, mod, float64)
 
 
 def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np.ndarray:
     import torch
 
-    fdt = torch.float64 if float64 else torch.float32
     ndt = np.float64 if float64 else np.float32
     n, L = len(case["group"]), max(case["resp_len"])
     traj = np.asarray(case["traj"])
     valid = ~np.asarray(case["invalid"], dtype=bool)
-    resp_len = np.asarray(case["resp_len"])
-    episode: dict[int, Any] = {}  # rollout_loop: a float32 running sum (f64 run: float64)
-    for t, r in zip(traj.tolist(), np.asarray(case["reward"], dtype=ndt), strict=True):
-        episode[t] = ndt(episode.get(t, ndt(0.0)) + r)
+    episode = episode_rewards(case, float64)
     uid = np.array([f"g{g}" for g in case["group"]], dtype=object)
     traj_uid = np.array([f"t{t:04d}" for t in case["traj"]], dtype=object)
     batch = mod.DataProto(
@@ -121,13 +119,7 @@ def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np
         },
     )  # fmt: skip
     step_rewards, group_idx, next_group_idx = mod.compute_group_aggregation_values(batch)
-    response_mask = torch.zeros((n, L), dtype=fdt)
-    scores = torch.zeros((n, L), dtype=fdt)
-    for i in range(n):
-        response_mask[i, : resp_len[i]] = 1.0
-        scores[i, resp_len[i] - 1] = torch.tensor(episode[int(traj[i])], dtype=fdt)
-        inv = torch.tensor(1 - np.float32(valid[i]), dtype=fdt)  # apply_invalid_action_penalty
-        scores[i, resp_len[i] - 1] -= 0.1 * inv
+    response_mask, scores, _ = trainer_scores(case, episode, float64)
     adv, _ = mod.compute_g2po_outcome_advantage(
         token_level_rewards=scores, step_rewards=step_rewards, response_mask=response_mask,
         index=uid, traj_index=traj_uid, group_idx=group_idx, next_group_idx=next_group_idx,
@@ -139,14 +131,7 @@ def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np
 
 def case_batch(case: dict[str, Any]) -> StepBatch:
     """The StepBatch of one golden case (also used by tests/hgpo/test_g2po_golden.py)."""
-    return StepBatch(
-        group=np.asarray(case["group"]),
-        traj=np.asarray(case["traj"]),
-        step=np.asarray(case["step"]),
-        reward=np.asarray(case["reward"], dtype=np.float64),
-        state=np.asarray(case["state"]),
-        invalid=np.asarray(case["invalid"], dtype=bool),
-    )
+    return case_step_batch(case, invalid=np.asarray(case["invalid"], dtype=bool))
 
 
 def case_config(case: dict[str, Any]):
@@ -162,60 +147,24 @@ def ours(case: dict[str, Any]) -> np.ndarray:
     return compute_advantages("g2po", case_batch(case), config=case_config(case)).advantages
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--ref-dir", type=Path, required=True, help="folder with the copied reference modules"
-    )
-    p.add_argument("--cases", type=int, default=400, help="random cases")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")
-    p.add_argument("--golden-cases", type=int, default=16, help="first cases in the file")
-    p.add_argument(
-        "--extra-cases", type=int, default=8,
-        help="later cases in the file, of those with a row that is not equal to both runs",
-    )  # fmt: skip
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = _parser()
+    p = golden_parser(__doc__, GOLDEN, golden_cases=16, golden_help="first cases in the file",
+                      extra_cases=8)  # fmt: skip
     args = p.parse_args(argv)
-    missing = [x for x in ("core_g2po.py", "verl/__init__.py") if not (args.ref_dir / x).is_file()]
-    if missing:
-        p.error(f"--ref-dir {args.ref_dir}: no {', '.join(missing)}; copy them there as this "
-                "script's docstring says")  # fmt: skip
+    require_files(p, args.ref_dir, ("core_g2po.py", "verl/__init__.py"))
     import torch
 
     torch.set_num_threads(1)
     refs = [load_modules(args.ref_dir, ("core_g2po",), f)["core_g2po"] for f in (False, True)]
-    rng = np.random.default_rng(args.seed)
-    counts = np.zeros(4, dtype=np.int64)
-    bad: list[dict[str, Any]] = []
-    golden: list[dict[str, Any]] = []
-    for c in range(args.cases):
-        case = random_case(rng)
-        a = ours(case)
-        f32 = run_reference(case, refs[0], float64=False)
-        f64 = run_reference(case, refs[1], float64=True)
-        cls = classify(a, f32, f64)
-        counts += np.bincount(cls, minlength=4)
-        if (cls >= 2).any():
-            i = int(np.flatnonzero(cls >= 2)[0])
-            bad.append(dict(case=c, rows=int((cls >= 2).sum()), row=i, ours=a[i], f32=f32[i],
-                            f64=f64[i]))  # fmt: skip
-        extra = (cls != 0).any() and len(golden) < args.golden_cases + args.extra_cases
-        if args.write and (c < args.golden_cases or extra):
-            golden.append({**case, "reference_f32": [float(np.float32(x)) for x in f32],
-                           "reference_f64": f64.tolist(),
-                           "classes": np.bincount(cls, minlength=4).tolist()})  # fmt: skip
-    shares = ", ".join(f"{name} {n}" for name, n in zip(CLASSES, counts, strict=True))
-    print(f"g2po {args.cases} cases, {counts.sum()} rows; ours equals: {shares}")
-    if bad:
-        print(f"     NOT EQUAL to the float64 run in {len(bad)} cases, first: {bad[0]}")
+    rep = compare_cases(
+        args, random_case, ours, lambda case, f64: run_reference(case, refs[f64], float64=f64)
+    )
+    print(rep.summary("g2po", args.cases))
+    if rep.bad:
+        print(f"     NOT EQUAL to the float64 run in {len(rep.bad)} cases, first: {rep.bad[0]}")
     if args.write:
-        write_golden(GOLDEN, ABOUT, REF_COMMIT, args.seed, golden)
-    return int(bool(bad))
+        write_golden(GOLDEN, ABOUT, REF_COMMIT, args.seed, rep.golden)
+    return int(bool(rep.bad))
 
 
 ABOUT = (

@@ -47,7 +47,6 @@ are tied in one precision and not in another. Anything else is a mismatch (exit 
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
 import types
@@ -57,26 +56,24 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.golden_common import (
+    Tally,
+    golden_entry,
+    golden_parser,
+    golden_path,
+    torch_default_dtype,
+    write_golden,
+)
 from benchmarks.make_verl_agent_golden import (
-    CLASSES,
     MODES,
     REWARDS,
     _reference_inputs,
     case_batch,
-    classify,
     load_modules,
-    write_golden,
 )
 from hgpo import compute_advantages, reference_config
-from hgpo.options import ArgumentParser
 
-GOLDEN = (
-    Path(__file__).resolve().parent.parent
-    / "tests"
-    / "hgpo"
-    / "data"
-    / "gigpo_variants_golden.json"
-)
+GOLDEN = golden_path("gigpo_variants")
 REF_COMMITS = {
     "gigpo_similarity": "vanzll/verl-agent@d0b97244c50f17fb43a6ef0a15bca0e95a044ff7",
     "gigpo_dynamic": "vanzll/verl-agent@d0b97244c50f17fb43a6ef0a15bca0e95a044ff7",
@@ -186,26 +183,20 @@ def ours(case: dict[str, Any]) -> np.ndarray:
 
 def run_reference(case: dict[str, Any], mods: dict, float64: bool) -> np.ndarray:
     """The public pipeline on one case; the advantage at each step's first response token."""
-    import torch
-
-    torch.set_default_dtype(torch.float64 if float64 else torch.float32)
-    try:
-        with redirect_stdout(io.StringIO()):
-            if case["estimator"] == "gigpo_dynamic":
-                return _dynamic(case, mods, float64)
-            x = _reference_inputs({**case, "estimator": "gigpo"}, mods, float64)
-            if case["estimator"] == "gigpo_similarity":
-                adv, _ = mods["core_gigpo"].compute_gigpo_outcome_advantage(
-                    token_level_rewards=x.scores, step_rewards=x.step_rewards,
-                    response_mask=x.response_mask,
-                    anchor_obs=np.array(case["observations"], dtype=object), index=x.uid,
-                    traj_index=x.traj_uid, step_advantage_w=1.0, mode=MODES[case["env"]],
-                    enable_similarity=True, similarity_thresh=case["thresh"],
-                )  # fmt: skip
-            else:
-                adv = _empg(case, mods, x, float64)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    with torch_default_dtype(float64), redirect_stdout(io.StringIO()):
+        if case["estimator"] == "gigpo_dynamic":
+            return _dynamic(case, mods, float64)
+        x = _reference_inputs({**case, "estimator": "gigpo"}, mods, float64)
+        if case["estimator"] == "gigpo_similarity":
+            adv, _ = mods["core_gigpo"].compute_gigpo_outcome_advantage(
+                token_level_rewards=x.scores, step_rewards=x.step_rewards,
+                response_mask=x.response_mask,
+                anchor_obs=np.array(case["observations"], dtype=object), index=x.uid,
+                traj_index=x.traj_uid, step_advantage_w=1.0, mode=MODES[case["env"]],
+                enable_similarity=True, similarity_thresh=case["thresh"],
+            )  # fmt: skip
+        else:
+            adv = _empg(case, mods, x, float64)
     return adv[:, 0].double().numpy()
 
 
@@ -290,41 +281,31 @@ def rounding_decided(case: dict[str, Any]) -> np.ndarray:
     return out
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ref-dir", type=Path, required=True, help="folder with the copied modules")
-    p.add_argument("--cases", type=int, default=300, help="random cases per estimator")
-    p.add_argument("--estimators", nargs="+", default=list(ESTIMATORS), choices=ESTIMATORS)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")
-    p.add_argument("--golden-cases", type=int, default=8, help="cases per estimator in the file")
-    return p
-
-
-def _compare(est: str, args, refs, rng) -> tuple[np.ndarray, float, list, list]:
-    """(rows per class, max |ours - f64| on agreeing rows, mismatching cases, golden cases)."""
-    counts, worst, bad, golden = np.zeros(4, dtype=np.int64), 0.0, [], []
+def _compare(est: str, args, refs, rng) -> tuple[Tally, list, list]:
+    """(rows per class and the largest differences, mismatching cases, golden cases)."""
+    tally, bad, golden = Tally(), [], []
     for c in range(args.cases):
         case = random_case(rng, est)
         a = ours(case)
         f32 = run_reference(case, refs[0], float64=False)
         f64 = run_reference(case, refs[1], float64=True)
-        cls = classify(a, f32, f64)
-        counts += np.bincount(cls, minlength=4)
-        worst = max(worst, float(np.abs(a - f64)[cls <= 1].max(initial=0.0)))
+        cls = tally.add(a, f32, f64)
         unexplained = (cls >= 2) & ~rounding_decided(case)
         if unexplained.any():
             i = int(np.flatnonzero(unexplained)[0])
             bad.append(dict(case=c, row=i, ours=a[i], f32=f32[i], f64=f64[i]))
         if args.write and (c < args.golden_cases or (cls >= 2).any()):
-            golden.append({**case, "reference_f32": [float(np.float32(v)) for v in f32],
-                           "reference_f64": f64.tolist(),
-                           "classes": np.bincount(cls, minlength=4).tolist()})  # fmt: skip
-    return counts, worst, bad, golden
+            golden.append(golden_entry(case, f32, f64, cls))
+    return tally, bad, golden
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = golden_parser(
+        __doc__, GOLDEN, ref_help="folder with the copied modules", cases=300,
+        cases_help="random cases per estimator",
+        estimators=dict(default=list(ESTIMATORS), choices=ESTIMATORS),
+        golden_cases=8, golden_help="cases per estimator in the file",
+    ).parse_args(argv)  # fmt: skip
     import torch
 
     torch.set_num_threads(1)
@@ -333,10 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     golden: list[dict[str, Any]] = []
     status = 0
     for est in args.estimators:
-        counts, worst, bad, cases = _compare(est, args, refs, rng)
-        shares = ", ".join(f"{k} {v}" for k, v in zip(CLASSES, counts, strict=True))
-        print(f"{est:<17} {args.cases} cases, {counts.sum()} rows; ours equals: {shares}; "
-              f"max |ours - f64| where equal: {worst:.2g}"
+        tally, bad, cases = _compare(est, args, refs, rng)
+        print(tally.summary(f"{est:<17}", args.cases)
+              + f"; max |ours - f64| where equal: {tally.worst[2]:.2g}"
               + (f"; UNEXPLAINED in {len(bad)} cases, first: {bad[0]}" if bad else ""))  # fmt: skip
         golden += cases
         status |= bool(bad)

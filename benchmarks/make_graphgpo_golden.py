@@ -52,7 +52,6 @@ reported, and the script exits 1).
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
 import types
@@ -62,11 +61,22 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.make_verl_agent_golden import CLASSES, classify, write_golden
+from benchmarks.golden_common import (
+    case_step_batch,
+    compare_cases,
+    episode_rewards,
+    exec_source,
+    golden_parser,
+    golden_path,
+    require_files,
+    terminal_next_state,
+    torch_default_dtype,
+    trainer_scores,
+    write_golden,
+)
 from hgpo import StepBatch, compute_advantages, reference_config
-from hgpo.options import ArgumentParser
 
-GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "hgpo" / "data" / "graphgpo_golden.json"
+GOLDEN = golden_path("graphgpo")
 REF_COMMIT = "verl-agent@234a913609ef820de826f2276b7b912e4b8b8410 (zzj1111/alfworldauto@51c1a039)"
 REWARDS = np.array([0.0, 0.0, 0.0, 0.0, 1.0, 0.1, -0.5])
 WEIGHTS = [(1.0, 1.0), (1.0, 1.0), (1.0, 0.0), (0.5, 2.0)]
@@ -76,32 +86,22 @@ def load_reference(ref_dir: Path, float64: bool) -> types.ModuleType:
     """Import the copied core_graph module (its core_gigpo as ``gigpo.core_gigpo``), optionally
     with float32 replaced by float64 in both."""
     sys.path.insert(0, str(ref_dir))  # for the verl stub
-    tag = "f64" if float64 else "f32"
-
-    def source(name: str) -> str:
-        src = (ref_dir / f"{name}.py").read_text()
-        return src.replace("float32", "float64") if float64 else src
-
     gigpo = types.ModuleType("gigpo")
     gigpo.__path__ = []  # a package, for "from gigpo.core_gigpo import ..."
-    core_gigpo = types.ModuleType("gigpo.core_gigpo")
-    exec(compile(source("core_gigpo"), str(ref_dir / "core_gigpo.py"), "exec"), core_gigpo.__dict__)
+    core_gigpo = exec_source(ref_dir / "core_gigpo.py", "gigpo.core_gigpo", float64)
     gigpo.core_gigpo = core_gigpo
     saved = {k: sys.modules.get(k) for k in ("gigpo", "gigpo.core_gigpo")}
     sys.modules.update({"gigpo": gigpo, "gigpo.core_gigpo": core_gigpo})
     try:
-        mod = types.ModuleType(f"ref_core_graph_{tag}")
         with redirect_stdout(io.StringIO()):
-            exec(
-                compile(source("core_graph"), str(ref_dir / "core_graph.py"), "exec"), mod.__dict__
-            )
+            name = f"ref_core_graph_{'f64' if float64 else 'f32'}"
+            return exec_source(ref_dir / "core_graph.py", name, float64)
     finally:
         for k, v in saved.items():
             if v is None:
                 sys.modules.pop(k, None)
             else:
                 sys.modules[k] = v
-    return mod
 
 
 def random_case(rng: np.random.Generator) -> dict[str, Any]:
@@ -164,30 +164,19 @@ def _observations(case: dict[str, Any], episode: dict[int, Any]) -> tuple[np.nda
 
 def run_reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np.ndarray:
     """The reference pipeline on one case; returns the per-step advantage."""
-    import torch
-
-    torch.set_default_dtype(torch.float64 if float64 else torch.float32)
-    try:
-        with redirect_stdout(io.StringIO()):
-            return _reference(case, mod, float64)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    with torch_default_dtype(float64), redirect_stdout(io.StringIO()):
+        return _reference(case, mod, float64)
 
 
 def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np.ndarray:
     import torch
 
-    fdt = torch.float64 if float64 else torch.float32
     ndt = np.float64 if float64 else np.float32
     n = len(case["group"])
-    L = max(case["resp_len"])
     rewards = np.asarray(case["reward"], dtype=ndt)
     traj = np.asarray(case["traj"])
     valid = ~np.asarray(case["invalid"], dtype=bool)
-    resp_len = np.asarray(case["resp_len"])
-    episode: dict[int, Any] = {}  # rollout_loop: a running sum in float32 (f64 run: float64)
-    for t, r in zip(traj.tolist(), rewards, strict=True):
-        episode[t] = ndt(episode.get(t, ndt(0.0)) + r)
+    episode = episode_rewards(case, float64)
     anchor, nxt = _observations(case, episode)
     uid = np.array([f"g{g}" for g in case["group"]], dtype=object)
     traj_uid = np.array([f"t{t:04d}" for t in case["traj"]], dtype=object)
@@ -207,14 +196,9 @@ def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np
     step_rewards = mod.compute_graph_path_returns(
         batch=batch, Gs=graphs, gamma=gamma, normalize_distance=case["normalize_distance"]
     )
-    response_mask = torch.zeros((n, L), dtype=fdt)
-    scores = torch.zeros((n, L), dtype=fdt)
+    response_mask, scores, penalty = trainer_scores(case, episode, float64)
     for i in range(n):
-        response_mask[i, : resp_len[i]] = 1.0
-        scores[i, resp_len[i] - 1] = torch.tensor(episode[int(traj[i])], dtype=fdt)
-        inv = torch.tensor(1 - np.float32(valid[i]), dtype=fdt)  # apply_invalid_action_penalty
-        scores[i, resp_len[i] - 1] -= 0.1 * inv
-        step_rewards[i] -= 0.1 * inv
+        step_rewards[i] -= 0.1 * penalty[i]
     adv, _ = mod.compute_graphgpo_outcome_advantage(
         token_level_rewards=scores, step_rewards=step_rewards, response_mask=response_mask,
         anchor_obs=anchor, index=uid, traj_index=traj_uid, epsilon=1e-6,
@@ -226,21 +210,10 @@ def _reference(case: dict[str, Any], mod: types.ModuleType, float64: bool) -> np
 
 def case_batch(case: dict[str, Any]) -> StepBatch:
     """The StepBatch of one golden case (also used by tests/hgpo/test_graphgpo_golden.py)."""
-    next_state = None
-    if case["with_next_state"]:
-        state, traj = np.asarray(case["state"]), np.asarray(case["traj"])
-        next_state = np.empty_like(state)
-        next_state[:-1] = state[1:]
-        last = np.r_[traj[1:] != traj[:-1], True]
-        next_state[last] = np.asarray(case["terminal"])[traj[last]]
-    return StepBatch(
-        group=np.asarray(case["group"]),
-        traj=np.asarray(case["traj"]),
-        step=np.asarray(case["step"]),
-        reward=np.asarray(case["reward"], dtype=np.float64),
-        state=np.asarray(case["state"]),
+    return case_step_batch(
+        case,
         invalid=np.asarray(case["invalid"], dtype=bool),
-        next_state=next_state,
+        next_state=terminal_next_state(case) if case["with_next_state"] else None,
     )
 
 
@@ -260,69 +233,25 @@ def ours(case: dict[str, Any]) -> np.ndarray:
     return compute_advantages("graphgpo", case_batch(case), config=case_config(case)).advantages
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--ref-dir", type=Path, required=True, help="folder with the copied reference modules"
-    )
-    p.add_argument("--cases", type=int, default=400, help="random cases")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")
-    p.add_argument("--golden-cases", type=int, default=16, help="first cases in the file")
-    p.add_argument(
-        "--extra-cases", type=int, default=8,
-        help="later cases in the file, of those with a row that is not equal to both runs",
-    )  # fmt: skip
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = _parser()
+    p = golden_parser(__doc__, GOLDEN, golden_cases=16, golden_help="first cases in the file",
+                      extra_cases=8)  # fmt: skip
     args = p.parse_args(argv)
-    needed = ("core_graph.py", "core_gigpo.py", "verl/__init__.py")
-    missing = [name for name in needed if not (args.ref_dir / name).is_file()]
-    if missing:
-        p.error(f"--ref-dir {args.ref_dir}: no {', '.join(missing)}; copy them there as this "
-                "script's docstring says")  # fmt: skip
+    require_files(p, args.ref_dir, ("core_graph.py", "core_gigpo.py", "verl/__init__.py"))
     import torch
 
     torch.set_num_threads(1)
     refs = (load_reference(args.ref_dir, False), load_reference(args.ref_dir, True))
-    rng = np.random.default_rng(args.seed)
-    counts = np.zeros(4, dtype=np.int64)
-    worst = np.zeros(3)
-    bad: list[dict[str, Any]] = []
-    golden: list[dict[str, Any]] = []
-    for c in range(args.cases):
-        case = random_case(rng)
-        a = ours(case)
-        f32 = run_reference(case, refs[0], float64=False)
-        f64 = run_reference(case, refs[1], float64=True)
-        cls = classify(a, f32, f64)
-        counts += np.bincount(cls, minlength=4)
-        d32, d64 = np.abs(a - f32), np.abs(a - f64)
-        worst = np.maximum(worst, [d32[cls == 0].max(initial=0.0), d32[cls == 1].max(initial=0.0),
-                                   d64[cls <= 1].max(initial=0.0)])  # fmt: skip
-        if (cls >= 2).any():
-            i = int(np.flatnonzero(cls >= 2)[0])
-            bad.append(dict(case=c, rows=int((cls >= 2).sum()), row=i, ours=a[i], f32=f32[i],
-                            f64=f64[i]))  # fmt: skip
-        extra = (cls != 0).any() and len(golden) < args.golden_cases + args.extra_cases
-        if args.write and (c < args.golden_cases or extra):
-            golden.append({**case, "reference_f32": [float(np.float32(x)) for x in f32],
-                           "reference_f64": f64.tolist(),
-                           "classes": np.bincount(cls, minlength=4).tolist()})  # fmt: skip
-    shares = ", ".join(f"{name} {n}" for name, n in zip(CLASSES, counts, strict=True))
-    print(f"graphgpo {args.cases} cases, {counts.sum()} rows; ours equals: {shares}")
-    print(
-        f"       max |ours - f32|: {worst[0]:.2g} where both agree, {worst[1]:.2g} where only "
-        f"the float64 run agrees; max |ours - f64| on those rows: {worst[2]:.2g}"
+    rep = compare_cases(
+        args, random_case, ours, lambda case, f64: run_reference(case, refs[f64], float64=f64)
     )
-    if bad:
-        print(f"       NOT EQUAL to the float64 run in {len(bad)} cases, first: {bad[0]}")
+    print(rep.summary("graphgpo", args.cases))
+    print("       " + rep.worst_text())
+    if rep.bad:
+        print(f"       NOT EQUAL to the float64 run in {len(rep.bad)} cases, first: {rep.bad[0]}")
     if args.write:
-        write_golden(GOLDEN, ABOUT, REF_COMMIT, args.seed, golden)
-    return int(bool(bad))
+        write_golden(GOLDEN, ABOUT, REF_COMMIT, args.seed, rep.golden)
+    return int(bool(rep.bad))
 
 
 ABOUT = (

@@ -56,12 +56,17 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.make_verl_agent_golden import write_golden
+from benchmarks.golden_common import (
+    case_step_batch,
+    exec_source,
+    golden_parser,
+    golden_path,
+    write_golden,
+)
 from hgpo import EstimatorConfig, StepBatch, compute_advantages, reference_config
 from hgpo.hiper import HIPER_SOURCE, hiper_segments
-from hgpo.options import ArgumentParser
 
-GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "hgpo" / "data" / "hiper_golden.json"
+GOLDEN = golden_path("hiper")
 F64_TOL = 1e-9
 F32_TOL = 1e-4
 OUTPUTS = ("low", "high", "sum", "returns")
@@ -70,14 +75,9 @@ OUTPUTS = ("low", "high", "sum", "returns")
 def load_reference(ref_dir: Path, float64: bool) -> types.ModuleType:
     """``<ref-dir>/hiper_hae/core_hae.py`` as a module (optionally float32 -> float64)."""
     sys.path.insert(0, str(ref_dir))  # for the verl stub
-    path = ref_dir / "hiper_hae" / "core_hae.py"
-    src = path.read_text()
-    if float64:
-        src = src.replace("float32", "float64")
-    mod = types.ModuleType(f"ref_core_hae_{'f64' if float64 else 'f32'}")
-    sys.modules[mod.__name__] = mod  # (its dataclass looks its module up)
-    exec(compile(src, str(path), "exec"), mod.__dict__)
-    return mod
+    name = f"ref_core_hae_{'f64' if float64 else 'f32'}"
+    # register: its dataclass looks its module up
+    return exec_source(ref_dir / "hiper_hae" / "core_hae.py", name, float64, register=True)
 
 
 def random_case(rng: np.random.Generator) -> dict[str, Any]:
@@ -117,11 +117,8 @@ def random_case(rng: np.random.Generator) -> dict[str, Any]:
 
 def case_batch(case: dict[str, Any]) -> StepBatch:
     """The StepBatch of one golden case (also used by tests/hgpo/test_hiper_golden.py)."""
-    return StepBatch(
-        group=np.asarray(case["group"]),
-        traj=np.asarray(case["traj"]),
-        step=np.asarray(case["step"]),
-        reward=np.asarray(case["reward"], dtype=np.float64),
+    return case_step_batch(
+        case,
         state=np.zeros(len(case["reward"]), dtype=np.int64),
         invalid=np.asarray(case["invalid"], dtype=bool),
     )
@@ -237,19 +234,11 @@ ABOUT = (
 )
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ref-dir", type=Path, required=True,
-                   help="folder with hiper_hae/core_hae.py and verl/__init__.py")  # fmt: skip
-    p.add_argument("--cases", type=int, default=400, help="random cases")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")
-    p.add_argument("--golden-cases", type=int, default=32, help="cases in the file")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = golden_parser(
+        __doc__, GOLDEN, golden_cases=32, golden_help="cases in the file",
+        ref_help="folder with hiper_hae/core_hae.py and verl/__init__.py",
+    ).parse_args(argv)  # fmt: skip
     import torch
 
     torch.set_num_threads(1)

@@ -48,7 +48,6 @@ rewards of step 2 (Python floats) must equal ours to 1e-12 x max(1, |d|).
 
 from __future__ import annotations
 
-import argparse
 import ast
 import importlib
 import io
@@ -60,14 +59,20 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.make_3spo_golden import CLASSES, classify
-from benchmarks.make_verl_agent_golden import write_golden
+from benchmarks.golden_common import (
+    Tally,
+    case_step_batch,
+    golden_parser,
+    golden_path,
+    terminal_next_state,
+    torch_default_dtype,
+    write_golden,
+)
 from hgpo import StepBatch, compute_advantages, reference_config
 from hgpo.config import EstimatorConfig
-from hgpo.options import ArgumentParser
 from hgpo.rewardflow import REWARDFLOW_SOURCE
 
-GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "hgpo" / "data" / "rewardflow_golden.json"  # fmt: skip
+GOLDEN = golden_path("rewardflow")
 PENALTY = 0.1  # actor_rollout_ref.actor.invalid_action_penalty_coef in their scripts
 STEP_TOL = 1e-12
 
@@ -135,21 +140,10 @@ def random_case(rng: np.random.Generator) -> dict[str, Any]:
 def case_batch(case: dict[str, Any]) -> StepBatch:
     """The StepBatch of one golden case (also used by tests/hgpo/test_rewardflow_golden.py);
     with the case's terminal observations as the ``next_state`` of each last step."""
-    state, traj = np.asarray(case["state"]), np.asarray(case["traj"])
-    next_state = None
-    if case["terminal"] is not None:
-        next_state = np.empty_like(state)
-        next_state[:-1] = state[1:]
-        last = np.flatnonzero(np.r_[traj[1:] != traj[:-1], True])
-        next_state[last] = np.asarray(case["terminal"])[traj[last]]
-    return StepBatch(
-        group=np.asarray(case["group"]),
-        traj=traj,
-        step=np.asarray(case["step"]),
-        reward=np.asarray(case["reward"], dtype=np.float64),
-        state=state,
+    return case_step_batch(
+        case,
         invalid=None if case["invalid"] is None else np.asarray(case["invalid"]),
-        next_state=next_state,
+        next_state=None if case["terminal"] is None else terminal_next_state(case),
     )
 
 
@@ -212,8 +206,7 @@ def _advantage(case: dict[str, Any], core: types.ModuleType, steps: np.ndarray, 
     import torch
 
     dt = torch.float64 if f64 else torch.float32
-    torch.set_default_dtype(dt)
-    try:
+    with torch_default_dtype(f64):
         n = len(steps)
         traj, reward = np.asarray(case["traj"]), np.asarray(case["reward"])
         ep = np.bincount(traj, weights=reward)[traj].astype(np.float64 if f64 else np.float32)
@@ -231,8 +224,6 @@ def _advantage(case: dict[str, Any], core: types.ModuleType, steps: np.ndarray, 
             adv, _ = core.compute_rewardflow_outcome_advantage(
                 score, step_r, torch.ones((n, 2), dtype=dt), obs, uid, tuid, mode=case["mode"]
             )
-    finally:
-        torch.set_default_dtype(torch.float32)
     a = adv[:, 0].double().numpy()
     return [float(np.float32(x)) for x in a] if not f64 else a.tolist()
 
@@ -246,45 +237,34 @@ ABOUT = (
 )
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ref-dir", type=Path, required=True,
-                   help="folder with rewardflow/, agent_system/ and verl/ (see above)")  # fmt: skip
-    p.add_argument("--cases", type=int, default=400, help="random cases")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")
-    p.add_argument("--golden-cases", type=int, default=24, help="cases in the file (at least)")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = golden_parser(
+        __doc__, GOLDEN, golden_cases=24, golden_help="cases in the file (at least)",
+        ref_help="folder with rewardflow/, agent_system/ and verl/ (see above)",
+    ).parse_args(argv)  # fmt: skip
     import torch
 
     torch.set_num_threads(1)
     core, manager = load_reference(args.ref_dir)
     rng = np.random.default_rng(args.seed)
-    counts, worst, bad, golden = np.zeros(4, dtype=np.int64), np.zeros(3), [], []
+    tally, step_worst, bad, golden = Tally(), 0.0, [], []
     for c in range(args.cases):
         case = random_case(rng)
         a, d = ours(case)
         ref = run_reference(case, core, manager)
         f32, f64 = np.asarray(ref["reference_f32"]), np.asarray(ref["reference_f64"])
-        cls = classify(a, f32, f64)
-        counts += np.bincount(cls, minlength=4)
+        cls = tally.add(a, f32, f64)
         theirs = np.asarray(ref["reference_step"])
         rel = np.abs(d - theirs) / np.maximum(1.0, np.abs(theirs))
-        worst = np.maximum(worst, [np.abs(a - f32)[cls == 0].max(initial=0.0),
-                                   np.abs(a - f64)[cls <= 1].max(initial=0.0), rel.max()])  # fmt: skip
+        step_worst = max(step_worst, float(rel.max()))
         if (cls >= 2).any() or (rel > STEP_TOL).any():
             bad.append(f"case {c}: rows {np.flatnonzero(cls >= 2).tolist()} (advantage), "
                        f"{np.flatnonzero(rel > STEP_TOL).tolist()} (step reward)")  # fmt: skip
         if args.write and (c < args.golden_cases or (cls >= 1).any()):
             golden.append({**case, **ref, "classes": np.bincount(cls, minlength=4).tolist()})
-    shares = ", ".join(f"{name} {k}" for name, k in zip(CLASSES, counts, strict=True))
-    print(f"rewardflow {args.cases} cases, {counts.sum()} rows; ours equals: {shares}")
-    print(f"       max |ours - f32| where both agree: {worst[0]:.2g}; max |ours - f64|: "
-          f"{worst[1]:.2g}; step rewards: max relative difference {worst[2]:.2g}")  # fmt: skip
+    print(tally.summary("rewardflow", args.cases))
+    print(f"       max |ours - f32| where both agree: {tally.worst[0]:.2g}; max |ours - f64|: "
+          f"{tally.worst[2]:.2g}; step rewards: max relative difference {step_worst:.2g}")  # fmt: skip
     for line in bad:
         print("MISMATCH", line)
     if args.write:

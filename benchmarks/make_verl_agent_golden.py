@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 import types
 from contextlib import redirect_stdout
@@ -57,23 +56,26 @@ from typing import Any
 
 import numpy as np
 
-from hgpo import StepBatch, compute_advantages, reference_config
-from hgpo.options import ArgumentParser
-
-GOLDEN = (
-    Path(__file__).resolve().parent.parent / "tests" / "hgpo" / "data" / "verl_agent_golden.json"
+from benchmarks.golden_common import (
+    Tally,
+    case_step_batch,
+    episode_rewards,
+    exec_source,
+    golden_entry,
+    golden_parser,
+    golden_path,
+    torch_default_dtype,
+    trainer_scores,
+    write_golden,
 )
+from hgpo import StepBatch, compute_advantages, reference_config
+
+GOLDEN = golden_path("verl_agent")
 REF_COMMIT = "zzj1111/alfworldauto@51c1a039c38f1af54b09c05b81b76ce52d72c383"
 # Rewards that make tied and near-tied returns (1.0 vs 1.0001), 0.1 sums that round, and the
 # ALFWorld success reward.
 REWARDS = np.array([0.0, 0.0, 0.0, 0.0, 1.0, 1.0001, 0.1, 10.0, -0.5])
 MODES = {"alfworld": "mean_std_norm", "webshop": "mean_norm"}
-# Agreement thresholds, relative to max(1, |advantage|): float32 rounding of returns up to 10
-# and of a normalisation stays within a few 1e-7; the float64 run's own residues (a tied
-# group's mean off by an ulp, divided by std + 1e-6) stay below 1e-8.
-F32_TOL = 1e-6
-F64_TOL = 1e-7
-CLASSES = ("both", "float64 only", "float32 only", "neither")
 
 
 def load_modules(
@@ -82,15 +84,9 @@ def load_modules(
     """Import the copied reference modules ``names`` from ``ref_dir`` (optionally with
     float32 -> float64 in their source)."""
     sys.path.insert(0, str(ref_dir))  # for the verl stub
-    mods = {}
-    for name in names:
-        src = (ref_dir / f"{name}.py").read_text()
-        if float64:
-            src = src.replace("float32", "float64")
-        mod = types.ModuleType(f"ref_{name}_{'f64' if float64 else 'f32'}")
-        exec(compile(src, str(ref_dir / f"{name}.py"), "exec"), mod.__dict__)
-        mods[name] = mod
-    return mods
+    tag = "f64" if float64 else "f32"
+    return {name: exec_source(ref_dir / f"{name}.py", f"ref_{name}_{tag}", float64)
+            for name in names}  # fmt: skip
 
 
 def load_reference(ref_dir: Path, float64: bool) -> dict[str, types.ModuleType]:
@@ -153,15 +149,10 @@ def run_reference(
     case: dict[str, Any], mods: dict[str, types.ModuleType], float64: bool
 ) -> np.ndarray:
     """The reference pipeline on one case; returns the per-step advantage."""
-    import torch
-
-    torch.set_default_dtype(torch.float64 if float64 else torch.float32)
-    try:
+    with torch_default_dtype(float64):
         inputs = _reference_inputs(case, mods, float64)
         with redirect_stdout(io.StringIO()):
             adv = _reference_advantages(case, mods, inputs)
-    finally:
-        torch.set_default_dtype(torch.float32)
     return adv[:, 0].double().numpy()  # every row has >= 1 response token
 
 
@@ -172,17 +163,9 @@ def _reference_inputs(
     returns, the episode reward at the last response token, the invalid-action penalty."""
     import torch
 
-    fdt = torch.float64 if float64 else torch.float32
     ndt = np.float64 if float64 else np.float32
     n = len(case["group"])
-    L = max(case["resp_len"])
     rewards = np.asarray(case["reward"], dtype=ndt)
-    traj = np.asarray(case["traj"])
-    invalid = np.asarray(case["invalid"], dtype=bool)
-    resp_len = np.asarray(case["resp_len"])
-    response_mask = torch.zeros((n, L), dtype=fdt)
-    for i, m in enumerate(resp_len):
-        response_mask[i, :m] = 1.0
     # The rollout loop's uids are strings; ours are ints. Strings keep np.unique's order
     # irrelevant (nothing depends on it) and exercise to_hashable on str observations.
     traj_uid = np.array([f"t{t:04d}" for t in case["traj"]], dtype=object)
@@ -197,19 +180,11 @@ def _reference_inputs(
     core = mods["core_hgpo"] if case["estimator"] == "hgpo" else mods["core_gigpo"]
     with redirect_stdout(io.StringIO()):
         step_rewards = core.compute_step_discounted_returns(batch=batch, gamma=case["gamma"])
-    # rollout_loop: episode_rewards accumulated step by step in float32 (float64 run: f64).
-    episode = {}
-    for t, r in zip(traj, rewards, strict=True):
-        episode[t] = ndt(episode.get(t, ndt(0.0)) + r)
-    # reward_manager/episode.py: the episode reward at the last valid response token.
-    scores = torch.zeros((n, L), dtype=fdt)
+    # rollout_loop's episode rewards, at the last response token less the invalid penalty
+    # (hgpo_ray_trainer.apply_invalid_action_penalty, coefficient 0.1), on the returns too.
+    response_mask, scores, penalty = trainer_scores(case, episode_rewards(case, float64), float64)
     for i in range(n):
-        scores[i, resp_len[i] - 1] = torch.tensor(episode[traj[i]], dtype=fdt)
-    # hgpo_ray_trainer.apply_invalid_action_penalty, coefficient 0.1.
-    for i in range(n):
-        inv = torch.tensor(1 - np.float32(not invalid[i]), dtype=fdt)
-        scores[i, resp_len[i] - 1] -= 0.1 * inv
-        step_rewards[i] -= 0.1 * inv
+        step_rewards[i] -= 0.1 * penalty[i]
     return _RefInputs(
         scores=scores,
         step_rewards=step_rewards,
@@ -251,14 +226,7 @@ def _reference_advantages(
 
 def case_batch(case: dict[str, Any]) -> StepBatch:
     """The StepBatch of one golden case (also used by tests/hgpo/test_verl_agent_golden.py)."""
-    return StepBatch(
-        group=np.asarray(case["group"]),
-        traj=np.asarray(case["traj"]),
-        step=np.asarray(case["step"]),
-        reward=np.asarray(case["reward"], dtype=np.float64),
-        state=np.asarray(case["state"]),
-        invalid=np.asarray(case["invalid"], dtype=bool),
-    )
+    return case_step_batch(case, invalid=np.asarray(case["invalid"], dtype=bool))
 
 
 def ours(case: dict[str, Any]) -> np.ndarray:
@@ -302,35 +270,18 @@ def rounding_decided(case: dict[str, Any]) -> np.ndarray:
     return ((out.level_advantages == 0) & (np.stack(sizes) >= 2)).any(axis=0)
 
 
-def classify(a: np.ndarray, f32: np.ndarray, f64: np.ndarray) -> np.ndarray:
-    """Per row: 0 equal to both runs, 1 to the float64 run only, 2 to the float32 run only,
-    3 to neither (a semantic mismatch)."""
-    ok64 = np.abs(a - f64) <= F64_TOL * np.maximum(1.0, np.abs(a))
-    ok32 = np.abs(a - f32) <= F32_TOL * np.maximum(1.0, np.abs(a))
-    return np.where(ok64 & ok32, 0, np.where(ok64, 1, np.where(ok32, 2, 3)))
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--ref-dir", type=Path, required=True, help="folder with the copied reference modules"
-    )
-    p.add_argument("--cases", type=int, default=400, help="random cases per estimator")
-    p.add_argument("--estimators", nargs="+", default=["hgpo", "gigpo", "grpo", "rloo"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--write", action="store_true", help=f"write {GOLDEN.name}")
-    p.add_argument("--golden-cases", type=int, default=12, help="cases per estimator in the file")
-    return p
+    return golden_parser(
+        __doc__, GOLDEN, cases_help="random cases per estimator",
+        estimators=dict(default=["hgpo", "gigpo", "grpo", "rloo"]),
+        golden_cases=12, golden_help="cases per estimator in the file",
+    )  # fmt: skip
 
 
 @dataclass
-class _Report:
+class _Report(Tally):
     """One estimator's comparison over its cases."""
 
-    counts: np.ndarray = field(default_factory=lambda: np.zeros(4, dtype=np.int64))
-    """Rows per class (:data:`CLASSES`)."""
-    worst: np.ndarray = field(default_factory=lambda: np.zeros(3))
-    """max |ours - f32| on "both" rows, on "float64 only" rows; max |ours - f64| on both."""
     bad_cases: list[tuple[int, int]] = field(default_factory=list)
     """(case, rows) where a row differs beyond what rounding decides."""
     first_bad: dict[str, Any] | None = None
@@ -346,12 +297,7 @@ def _compare(est: str, args: argparse.Namespace, refs: tuple[dict, dict], rng) -
         a = ours(case)
         f32 = run_reference(case, refs[0], float64=False)
         f64 = run_reference(case, refs[1], float64=True)
-        cls = classify(a, f32, f64)
-        rep.counts += np.bincount(cls, minlength=4)
-        d32, d64 = np.abs(a - f32), np.abs(a - f64)
-        rep.worst = np.maximum(rep.worst, [d32[cls == 0].max(initial=0.0),
-                                           d32[cls == 1].max(initial=0.0),
-                                           d64[cls <= 1].max(initial=0.0)])  # fmt: skip
+        cls = rep.add(a, f32, f64)
         unexplained = (cls >= 2) & ~rounding_decided(case)
         if unexplained.any():
             rep.bad_cases.append((c, int(unexplained.sum())))
@@ -361,35 +307,14 @@ def _compare(est: str, args: argparse.Namespace, refs: tuple[dict, dict], rng) -
                                      **{k: case[k] for k in ("env", "K", "gamma", "alpha",
                                                              "base_group")})  # fmt: skip
         if args.write and (c < args.golden_cases or (cls >= 2).any()):
-            rep.golden.append({**case, "reference_f32": [float(np.float32(x)) for x in f32],
-                               "reference_f64": f64.tolist(),
-                               "classes": np.bincount(cls, minlength=4).tolist()})  # fmt: skip
+            rep.golden.append(golden_entry(case, f32, f64, cls))
     return rep
 
 
 def _print_report(est: str, cases: int, rep: _Report) -> None:
-    shares = ", ".join(f"{name} {n}" for name, n in zip(CLASSES, rep.counts, strict=True))
     bad = f"; UNEXPLAINED in {len(rep.bad_cases)} cases, first: {rep.first_bad}"
-    print(f"{est:<6} {cases} cases, {rep.counts.sum()} rows; ours equals: {shares}"
-          + (bad if rep.bad_cases else ""))  # fmt: skip
-    print(
-        f"       max |ours - f32|: {rep.worst[0]:.2g} where both agree, {rep.worst[1]:.2g} where"
-        f" only the float64 run agrees; max |ours - f64| on those rows: {rep.worst[2]:.2g}"
-    )
-
-
-def write_golden(
-    path: Path, about: str, reference: Any, seed: int, cases: list[dict[str, Any]]
-) -> None:
-    """The golden file: the cases with the reference outputs, and what made them (the
-    authors' commit, torch, numpy, the seed)."""
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"about": about, "reference": reference, "torch": torch.__version__,
-           "numpy": np.__version__, "seed": seed, "cases": cases}  # fmt: skip
-    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB, {len(cases)} cases)")
+    print(rep.summary(f"{est:<6}", cases) + (bad if rep.bad_cases else ""))
+    print("       " + rep.worst_text())
 
 
 ABOUT = (

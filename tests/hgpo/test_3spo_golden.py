@@ -17,15 +17,13 @@ throws that code off (a tied group, a near-tie, cancellation), the float64 outpu
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from benchmarks.make_3spo_golden import case_batch, case_config, classify, f32_causes, ours
+from benchmarks.make_3spo_golden import case_batch, case_config, f32_causes, ours
+from tests.hgpo.golden_replay import check_rows, load_golden
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "3spo_golden.json").read_text())
+GOLDEN = load_golden("3spo")
 CASES = GOLDEN["cases"]
 
 
@@ -41,13 +39,7 @@ def test_3spo_reproduces_the_authors_code(n):
     theirs = np.asarray(case["reference_shaped"])
     np.testing.assert_allclose(shaped, theirs, rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(alloc, case["reference_n_rollouts"])
-    f32, f64 = np.asarray(case["reference_f32"]), np.asarray(case["reference_f64"])
-    cls = classify(a, f32, f64)
-    assert not (cls >= 2).any(), (
-        f"case {n}: rows {np.flatnonzero(cls >= 2).tolist()} differ from the authors' code: "
-        f"ours {a[cls >= 2]}, float64 {f64[cls >= 2]}"
-    )
-    assert np.bincount(cls, minlength=4).tolist() == case["classes"]
+    cls = check_rows(a, case, f"case {n}")
     # the float32-only disagreements are float32's own: the float64 run agrees there
     for cause in f32_causes(case, theirs, np.flatnonzero(cls == 1)):
         assert cause in ("tied", "near-tie", "cancellation")

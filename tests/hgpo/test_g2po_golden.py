@@ -10,17 +10,13 @@ commit of which file; each row must equal the float64 run to 1e-7, and the float
 wherever it did when the file was made (relative to max(1, |A|)).
 """
 
-import json
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 from benchmarks.make_g2po_golden import case_batch, case_config
 from hgpo import compute_advantages
+from tests.hgpo.golden_replay import check_rows, load_golden
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "g2po_golden.json").read_text())
-F32_TOL, F64_TOL = 1e-6, 1e-7
+GOLDEN = load_golden("g2po")
 
 
 def test_golden_file_is_described():
@@ -32,16 +28,7 @@ def test_golden_file_is_described():
 def test_g2po_reproduces_the_authors_code(estimator):
     for n, case in enumerate(GOLDEN["cases"]):
         a = compute_advantages(estimator, case_batch(case), config=case_config(case)).advantages
-        f32, f64 = np.asarray(case["reference_f32"]), np.asarray(case["reference_f64"])
-        scale = np.maximum(1.0, np.abs(a))
-        ok32 = np.abs(a - f32) <= F32_TOL * scale
-        ok64 = np.abs(a - f64) <= F64_TOL * scale
-        cls = np.where(ok64 & ok32, 0, np.where(ok64, 1, np.where(ok32, 2, 3)))
-        assert (cls <= 1).all(), (
-            f"case {n}: rows {np.flatnonzero(cls > 1).tolist()} differ from the reference "
-            f"code: ours {a[cls > 1]}, float32 {f32[cls > 1]}, float64 {f64[cls > 1]}"
-        )
-        assert np.bincount(cls, minlength=4).tolist() == case["classes"], f"case {n}"
+        check_rows(a, case, f"case {n}")
 
 
 def test_golden_covers_the_edge_cases():

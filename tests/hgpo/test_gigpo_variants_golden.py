@@ -15,16 +15,13 @@ those recorded.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from benchmarks.make_gigpo_variants_golden import ESTIMATORS, ours, rounding_decided
+from tests.hgpo.golden_replay import cases_of, check_rows, load_golden
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "gigpo_variants_golden.json").read_text())
-F32_TOL, F64_TOL = 1e-6, 1e-7
+GOLDEN = load_golden("gigpo_variants")
 
 
 def test_golden_file_names_its_sources():
@@ -37,21 +34,10 @@ def test_golden_file_names_its_sources():
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_reproduces_the_public_code(estimator):
-    cases = [c for c in GOLDEN["cases"] if c["estimator"] == estimator]
+    cases = cases_of(GOLDEN, estimator)
     assert cases
     for n, case in enumerate(cases):
-        a = ours(case)
-        f32, f64 = np.asarray(case["reference_f32"]), np.asarray(case["reference_f64"])
-        scale = np.maximum(1.0, np.abs(a))
-        ok32 = np.abs(a - f32) <= F32_TOL * scale
-        ok64 = np.abs(a - f64) <= F64_TOL * scale
-        cls = np.where(ok64 & ok32, 0, np.where(ok64, 1, np.where(ok32, 2, 3)))
-        unexplained = (cls >= 2) & ~rounding_decided(case)
-        assert not unexplained.any(), (
-            f"{estimator} case {n}: rows {np.flatnonzero(unexplained).tolist()} differ: ours "
-            f"{a[unexplained]}, float32 {f32[unexplained]}, float64 {f64[unexplained]}"
-        )
-        assert np.bincount(cls, minlength=4).tolist() == case["classes"], f"case {n}"
+        check_rows(ours(case), case, f"{estimator} case {n}", explained=rounding_decided(case))
 
 
 def test_golden_covers_what_it_is_about():

@@ -16,16 +16,14 @@ Every output must equal the float64 run to 1e-9 x max(1, |x|) and the published 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from benchmarks.make_hiper_golden import F32_TOL, F64_TOL, OUTPUTS, case_config, max_rel, ours
 from hgpo.hiper import HIPER_SOURCE
+from tests.hgpo.golden_replay import load_golden
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "hiper_golden.json").read_text())
+GOLDEN = load_golden("hiper")
 CASES = GOLDEN["cases"]
 
 

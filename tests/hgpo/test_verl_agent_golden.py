@@ -16,8 +16,6 @@ each kind of agreement are those recorded when the file was made.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,9 +23,9 @@ import pytest
 
 from benchmarks.make_verl_agent_golden import case_batch
 from hgpo import compute_advantages, reference_config
+from tests.hgpo.golden_replay import cases_of, check_rows, load_golden
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "verl_agent_golden.json").read_text())
-F32_TOL, F64_TOL = 1e-6, 1e-7
+GOLDEN = load_golden("verl_agent")
 
 
 def _config(case: dict[str, Any]):
@@ -58,23 +56,12 @@ def test_golden_file_is_described():
 
 @pytest.mark.parametrize("estimator", ["hgpo", "gigpo", "grpo", "rloo"])
 def test_reference_preset_reproduces_verl_agent(estimator):
-    cases = [c for c in GOLDEN["cases"] if c["estimator"] == estimator]
+    cases = cases_of(GOLDEN, estimator)
     assert cases
     for n, case in enumerate(cases):
         out = compute_advantages(estimator, case_batch(case), config=_config(case))
-        a = out.advantages
-        f32, f64 = np.asarray(case["reference_f32"]), np.asarray(case["reference_f64"])
-        scale = np.maximum(1.0, np.abs(a))
-        ok32 = np.abs(a - f32) <= F32_TOL * scale
-        ok64 = np.abs(a - f64) <= F64_TOL * scale
-        cls = np.where(ok64 & ok32, 0, np.where(ok64, 1, np.where(ok32, 2, 3)))
-        unexplained = (cls >= 2) & ~_rounding_decided(case, out)
-        assert not unexplained.any(), (
-            f"{estimator} case {n}: rows {np.flatnonzero(unexplained).tolist()} differ from "
-            f"the reference code: ours {a[unexplained]}, float32 {f32[unexplained]}, "
-            f"float64 {f64[unexplained]}"
-        )
-        assert np.bincount(cls, minlength=4).tolist() == case["classes"], f"case {n}"
+        label = f"{estimator} case {n}"
+        check_rows(out.advantages, case, label, explained=_rounding_decided(case, out))
 
 
 def test_golden_covers_the_edge_cases():

@@ -24,7 +24,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from benchmarks.make_verl_agent_golden import case_batch, classify, ours, rounding_decided  # noqa: E402
+from benchmarks.golden_common import classify  # noqa: E402
+from benchmarks.make_verl_agent_golden import case_batch, ours, rounding_decided  # noqa: E402
 from benchmarks.verl_agent_glue import MODES, authors_inputs, call_ours  # noqa: E402
 from hgpo import EstimatorConfig, compute_advantages, estimator_reads, reference_config  # noqa: E402
 from hgpo.integrations import verl_agent as va  # noqa: E402
