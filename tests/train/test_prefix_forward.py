@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from hgpo.train.loss import ppo_loss
 from hgpo.train.lora import add_adapters
+from hgpo.train.loss import ppo_loss
 from hgpo.train.model import pack, response_logprobs
 from hgpo.train.prefix_forward import (
     MIN_SHARED_PREFIX,
@@ -53,7 +53,7 @@ def _stem_pairs(seed: int, rows: int, stem: int) -> tuple[list[list[int]], list[
     rng = np.random.default_rng(seed)
     head = rng.integers(1, VOCAB, stem).tolist()
     prompts = [head + rng.integers(1, VOCAB, int(rng.integers(1, 9))).tolist() for _ in range(rows)]
-    prompts[-1] = head + [int(rng.integers(1, VOCAB))]
+    prompts[-1] = [*head, int(rng.integers(1, VOCAB))]
     responses = [rng.integers(1, VOCAB, int(rng.integers(1, 7))).tolist() for _ in range(rows)]
     return prompts, responses
 
