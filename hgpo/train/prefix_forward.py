@@ -34,6 +34,7 @@ __all__ = [
     "MIN_SHARED_PREFIX",
     "Suffixes",
     "has_cache_api",
+    "has_dropout",
     "prefix_cache",
     "prefix_pays",
     "shared_prefix_length",
@@ -68,6 +69,15 @@ def has_cache_api(model: nn.Module) -> bool:
     except (AttributeError, TypeError, ValueError):
         return False
     return "cache" in params or "past_key_values" in params
+
+
+def has_dropout(model: nn.Module) -> bool:
+    """Whether a forward of ``model`` in training mode draws dropout: a dropout layer (LoRA's
+    included) or an attention dropout of p > 0. Sharing the prefix would share its draws."""
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    return float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0
 
 
 @dataclass(frozen=True)

@@ -157,3 +157,48 @@ def test_ordering_by_prompt_keeps_each_minibatch_and_its_token_count():
         assert sorted(rows_b) == rows_a
         keys = [(prompts[i], i) for i in rows_b]
         assert keys == sorted(keys)
+
+
+def test_dropout_turns_it_off(model):
+    from hgpo.train.prefix_forward import has_dropout
+
+    assert not has_dropout(model)
+    assert has_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))
+
+
+def _iteration(out, monkeypatch, on: bool) -> tuple[dict, int]:
+    """One tiny score-mode iteration (LoRA, KL) with the shared-prefix update on or off, and
+    how many micro-batches took the shared-prefix forward."""
+    from hgpo.train import trainer as trainer_mod
+    from hgpo.train.train_config import resolve
+
+    calls = []
+    real = trainer_mod.shared_prefix_logprobs
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    over = {"action_mode": "score", "lora_rank": 4, "kl_coef": 0.05, "iterations": 1,
+            "val_every": 0, "save_every": 0, "max_steps": 3, "out_dir": str(out),
+            "shared_prefix_update": on}  # fmt: skip
+    with monkeypatch.context() as m:
+        m.setattr(trainer_mod, "shared_prefix_logprobs", spy)
+        t = trainer_mod.Trainer(resolve("toy:tmaze:length=1", "tiny", over))
+        try:
+            assert t.prefix_update is on
+            got = t.iteration(1)
+        finally:
+            t.close()
+    return got, len(calls)
+
+
+def test_an_iteration_equals_the_plain_update(tmp_path, monkeypatch):
+    """Same seed, one tiny iteration: the shared-prefix update (and its order by prompt) gives
+    the plain update's PPO loss, KL, entropy and gradient norm to float32 rounding."""
+    on, n_on = _iteration(tmp_path / "on", monkeypatch, True)
+    off, n_off = _iteration(tmp_path / "off", monkeypatch, False)
+    assert n_on > 0 and n_off == 0
+    assert on["n_steps"] == off["n_steps"] and on["grad_norm"] > 0
+    for key in ("pg_loss", "kl", "grad_norm", "clip_frac", "entropy"):
+        assert on[key] == pytest.approx(off[key], rel=1e-5, abs=1e-7), key
