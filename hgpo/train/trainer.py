@@ -522,6 +522,10 @@ class Trainer:
         rows = micro.rows
         prompts = [roll.prompt_ids[i] for i in rows]
         responses = [roll.response_ids[i] for i in rows]
+        if micro.weight == 0:
+            # padding (only to keep DeepSpeed's step count and the ranks' collectives): its
+            # gradient is 0 whatever it holds, so its sample is cut to one token each way
+            prompts, responses = [prompts[0][-1:]], [responses[0][:1]]
         adv = torch.tensor(targets.advantages[rows], dtype=torch.float32, device=self.device)
         begin_forward(self.actor)
         lp, ent, mask = self._actor_logprobs(prompts, responses)

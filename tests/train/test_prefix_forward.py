@@ -172,30 +172,38 @@ def _iteration(out, monkeypatch, on: bool) -> tuple[dict, int]:
     from hgpo.train import trainer as trainer_mod
     from hgpo.train.train_config import resolve
 
-    calls = []
+    calls, padding = [], []
     real = trainer_mod.shared_prefix_logprobs
+    real_step = trainer_mod.Trainer._micro_step
 
     def spy(*a, **k):
         calls.append(1)
         return real(*a, **k)
+
+    def step_spy(self, roll, scored, targets, micro, stats):
+        padding.append(micro.weight == 0)
+        return real_step(self, roll, scored, targets, micro, stats)
 
     over = {"action_mode": "score", "lora_rank": 4, "kl_coef": 0.05, "iterations": 1,
             "val_every": 0, "save_every": 0, "max_steps": 3, "out_dir": str(out),
             "shared_prefix_update": on}  # fmt: skip
     with monkeypatch.context() as m:
         m.setattr(trainer_mod, "shared_prefix_logprobs", spy)
+        m.setattr(trainer_mod.Trainer, "_micro_step", step_spy)
         t = trainer_mod.Trainer(resolve("toy:tmaze:length=1", "tiny", over))
         try:
             assert t.prefix_update is on
             got = t.iteration(1)
         finally:
             t.close()
+    assert any(padding)  # a padding micro-batch (cut to one token each way) is in the plan
     return got, len(calls)
 
 
 def test_an_iteration_equals_the_plain_update(tmp_path, monkeypatch):
-    """Same seed, one tiny iteration: the shared-prefix update (and its order by prompt) gives
-    the plain update's PPO loss, KL, entropy and gradient norm to float32 rounding."""
+    """Same seed, one tiny iteration (12 samples, mini-batches of 8, micro-batches of 4: one
+    padding micro-batch): the shared-prefix update (and its order by prompt) gives the plain
+    update's PPO loss, KL, entropy and gradient norm to float32 rounding."""
     on, n_on = _iteration(tmp_path / "on", monkeypatch, True)
     off, n_off = _iteration(tmp_path / "off", monkeypatch, False)
     assert n_on > 0 and n_off == 0
