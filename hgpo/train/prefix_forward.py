@@ -1,19 +1,22 @@
-"""The PPO update's training forward with the micro-batch's common prompt prefix computed once.
+"""The PPO update's training forward with shared prompt tokens computed once.
 
-A micro-batch's samples mostly share a long prompt prefix (the env's instructions, the task,
-the episode's earlier turns). :func:`shared_prefix_logprobs` gives the figures of the packed
-forward (:func:`hgpo.train.model.response_logprobs`), with grad, from fewer tokens:
+A micro-batch's samples mostly share a long prompt prefix (the env's instructions, the task),
+and often whole prompts (a group's episodes at the same state). :func:`shared_prefix_logprobs`
+gives the figures of the packed forward (:func:`hgpo.train.model.response_logprobs`), with grad,
+from fewer tokens, in three decoder passes:
 
-1. the common prefix of the rows' prompts (c tokens, at most the shortest prompt's length - 1)
-   goes through the decoder once, in one row, with grad (:func:`prefix_cache`); its key/value
-   cache is repeated for every row (``repeat_interleave``: autograd adds every row's
-   contribution to the prefix's gradient);
-2. one pass over every row's remaining prompt tokens and its response, right-padded, at
-   positions c, c + 1, ... after the cache (:func:`suffix_batch`); a 2D mask of ones over the
-   cache and the row's real tokens (causal attention keeps every real token off the pads);
-3. response token j of a row with a P-token prompt is predicted by the hidden state of the
-   suffix column P - c - 1 + j, as in the packed forward (position P - 1 + j).
+1. the rows' common prompt prefix (c tokens, at most the shortest prompt's length - 1) once,
+   in one row, with grad (:func:`prefix_cache`); its key/value cache is repeated for every
+   distinct prompt;
+2. every distinct prompt's tokens after the prefix once (:func:`prompt_pass`), right-padded, at
+   positions c, c + 1, ..., with a 2D mask over the cache and the prompt's real tokens; its
+   cache is then selected for every row (a row per sample, ``batch_select_indices``);
+3. every row's response after its prompt's cache (:func:`response_pass`): positions P, P + 1,
+   ... for a P-token prompt, the prompt's pads masked out.
 
+Response token 0 of a row is predicted by its prompt's last hidden state (pass 2), token j > 0
+by the response's token j - 1 (pass 3), as in the packed forward. Repeating or selecting a
+cache row is an indexing op, so autograd adds every row's gradient through the shared tokens.
 Each token attends to the same tokens at the same positions as in the packed forward, so the
 log-probs, entropies and gradients agree to float32 rounding (the order of sums).
 """
@@ -31,20 +34,25 @@ from torch import nn
 from hgpo.train.batched_score import cache_key, common_prefix
 
 __all__ = [
-    "MIN_SHARED_PREFIX",
-    "Suffixes",
+    "MIN_SAVED_TOKENS",
+    "PromptPass",
+    "ResponsePass",
     "has_cache_api",
     "has_dropout",
     "prefix_cache",
     "prefix_pays",
+    "prompt_pass",
+    "response_pass",
+    "saved_tokens",
     "shared_prefix_length",
     "shared_prefix_logprobs",
-    "suffix_batch",
+    "unique_prompts",
 ]
 
-MIN_SHARED_PREFIX = 16
-"""Fewest common prompt tokens for which the update computes the prefix once (below it, the
-second decoder call costs more than the tokens it saves; the plain packed forward is used)."""
+MIN_SAVED_TOKENS = 16
+"""Fewest prompt tokens the shared passes must save (over the packed forward's rows) for the
+update to take them: below it, the extra decoder calls cost more than they save, and the plain
+packed forward runs."""
 
 
 def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
@@ -56,10 +64,17 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     return common_prefix(prompts, min(len(p) for p in prompts) - 1)
 
 
-def prefix_pays(prompts: Sequence[Sequence[int]], min_prefix: int = MIN_SHARED_PREFIX) -> bool:
-    """Whether the shared-prefix forward saves work: two rows or more sharing at least
-    ``min_prefix`` prompt tokens."""
-    return len(prompts) >= 2 and shared_prefix_length(prompts) >= min_prefix
+def saved_tokens(prompts: Sequence[Sequence[int]]) -> int:
+    """Prompt tokens the shared passes do not run, against the packed forward: every row's
+    prompt, less the common prefix once and each distinct prompt's tokens after it once."""
+    c = shared_prefix_length(prompts)
+    uniq, _ = unique_prompts(prompts)
+    return sum(len(p) for p in prompts) - c - sum(len(u) - c for u in uniq)
+
+
+def prefix_pays(prompts: Sequence[Sequence[int]], min_saved: int = MIN_SAVED_TOKENS) -> bool:
+    """Whether the shared passes save at least ``min_saved`` prompt tokens."""
+    return saved_tokens(prompts) >= min_saved
 
 
 def has_cache_api(model: nn.Module) -> bool:
@@ -80,53 +95,82 @@ def has_dropout(model: nn.Module) -> bool:
     return float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0
 
 
-@dataclass(frozen=True)
-class Suffixes:
-    """The rows after their common c-token prefix, right-padded to L columns.
+def unique_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts (in order of first appearance) and each row's index among them."""
+    index: dict[tuple[int, ...], int] = {}
+    inverse = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    return [list(p) for p in index], inverse
 
-    ids, position: int64[B, L] tokens (pad where none) and positions (c, c + 1, ...);
-    attention: int64[B, c + L], 1 on the cache and on the row's real tokens; pred: int64[B, R]
-    the suffix column whose hidden state predicts response token j (0 where no token);
-    target: int64[B, R] the response, right-padded with the pad id; mask: float32[B, R], 1 on
-    real response tokens (the packed forward's ``response_mask``).
+
+@dataclass(frozen=True)
+class PromptPass:
+    """The distinct prompts after their common c-token prefix, right-padded to L columns.
+
+    ids, position: int64[U, L] tokens (pad where none) and positions (c, c + 1, ...);
+    attention: int64[U, c + L], 1 on the cached prefix and on the prompt's real tokens;
+    last: int64[U] the column of each prompt's last token (it predicts response token 0).
     """
 
     ids: torch.Tensor
     position: torch.Tensor
     attention: torch.Tensor
-    pred: torch.Tensor
-    target: torch.Tensor
+    last: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ResponsePass:
+    """Every row's response, right-padded to R columns, after its prompt's cache.
+
+    ids, position: int64[B, R] the response (pad where none) at positions P_b, P_b + 1, ...;
+    attention: int64[B, c + L + R], the row's prompt cache (its prompt's real tokens) and its
+    real response tokens; mask: float32[B, R], 1 on real response tokens (the packed forward's
+    ``response_mask``).
+    """
+
+    ids: torch.Tensor
+    position: torch.Tensor
+    attention: torch.Tensor
     mask: torch.Tensor
 
 
-def suffix_batch(
-    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], c: int, pad_id: int
-) -> Suffixes:
-    """The :class:`Suffixes` of (prompt, response) pairs after their first ``c`` prompt tokens
-    (``c`` below every prompt's length)."""
-    if len(prompts) != len(responses):
-        raise ValueError(f"shared prefix: {len(prompts)} prompts but {len(responses)} responses")
+def prompt_pass(prompts: Sequence[Sequence[int]], c: int, pad_id: int) -> PromptPass:
+    """The :class:`PromptPass` of distinct ``prompts`` after their first ``c`` tokens (``c``
+    below every prompt's length)."""
     if any(len(p) <= c for p in prompts):
         raise ValueError(f"shared prefix: c={c} leaves a prompt without a token of its own")
-    rows = [list(p[c:]) + list(r) for p, r in zip(prompts, responses, strict=True)]
-    B, L = len(rows), max(len(t) for t in rows)
-    R = max(1, max(len(r) for r in responses))
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    att = torch.zeros((B, c + L), dtype=torch.long)
+    U, L = len(prompts), max(len(p) for p in prompts) - c
+    ids = torch.full((U, L), pad_id, dtype=torch.long)
+    att = torch.zeros((U, c + L), dtype=torch.long)
     att[:, :c] = 1
-    pred = torch.zeros((B, R), dtype=torch.long)
-    target = torch.full((B, R), pad_id, dtype=torch.long)
+    for u, p in enumerate(prompts):
+        ids[u, : len(p) - c] = torch.tensor(list(p[c:]), dtype=torch.long)
+        att[u, c : len(p)] = 1
+    position = (c + torch.arange(L)).unsqueeze(0).expand(U, L).contiguous()
+    last = torch.tensor([len(p) - c - 1 for p in prompts], dtype=torch.long)
+    return PromptPass(ids, position, att, last)
+
+
+def response_pass(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    prompt_att: torch.Tensor,
+    pad_id: int,
+) -> ResponsePass:
+    """The :class:`ResponsePass` of each row's response after its prompt; ``prompt_att``:
+    int64[B, c + L] each row's prompt cache mask (its :class:`PromptPass` row)."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"shared prefix: {len(prompts)} prompts but {len(responses)} responses")
+    B, R = len(responses), max(1, max(len(r) for r in responses))
+    ids = torch.full((B, R), pad_id, dtype=torch.long)
     mask = torch.zeros((B, R), dtype=torch.float32)
-    for b, (p, r, t) in enumerate(zip(prompts, responses, rows, strict=True)):
-        ids[b, : len(t)] = torch.tensor(t, dtype=torch.long)
-        att[b, c : c + len(t)] = 1
-        first = len(p) - c - 1  # the row's last prompt token: predicts response token 0
-        pred[b, : len(r)] = torch.arange(first, first + len(r))
+    for b, r in enumerate(responses):
         if len(r):
-            target[b, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+            ids[b, : len(r)] = torch.tensor(list(r), dtype=torch.long)
             mask[b, : len(r)] = 1.0
-    position = (c + torch.arange(L)).unsqueeze(0).expand(B, L).contiguous()
-    return Suffixes(ids, position, att, pred, target, mask)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    position = lengths[:, None] + torch.arange(R)[None, :]
+    attention = torch.cat([prompt_att, mask.long()], dim=1)
+    return ResponsePass(ids, position, attention, mask)
 
 
 def prefix_cache(decoder: nn.Module, prefix: Sequence[int], rows: int, device: Any) -> Any:
@@ -156,24 +200,33 @@ def shared_prefix_logprobs(
     """Log-probs [B, R] of the response tokens (their entropies [B, R] with ``with_entropy``)
     and the response mask [B, R]: the figures and gradients of ``response_logprobs(model,
     pack(prompts, responses, pad_id, device))`` to float32 rounding, with the prompts' common
-    prefix through the decoder once (see the module docstring). With no common prefix it is
-    one pass over the whole rows."""
+    prefix and every distinct prompt through the decoder once (see the module docstring)."""
     decoder, head = model.get_decoder(), model.get_output_embeddings()
+    key = cache_key(decoder)
     c = shared_prefix_length(prompts)
-    s = suffix_batch(prompts, responses, c, pad_id)
-    extra: dict[str, Any] = {"use_cache": False}
+    uniq, inverse = unique_prompts(prompts)
+    pp = prompt_pass(uniq, c, pad_id)
+    extra: dict[str, Any] = {}
     if c:
-        cache = prefix_cache(decoder, prompts[0][:c], len(prompts), device)
-        extra = {cache_key(decoder): cache, "use_cache": True}
-    hidden = decoder(
-        input_ids=s.ids.to(device),
-        attention_mask=s.attention.to(device),
-        position_ids=s.position.to(device),
-        **extra,
-    ).last_hidden_state  # (B, L, H)
-    rows = torch.arange(len(prompts), device=device).unsqueeze(1)
-    h = hidden[rows, s.pred.to(device)]  # (B, R, H)
+        extra = {key: prefix_cache(decoder, prompts[0][:c], len(uniq), device)}
+    out = decoder(input_ids=pp.ids.to(device), attention_mask=pp.attention.to(device),
+                  position_ids=pp.position.to(device), use_cache=True, **extra)  # fmt: skip
+    inv = torch.tensor(inverse, dtype=torch.long, device=device)
+    first = out.last_hidden_state[inv, pp.last.to(device)[inv]]  # (B, H): response token 0
+    rp = response_pass(prompts, responses, pp.attention[inverse], pad_id)
+    n = rp.ids.shape[1] - 1  # the last response token is predicted, never an input
+    h = first.unsqueeze(1)
+    if n:
+        cache = getattr(out, key)
+        if len(uniq) != len(prompts):
+            cache.batch_select_indices(inv)
+        cols = rp.attention.shape[1] - 1
+        hidden = decoder(input_ids=rp.ids[:, :n].to(device),
+                         attention_mask=rp.attention[:, :cols].to(device),
+                         position_ids=rp.position[:, :n].to(device), use_cache=True,
+                         **{key: cache}).last_hidden_state  # fmt: skip
+        h = torch.cat([h, hidden], dim=1)  # (B, R, H)
     logp = torch.log_softmax(head(h).float() / temperature, dim=-1)
-    lp = logp.gather(-1, s.target.to(device).unsqueeze(-1)).squeeze(-1)
+    lp = logp.gather(-1, rp.ids.to(device).unsqueeze(-1)).squeeze(-1)
     ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
-    return lp, ent, s.mask.to(device)
+    return lp, ent, rp.mask.to(device)

@@ -14,12 +14,15 @@ from hgpo.train.lora import add_adapters
 from hgpo.train.loss import ppo_loss
 from hgpo.train.model import pack, response_logprobs
 from hgpo.train.prefix_forward import (
-    MIN_SHARED_PREFIX,
+    MIN_SAVED_TOKENS,
     has_cache_api,
     prefix_pays,
+    prompt_pass,
+    response_pass,
+    saved_tokens,
     shared_prefix_length,
     shared_prefix_logprobs,
-    suffix_batch,
+    unique_prompts,
 )
 from hgpo.train.update import plan_epoch
 
@@ -47,14 +50,17 @@ def model():
     return m
 
 
-def _stem_pairs(seed: int, rows: int, stem: int) -> tuple[list[list[int]], list[list[int]]]:
+def _stem_pairs(
+    seed: int, rows: int, stem: int, repeat: int = 1
+) -> tuple[list[list[int]], list[list[int]]]:
     """Prompts of a ``stem``-token common start and different own tails (one row's prompt is
-    the stem + 1 token), responses of 1 to 6 tokens."""
+    the stem + 1 token), each prompt ``repeat`` times in a row; responses of 1 to 6 tokens."""
     rng = np.random.default_rng(seed)
     head = rng.integers(1, VOCAB, stem).tolist()
     prompts = [head + rng.integers(1, VOCAB, int(rng.integers(1, 9))).tolist() for _ in range(rows)]
     prompts[-1] = [*head, int(rng.integers(1, VOCAB))]
-    responses = [rng.integers(1, VOCAB, int(rng.integers(1, 7))).tolist() for _ in range(rows)]
+    prompts = [p for p in prompts for _ in range(repeat)]
+    responses = [rng.integers(1, VOCAB, int(rng.integers(1, 7))).tolist() for _ in prompts]
     return prompts, responses
 
 
@@ -70,11 +76,14 @@ def _loss_and_grads(model, lp, mask, seed: int, ent=None) -> dict[str, torch.Ten
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-CASES = {
-    "long stem": (8, 40),
-    "no common prefix": (5, 0),
-    "single row": (1, 30),
-    "two rows, one token stem": (2, 1),
+CASES = {  # rows, stem, repeat
+    "long stem": (8, 40, 1),
+    "no common prefix": (5, 0, 1),
+    "single row": (1, 30, 1),
+    "two rows, one token stem": (2, 1, 1),
+    "repeated prompts": (3, 20, 3),
+    "one prompt, four rows": (1, 25, 4),
+    "repeated, no common prefix": (3, 0, 2),
 }
 
 
@@ -82,12 +91,13 @@ CASES = {
 def test_logprobs_entropies_and_lora_grads_equal_the_packed_forward(model, case):
     """Same log-probs and entropies to 1e-5, same LoRA gradients of a PPO loss (KL, entropy)
     to 1e-5 relative, as the packed forward: left-padded prompts of different lengths,
-    right-padded responses of 1-6 tokens, a prompt of stem + 1 token."""
-    rows, stem = CASES[case]
-    prompts, responses = _stem_pairs(len(case), rows, stem)
-    if stem == 0:  # every row starts with its own token
-        prompts = [[1 + i, *p] for i, p in enumerate(prompts)]
+    right-padded responses of 1-6 tokens, a prompt of stem + 1 token, prompts repeated."""
+    rows, stem, repeat = CASES[case]
+    prompts, responses = _stem_pairs(len(case), rows, stem, repeat)
+    if stem == 0:  # every distinct prompt starts with its own token
+        prompts = [[1 + i // repeat, *p] for i, p in enumerate(prompts)]
     want_c = stem if rows > 1 else len(prompts[0]) - 1
+    assert len(unique_prompts(prompts)[0]) == rows
     assert shared_prefix_length(prompts) == want_c
     b = pack(prompts, responses, 0, "cpu")
     lp0, ent0 = response_logprobs(model, b, with_entropy=True)
@@ -114,26 +124,35 @@ def test_temperature_and_no_entropy(model):
     torch.testing.assert_close(lp[mask.bool()], want[mask.bool()], rtol=0, atol=1e-5)
 
 
-def test_suffix_batch_layout():
-    """Positions continue after the prefix, the mask covers the prefix and real tokens, and
-    each response token is predicted from the column before it."""
-    s = suffix_batch([[7, 8, 9, 4], [7, 8, 5]], [[1, 2], [3]], 2, 0)
-    assert s.ids.tolist() == [[9, 4, 1, 2], [5, 3, 0, 0]]
-    assert s.position.tolist() == [[2, 3, 4, 5], [2, 3, 4, 5]]
-    assert s.attention.tolist() == [[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]]
-    assert s.pred.tolist() == [[1, 2], [0, 0]]
-    assert s.target.tolist() == [[1, 2], [3, 0]] and s.mask.tolist() == [[1, 1], [1, 0]]
+def test_pass_layouts():
+    """The prompt pass: positions after the prefix, a mask over the prefix and real tokens,
+    each prompt's last column; the response pass: positions after each row's own prompt, the
+    prompt's pads masked out."""
+    uniq, inverse = unique_prompts([[7, 8, 9, 4], [7, 8, 5], [7, 8, 9, 4]])
+    assert uniq == [[7, 8, 9, 4], [7, 8, 5]] and inverse == [0, 1, 0]
+    pp = prompt_pass(uniq, 2, 0)
+    assert pp.ids.tolist() == [[9, 4], [5, 0]]
+    assert pp.position.tolist() == [[2, 3], [2, 3]]
+    assert pp.attention.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+    assert pp.last.tolist() == [1, 0]
+    rp = response_pass([uniq[i] for i in inverse], [[1, 2], [3], [6]], pp.attention[inverse], 0)
+    assert rp.ids.tolist() == [[1, 2], [3, 0], [6, 0]]
+    assert rp.position.tolist() == [[4, 5], [3, 4], [4, 5]]
+    assert rp.attention.tolist() == [[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 1, 0]]
+    assert rp.mask.tolist() == [[1, 1], [1, 0], [1, 0]]
     with pytest.raises(ValueError, match="c=3 leaves a prompt"):
-        suffix_batch([[7, 8, 9, 4], [7, 8, 5]], [[1], [3]], 3, 0)
+        prompt_pass([[7, 8, 9, 4], [7, 8, 5]], 3, 0)
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
-        suffix_batch([[7, 8, 9], [7, 8, 5]], [[1]], 1, 0)
+        response_pass([[7, 8, 9], [7, 8, 5]], [[1]], pp.attention, 0)
 
 
-def test_when_the_prefix_pays(model):
-    stem = list(range(1, MIN_SHARED_PREFIX + 1))
+def test_when_the_shared_passes_pay(model):
+    stem = list(range(1, MIN_SAVED_TOKENS + 1))
+    assert saved_tokens([[*stem, 50], [*stem, 51, 52]]) == MIN_SAVED_TOKENS
     assert prefix_pays([[*stem, 50], [*stem, 51, 52]])
     assert not prefix_pays([[*stem[:-1], 50], [*stem[:-1], 51]])  # one token short
     assert not prefix_pays([[*stem, 50]])  # a single row shares nothing
+    assert saved_tokens([[60, *stem], [61, *stem], [60, *stem]]) == len(stem) + 1  # a repeat
     assert has_cache_api(model)
     assert not has_cache_api(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="empty prompt"):
