@@ -562,7 +562,7 @@ class Trainer:
         self, prompts: list[list[int]], responses: list[list[int]]
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """The actor's response log-probs [B, R] (with grad), entropies [B, R] and response
-        mask [B, R]: the micro-batch's common prompt prefix once where that applies and pays
+        mask [B, R]: the micro-batch's shared prompt tokens once where that applies and pays
         (``shared_prefix_update``; hgpo.train.prefix_forward), else the packed forward."""
         pad = self.tok.pad_token_id
         if self.prefix_update and prefix_pays(prompts):
