@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol                 # T-maze length 1, 8 x 8
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --groups 2 --group-size 4
+    OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --shared-prefix-update false  # to compare
 
 One iteration of ``--preset smol-cpu`` (score mode, LoRA rank 8, micro-batch 8) on
 ``--env`` with ``--groups`` x ``--group-size`` episodes, in this process (``Trainer.iteration``:
@@ -24,7 +25,7 @@ import resource
 import tempfile
 import time
 
-from hgpo.options import ArgumentParser
+from hgpo.options import ArgumentParser, parse_bool
 
 
 def _parser() -> ArgumentParser:
@@ -39,6 +40,14 @@ def _parser() -> ArgumentParser:
         help="cut episodes at this many steps (default 0: the preset's, i.e. the env's horizon)",
     )
     p.add_argument("--seed", type=int, default=0, help="the run's seed (default 0)")
+    p.add_argument(
+        "--shared-prefix-update",
+        type=parse_bool,
+        default=True,
+        metavar="BOOL",
+        help="the update's shared-prefix forward (TrainConfig.shared_prefix_update; default "
+        "true; false: the plain packed forward, to compare)",
+    )
     return p
 
 
@@ -69,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.get_num_threads()}, load average {load0:.2f} before")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench_smol-") as tmp:
         over = {"iterations": 1, "groups_per_iter": args.groups, "group_size": args.group_size,
-                "seed": args.seed, "out_dir": tmp, "progress": False, "save_every": 0}  # fmt: skip
+                "seed": args.seed, "out_dir": tmp, "progress": False, "save_every": 0,
+                "shared_prefix_update": args.shared_prefix_update}  # fmt: skip
         if args.max_steps:
             over["max_steps"] = args.max_steps
         cfg = resolve(args.env, "smol-cpu", over)
@@ -84,12 +94,13 @@ def main(argv: list[str] | None = None) -> int:
             trainer.close()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
     print(f"env {args.env}, {args.groups} groups x {args.group_size} episodes, "
-          f"{m['n_steps']} step samples, seed {args.seed}")  # fmt: skip
+          f"{m['n_steps']} step samples, seed {args.seed}, shared-prefix update "
+          f"{args.shared_prefix_update}")  # fmt: skip
     print(f"setup (model load) {setup:.1f} s")
     print(f"iteration {total:.1f} s wall, {cpu:.1f} s CPU (this process): rollout "
           f"{m['time/rollout']:.1f} s, score {m['time/score']:.1f} s, update "
           f"{m['time/update']:.1f} s")  # fmt: skip
-    print(f"pg_loss {m['pg_loss']:.6g}, kl {m['kl']:.6g}, grad_norm {m['grad_norm']:.6g}, "
+    print(f"pg_loss {m['pg_loss']:.6g}, kl {m['kl']:.6g}, grad_norm {m['grad_norm']:.9g}, "
           f"success {m['success_rate']:.3f}")  # fmt: skip
     print(f"peak RSS {rss:.2f} GiB; load average {os.getloadavg()[0]:.2f} after")
     return 0

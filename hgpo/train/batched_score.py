@@ -40,6 +40,8 @@ __all__ = [
     "MAX_TOKENS",
     "batched_score",
     "batched_token_logprobs",
+    "cache_key",
+    "common_prefix",
     "length_batches",
     "prompt_runs",
 ]
@@ -178,14 +180,14 @@ def _batched(
     return out
 
 
-def _cache_key(decoder: nn.Module) -> str:
+def cache_key(decoder: nn.Module) -> str:
     """transformers 5 names the cache "cache" (argument and output), earlier ones
     "past_key_values" (still accepted by 5.x with a FutureWarning)."""
     params = inspect.signature(decoder.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _common_prefix(seqs: Sequence[Sequence[int]], cap: int) -> int:
+def common_prefix(seqs: Sequence[Sequence[int]], cap: int) -> int:
     """Length of the longest prefix every sequence of ``seqs`` shares, at most ``cap``."""
     first = seqs[0]
     n = min(cap, min(len(q) for q in seqs))
@@ -286,12 +288,12 @@ def _score_batch(
     repeated for every prompt), then one pass over every prompt's :class:`_Tree` (its own
     suffix, its candidates' common prefix, every candidate's tail)."""
     decoder, head = model.get_decoder(), model.get_output_embeddings()
-    key = _cache_key(decoder)
+    key = cache_key(decoder)
     batch_prompts = [list(prompts[s]) for s, _ in runs]
     cands = [[list(responses[i]) for i in range(s, e)] for s, e in runs]
     flat = [y for cs in cands for y in cs]
-    c = _common_prefix(batch_prompts, min(len(p) for p in batch_prompts) - 1)
-    r = _common_prefix(flat, max(0, min(len(y) for y in flat) - 1))
+    c = common_prefix(batch_prompts, min(len(p) for p in batch_prompts) - 1)
+    r = common_prefix(flat, max(0, min(len(y) for y in flat) - 1))
     tree = _tree(batch_prompts, cands, c, r, pad_id)
     extra: dict[str, Any] = {}
     if c:

@@ -43,7 +43,8 @@ RESUME_ALLOWED = (
     "truth_every", "truth_max_nodes", "truth_max_prompts",
     # where it runs (the same computation, other engines or machines)
     "rollout_engine", "rollout_batch_size", "vllm_gpu_memory_utilization", "env_workers",
-    "env_timeout_s", "env_backend", "device", "gradient_checkpointing", "max_crash_share",
+    "env_timeout_s", "env_backend", "device", "gradient_checkpointing", "shared_prefix_update",
+    "max_crash_share",
     # the optimisation schedule (a deliberate change, recorded in resumes.jsonl)
     "lr", "critic_lr", "weight_decay", "clip_ratio", "dual_clip", "kl_coef",
     "entropy_coef", "grad_clip", "ppo_epochs", "mini_batch_size", "micro_batch_size",

@@ -217,6 +217,11 @@ class TrainConfig:
     """"bf16", "fp32", or "auto" (bf16 on GPU, fp32 on CPU)."""
     gradient_checkpointing: bool = _engines(False)
     """Recompute activations in the backward pass (long prompts on GPU)."""
+    shared_prefix_update: bool = _engines(True)
+    """PPO update: a micro-batch's common prompt prefix and each distinct prompt go through
+    the actor once (with grad, their caches shared by the rows) and each mini-batch is ordered
+    by prompt; the same loss and gradient to float32 rounding (off: the plain packed forward of
+    every row)."""
     device: str = _engines("auto", choices=("auto", "cpu", "cuda"))
     """"auto" (cuda when available), "cpu" or "cuda"."""
     # --- validation, checkpoints, logging ----------------------------------------------------------

@@ -40,6 +40,12 @@ from hgpo.train.model import (
     pack,
     response_logprobs,
 )
+from hgpo.train.prefix_forward import (
+    has_cache_api,
+    has_dropout,
+    prefix_pays,
+    shared_prefix_logprobs,
+)
 from hgpo.train.preflight import validate_config
 from hgpo.train.pretrained import model_folder
 from hgpo.train.run_checkpoint import load_run, save_run
@@ -152,6 +158,7 @@ class Trainer:
         self.lora = cfg.lora_rank > 0
         built = build_engines(cfg, self.model_path, self.dtype, self.device, self.grad_accum)
         self.actor, self.ref, self.critic = built.actor, built.ref, built.critic
+        self.prefix_update = shared_prefix_applies(cfg, self.actor.module)
         self._ref_engine = built.ref_engine  # ZeRO-3: owns the hooks of the reference's shards
         self.engine = rollout_engine(
             cfg, self.tok, self.model_path, self.actor.module, self.dtype, self.device
@@ -331,8 +338,12 @@ class Trainer:
         )
         rng = np.random.default_rng([cfg.seed, it, self.rank, 7])
         lengths = [len(r) for r in roll.response_ids]
+        # ordered by prompt for the shared prefix; a critic's loss (a mean of micro-batch means)
+        # would change with the order, so its runs keep the shuffled order
+        prompts = roll.prompt_ids if self.prefix_update and self.critic is None else None
         for _ in range(cfg.ppo_epochs):
-            plan = plan_epoch(lengths, n_minibatches, cfg.micro_batch_size, self.grad_accum, rng)
+            plan = plan_epoch(lengths, n_minibatches, cfg.micro_batch_size, self.grad_accum, rng,
+                              prompts)  # fmt: skip
             for m, minibatch in enumerate(plan):
                 for micro in minibatch:
                     self._micro_step(roll, scored, targets, micro, stats)
@@ -509,23 +520,23 @@ class Trainer:
         """One forward/backward of the actor (and the critic) on ``micro``; DeepSpeed steps the
         optimizer at the mini-batch's last micro-batch."""
         rows = micro.rows
-        b = pack(
-            [roll.prompt_ids[i] for i in rows],
-            [roll.response_ids[i] for i in rows],
-            self.tok.pad_token_id,
-            self.device,
-        )
-        R = b.response_mask.shape[1]
+        prompts = [roll.prompt_ids[i] for i in rows]
+        responses = [roll.response_ids[i] for i in rows]
+        if micro.weight == 0:
+            # padding (only to keep DeepSpeed's step count and the ranks' collectives): its
+            # gradient is 0 whatever it holds, so its sample is cut to one token each way
+            prompts, responses = [prompts[0][-1:]], [responses[0][:1]]
         adv = torch.tensor(targets.advantages[rows], dtype=torch.float32, device=self.device)
         begin_forward(self.actor)
-        lp, ent = response_logprobs(self.actor.module, b, with_entropy=True)
+        lp, ent, mask = self._actor_logprobs(prompts, responses)
+        R = mask.shape[1]
         ref = pad_rows(scored.ref, rows, R, self.device) if scored.ref is not None else None
         loss, st = ppo_loss(
             lp,
             pad_rows(scored.old, rows, R, self.device),
             ref,
             adv[:, None].expand(-1, R),
-            b.response_mask,
+            mask,
             self.cfg,
             entropy=ent,
             denom=micro.tokens,
@@ -539,13 +550,28 @@ class Trainer:
         stats.add(st, micro.weight)
         if self.critic is not None and targets.returns is not None:
             assert scored.values is not None
-            v = self.critic(b)
+            v = self.critic(pack(prompts, responses, self.tok.pad_token_id, self.device))
             v_old = torch.stack([scored.values[i] for i in rows]).to(self.device)
             ret = torch.tensor(targets.returns[rows], dtype=torch.float32, device=self.device)
             vl = value_loss(v, v_old, ret, self.cfg.value_clip).mean()
             self.critic.backward(vl * micro.weight)
             self.critic.step()
             stats.vf_losses.append(float(vl.detach()) * micro.weight)
+
+    def _actor_logprobs(
+        self, prompts: list[list[int]], responses: list[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The actor's response log-probs [B, R] (with grad), entropies [B, R] and response
+        mask [B, R]: the micro-batch's shared prompt tokens once where that applies and pays
+        (``shared_prefix_update``; hgpo.train.prefix_forward), else the packed forward."""
+        pad = self.tok.pad_token_id
+        if self.prefix_update and prefix_pays(prompts):
+            return shared_prefix_logprobs(
+                self.actor.module, prompts, responses, pad, self.device, with_entropy=True
+            )
+        b = pack(prompts, responses, pad, self.device)
+        lp, ent = response_logprobs(self.actor.module, b, with_entropy=True)
+        return lp, ent, b.response_mask
 
     def _last_grad_norm(self) -> float:
         """The actor's gradient norm of the optimizer step just taken (before clipping)."""
@@ -679,6 +705,20 @@ def estimator_inputs(
                 f"estimator {estimator!r} reads {key!r}, which the trainer lacks"
             )
     return out
+
+
+def shared_prefix_applies(cfg: TrainConfig, actor: torch.nn.Module) -> bool:
+    """Whether the update may compute a micro-batch's common prompt prefix once: asked for
+    (``shared_prefix_update``), and exact here: not ZeRO-3 (sharded parameters), no gradient
+    checkpointing (no cache in a checkpointed forward), no active dropout (the rows would share
+    the prefix's dropout draws), a decoder that takes a key/value cache."""
+    return (
+        cfg.shared_prefix_update
+        and cfg.zero_stage != 3
+        and not cfg.gradient_checkpointing
+        and not has_dropout(actor)
+        and has_cache_api(actor)
+    )
 
 
 def due(every: int, it: int) -> bool:

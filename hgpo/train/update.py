@@ -82,6 +82,7 @@ def plan_epoch(
     micro_batch_size: int,
     grad_accum: int,
     rng: np.random.Generator,
+    prompts: Sequence[Sequence[int]] | None = None,
 ) -> list[list[MicroBatch]]:
     """One PPO epoch: the samples shuffled, cut into ``n_minibatches`` mini-batches of
     ``grad_accum`` micro-batches each. A rank with fewer samples than the busiest one gets
@@ -89,6 +90,10 @@ def plan_epoch(
     passes and optimizer steps, as the all-reduces require.
 
     lengths: the response length of each step sample (the mini-batch's token count).
+    prompts: each sample's prompt tokens; given, each mini-batch's samples are ordered by them
+    before the cut into micro-batches, so that a micro-batch's prompts share long prefixes (the
+    shared-prefix update). The mini-batch keeps its samples and its token count, so its loss
+    (the micro-batches' token sums over that count, summed) is unchanged; the rng draws too.
     """
     n = len(lengths)
     if n_minibatches == 0:
@@ -100,6 +105,8 @@ def plan_epoch(
     plan = []
     for m in range(n_minibatches):
         idx = perm[m * per : (m + 1) * per]
+        if prompts is not None:
+            idx = np.array(sorted(idx, key=lambda i: (list(prompts[i]), int(i))), dtype=np.int64)
         tokens = max(1, sum(lengths[i] for i in idx))
         micro = []
         for a in range(grad_accum):
