@@ -19,7 +19,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("hgpo", "toyenvs", "agentenvs", "studies", "benchmarks", "tests")
-RUN_AS = {"hgpo.train.train_config": "hgpo.train", "studies.compare_study": "studies.compare"}
+RUN_AS = {
+    "hgpo.train.train_config": "hgpo.train",
+    "studies.compare_study": "studies.compare",
+    "benchmarks.golden_common": "benchmarks.make_hiper_golden",  # (and the six other makers)
+}
 """A module that builds the parser of another module's command line."""
 
 
