@@ -173,12 +173,22 @@ def response_logprobs(
     ).last_hidden_state  # (B, T, H)
     R = batch.response_mask.shape[1]
     h = hidden[:, batch.P - 1 : batch.P - 1 + R]  # position t predicts token t + 1
-    logits = head(h).float() / temperature  # (B, R, V)
-    logp = torch.log_softmax(logits, dim=-1)
-    lp = logp.gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
-    ent = None
-    if with_entropy:
-        ent = -(logp.exp() * logp).sum(-1)
+    return head_logprobs(head, h, batch.responses, temperature, with_entropy)
+
+
+def head_logprobs(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities [B, R] of ``tokens`` [B, R] under the output layer ``head`` applied to
+    the hidden states [B, R, H] that predict them (and the entropies [B, R]); ``temperature``
+    divides the logits, as in sampling."""
+    logp = torch.log_softmax(head(hidden).float() / temperature, dim=-1)  # (B, R, V)
+    lp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
     return lp, ent
 
 
@@ -289,6 +299,7 @@ __all__ = [
     "check_thinking_switch",
     "encode_prompt",
     "gathered_named_parameters",
+    "head_logprobs",
     "inference_named_parameters",
     "load_causal_lm",
     "load_named",

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from hgpo.train.batched_score import cache_key, common_prefix
+from hgpo.train.model import head_logprobs
 
 __all__ = [
     "MIN_SAVED_TOKENS",
@@ -226,7 +227,5 @@ def shared_prefix_logprobs(
                          position_ids=rp.position[:, :n].to(device), use_cache=True,
                          **{key: cache}).last_hidden_state  # fmt: skip
         h = torch.cat([h, hidden], dim=1)  # (B, R, H)
-    logp = torch.log_softmax(head(h).float() / temperature, dim=-1)
-    lp = logp.gather(-1, rp.ids.to(device).unsqueeze(-1)).squeeze(-1)
-    ent = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    lp, ent = head_logprobs(head, h, rp.ids.to(device), temperature, with_entropy)
     return lp, ent, rp.mask.to(device)
