@@ -32,6 +32,10 @@ class EvalCounts:
     valid_steps: int
     crashed: int
     seconds: float
+    transcripts: tuple[dict[str, Any], ...] = ()
+    """The steps of the first episode of each task (its group's first trajectory): task, step,
+    the observation's last 300 characters, the response text, the action sent, valid, and the
+    episode's success: what the counts came from, for a reader to check."""
 
     def as_dict(self) -> dict[str, Any]:
         """The counts and their 95% Wilson intervals, for the JSON report."""
@@ -64,7 +68,9 @@ def evaluate(cfg: Any, model: Any, tok: Any, split: str, tasks: int, repeats: in
 
     check_int("tasks", tasks, lo=1)
     check_int("repeats", repeats, lo=1)
-    play = dataclasses.replace(Play.validation(cfg), group_size=repeats, action_mode="generate")
+    play = dataclasses.replace(  # keep_samples: the responses, for the transcripts
+        Play.validation(cfg), group_size=repeats, action_mode="generate", keep_samples=True
+    )
     engine = HFEngine(model, tok, cfg.rollout_batch_size, torch.device("cpu"))
     t0 = time.perf_counter()
     envs = EnvSet(cfg, split, tasks * repeats)
@@ -81,7 +87,40 @@ def evaluate(cfg: Any, model: Any, tok: Any, split: str, tasks: int, repeats: in
         valid_steps=int(sum(not x for x in roll.invalid)),
         crashed=roll.crashed,
         seconds=time.perf_counter() - t0,
+        transcripts=transcripts(roll, tok),
     )
+
+
+def transcripts(roll: Any, tok: Any, chars: int = 300) -> tuple[dict[str, Any], ...]:
+    """The steps of each group's first trajectory of a :class:`~hgpo.train.episodes.Rollout`
+    (rows in trajectory order), each response decoded as written (:func:`_text`)."""
+    first: dict[int, int] = {}
+    for g, t in zip(roll.group, roll.traj, strict=True):
+        first.setdefault(g, t)
+    keep = set(first.values())
+    return tuple(
+        {
+            "task": roll.group[i],
+            "step": roll.step[i],
+            "observation": roll.observation[i][-chars:],
+            "response": _text(roll.response_ids[i], tok),
+            "action": roll.action[i],
+            "valid": not roll.invalid[i],
+            "won": bool(roll.success[roll.traj[i]]),
+        }
+        for i in range(len(roll.traj))
+        if roll.traj[i] in keep
+    )
+
+
+def _text(ids: list[int], tok: Any) -> str:
+    """A response's text without its trailing end and padding tokens (the format's tags may be
+    special tokens of a tokenizer, so special tokens are kept)."""
+    ends = {tok.eos_token_id, tok.pad_token_id} - {None}
+    n = len(ids)
+    while n and ids[n - 1] in ends:
+        n -= 1
+    return tok.decode(ids[:n], skip_special_tokens=False)
 
 
 def _cell(count: int, n: int) -> str:

@@ -327,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(out / "warmstart.json", json.dumps(report, indent=2) + "\n")
     if args.eval_tasks:
         print(report["eval_table"])
-    print(json.dumps({k: v for k, v in report.items() if k != "eval_table"}))
+    shown = {k: v for k, v in report.items() if k not in ("eval_table", "eval")}  # long
+    print(json.dumps(shown))
     return 0
 
 

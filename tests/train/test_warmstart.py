@@ -167,6 +167,16 @@ def test_eval_counts_before_and_after_a_tiny_warm_start(tmp_path, capsys):
     )
     assert rep["eval_table"] in capsys.readouterr().out
     assert rep["machine_end"]["peak_rss_gib"] > 0
+    for counts in (before, after):  # each task's first episode, step by step, as played
+        shown = counts["transcripts"]
+        assert sorted({t["task"] for t in shown}) == [0, 1]
+        for task in (0, 1):
+            steps = [t for t in shown if t["task"] == task]
+            assert [t["step"] for t in steps] == list(range(len(steps))) and 1 <= len(steps) <= 4
+            assert len({t["won"] for t in steps}) == 1
+    assert not any(t["valid"] for t in before["transcripts"])
+    valid = [t for t in after["transcripts"] if t["valid"]]
+    assert valid and all(f"<action>{t['action']}</action>" in t["response"] for t in valid)
 
 
 @pytest.mark.parametrize(
