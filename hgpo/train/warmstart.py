@@ -97,16 +97,26 @@ def expert_samples(
 
 
 def finetune(
-    model, samples, epochs: int, lr: float, batch: int, pad_id: int, seed: int, on_epoch=None
+    model,
+    samples,
+    epochs: int,
+    lr: float,
+    batch: int,
+    pad_id: int,
+    seed: int,
+    on_epoch=None,
+    micro_batch: int = 0,
 ) -> list[float]:
     """Cross-entropy on the response tokens; returns the mean loss of each epoch.
 
+    Each optimizer step takes ``batch`` samples; their forward and backward run ``micro_batch``
+    samples at a time (0: all at once), the gradients summed, so the step is the same (to
+    float32 rounding) and the peak memory scales with ``micro_batch``.
     on_epoch: optional callable(epoch, model) run after each epoch (saving snapshots).
     Raises NonFiniteError at a non-finite loss, or weights after an epoch, before ``on_epoch``.
     """
     import torch
 
-    from hgpo.train.model import pack, response_logprobs
     from hgpo.train.trainer import NonFiniteError
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -117,14 +127,11 @@ def finetune(
         perm, tot = rng.permutation(len(samples)), []
         for s in range(0, len(perm), batch):
             chunk = [samples[i] for i in perm[s : s + batch]]
-            b = pack([c[0] for c in chunk], [c[1] for c in chunk], pad_id, "cpu")
-            lp, _ = response_logprobs(model, b)
-            loss = -(lp * b.response_mask).sum() / b.response_mask.sum()
             opt.zero_grad()
-            loss.backward()
+            loss = _backward(model, chunk, pad_id, micro_batch or len(chunk))
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            tot.append(float(loss.detach()))
+            tot.append(loss)
             if not np.isfinite(tot[-1]):  # before any snapshot or model is written
                 raise NonFiniteError(
                     f"warm start epoch {len(losses) + 1}: the loss is {tot[-1]} (lower --lr?); "
@@ -142,6 +149,23 @@ def finetune(
     return losses
 
 
+def _backward(model, chunk, pad_id: int, micro: int) -> float:
+    """Accumulate the gradient of the mean response-token cross-entropy of ``chunk`` (one
+    optimizer step's samples), ``micro`` samples per forward; returns the loss."""
+    from hgpo.train.model import pack, response_logprobs
+
+    tokens = sum(len(c[1]) for c in chunk)
+    total = 0.0
+    for m in range(0, len(chunk), micro):
+        part = chunk[m : m + micro]
+        b = pack([c[0] for c in part], [c[1] for c in part], pad_id, "cpu")
+        lp, _ = response_logprobs(model, b)
+        loss = -(lp * b.response_mask).sum() / tokens
+        loss.backward()
+        total += float(loss.detach())
+    return total
+
+
 def check_args(args: argparse.Namespace) -> set[int]:
     """Named errors for ``--env``, the numeric flags, an unwritable ``--out`` and a ``--model``
     that is neither a model folder nor in the Hugging Face cache, before any work; the epochs of
@@ -151,6 +175,7 @@ def check_args(args: argparse.Namespace) -> set[int]:
     check_int("--epochs", args.epochs, lo=1)
     check_number("--lr", args.lr, lo=0.0, lo_open=True)
     check_int("--batch", args.batch, lo=1)
+    check_int("--micro-batch", args.micro_batch, lo=0, hi=args.batch)
     check_int("--eval-tasks", args.eval_tasks, lo=0)
     check_int("--eval-repeats", args.eval_repeats, lo=1, hi=1024)
     snapshots = set()
@@ -178,7 +203,14 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--tasks", type=int, default=8, help="the first N training tasks")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=8, help="samples per optimizer step")
+    ap.add_argument(
+        "--micro-batch",
+        type=int,
+        default=0,
+        help="samples per forward and backward, gradients summed over the --batch (0: the whole "
+        "batch at once); bounds the memory: long prompts (ALFWorld, WebShop) need 1-2 on 23 GiB",
+    )
     ap.add_argument("--out", default="runs/warm")
     ap.add_argument(
         "--save-epochs", default="", help="also save model_e{N} after these epochs, e.g. 4,8"
@@ -307,8 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     t1 = time.perf_counter()
     try:
         losses = finetune(
-            model, samples, args.epochs, args.lr, args.batch, tok.pad_token_id, cfg.seed, snapshot
-        )
+            model, samples, args.epochs, args.lr, args.batch, tok.pad_token_id, cfg.seed, snapshot,
+            args.micro_batch,
+        )  # fmt: skip
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -44,6 +44,7 @@ def test_warmstart_fits_expert_responses(tmp_path):
         (["--lr", "nan"], "--lr: must be a finite number > 0.0, got nan"),
         (["--epochs", "0"], "--epochs: must be an integer >= 1, got 0"),
         (["--batch", "0"], "--batch: must be an integer >= 1, got 0"),
+        (["--micro-batch", "9"], "--micro-batch: must be an integer in 0..8, got 9"),
         (
             ["--save-epochs", "2,x"],
             "--save-epochs: must be comma-separated epochs in 1..3, got 'x'",
@@ -62,6 +63,38 @@ def test_bad_flags_stop_before_any_work(tmp_path, flags, message, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("python -m hgpo.train.warmstart: error: ") and message in err
     assert not (tmp_path / "w" / "model").exists()
+
+
+def test_micro_batches_sum_to_the_whole_batch_gradient(tmp_path):
+    """--micro-batch: one-sample forwards, gradients summed, give the whole batch's loss and
+    gradient (to float32 rounding), so the optimiser takes the same step with less memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hgpo.train.warmstart import _backward, main
+
+    out = tmp_path / "w"
+    argv = ["--env", "toy:tmaze:length=1", "--tasks", "2", "--epochs", "1", "--batch", "4",
+            "--micro-batch", "1", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    rep = json.loads((out / "warmstart.json").read_text())
+    assert rep["samples"] == 6 and len(rep["epoch_losses"]) == 1
+    model = AutoModelForCausalLM.from_pretrained(str(out / "init"), dtype=torch.float32)
+    rng = torch.Generator().manual_seed(0)
+    chunk = [(torch.randint(3, 60, (n,), generator=rng).tolist(),
+              torch.randint(3, 60, (r,), generator=rng).tolist()) for n, r in ((9, 2), (5, 6), (12, 3))]  # fmt: skip
+    grads, losses = [], []
+    for micro in (3, 1, 2):
+        model.zero_grad()
+        losses.append(_backward(model, chunk, 0, micro))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    for g, loss in zip(grads[1:], losses[1:], strict=True):
+        assert loss == pytest.approx(losses[0], rel=1e-5)
+        assert torch.allclose(g, grads[0], rtol=1e-4, atol=1e-6)
+    assert grads[0].abs().max() > 1e-3
+    model.zero_grad()  # a wrong normalisation (each micro-batch's own mean) is caught
+    half = _backward(model, chunk[:1], 0, 1) + _backward(model, chunk[1:], 0, 2)
+    assert half != pytest.approx(losses[0], rel=1e-3)
 
 
 def test_a_non_finite_loss_saves_nothing(tmp_path):
