@@ -87,7 +87,9 @@ def test_micro_batches_sum_to_the_whole_batch_gradient(tmp_path):
     for micro in (3, 1, 2):
         model.zero_grad()
         losses.append(_backward(model, chunk, 0, micro))
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        grads.append(
+            torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        )
     for g, loss in zip(grads[1:], losses[1:], strict=True):
         assert loss == pytest.approx(losses[0], rel=1e-5)
         assert torch.allclose(g, grads[0], rtol=1e-4, atol=1e-6)
