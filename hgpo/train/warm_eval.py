@@ -3,8 +3,9 @@
 :func:`evaluate` plays ``repeats`` episodes of each of the first ``tasks`` tasks of a split with
 free-text generation (``action_mode="generate"``, the trainer's prompt path, sampling and
 parser) and counts the steps whose response holds a valid action (the trainer's invalid flag:
-no parseable admissible action, or on a toy env an action invalid in its state) and the won
-episodes. :func:`table` prints them with 95% Wilson intervals (statsmodels).
+no parseable admissible action, or on a toy env an action invalid in its state), the steps
+whose response has the format at all (admissible or not) and the won episodes. :func:`table`
+prints them with 95% Wilson intervals (statsmodels).
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class EvalCounts:
     valid_steps: int
     crashed: int
     seconds: float
+    formatted_steps: int | None = None
+    """Steps whose response has the format (``<think>..</think><action>..</action>``, the
+    reference parser's validity, ``agentenvs.parser.parse_action`` without admissibility),
+    whatever its action: a valid step is formatted and also admissible (and, on a toy env,
+    possible in its state). None where not counted."""
     transcripts: tuple[dict[str, Any], ...] = ()
     """The steps of the first episode of each task (its group's first trajectory): task, step,
     the observation's last 300 characters, the response text, the action sent, valid, and the
@@ -43,6 +49,9 @@ class EvalCounts:
             **dataclasses.asdict(self),
             "success_ci95": list(wilson(self.won, self.episodes)),
             "validity_ci95": list(wilson(self.valid_steps, self.steps)),
+            "format_ci95": None
+            if self.formatted_steps is None
+            else list(wilson(self.formatted_steps, self.steps)),
         }
 
 
@@ -87,8 +96,17 @@ def evaluate(cfg: Any, model: Any, tok: Any, split: str, tasks: int, repeats: in
         valid_steps=int(sum(not x for x in roll.invalid)),
         crashed=roll.crashed,
         seconds=time.perf_counter() - t0,
+        formatted_steps=sum(formatted(ids, tok) for ids in roll.response_ids),
         transcripts=transcripts(roll, tok),
     )
+
+
+def formatted(ids: list[int], tok: Any) -> bool:
+    """Whether a response (token ids, decoded as the rollout decodes them) has the action
+    format, admissible or not."""
+    from agentenvs.parser import parse_action
+
+    return parse_action(tok.decode(ids, skip_special_tokens=True)).valid
 
 
 def transcripts(roll: Any, tok: Any, chars: int = 300) -> tuple[dict[str, Any], ...]:
@@ -132,14 +150,17 @@ def table(env: str, before: EvalCounts | None, after: EvalCounts) -> str:
     """A Markdown table of the evaluations (counts, rates, 95% Wilson intervals); ``before``
     None: the after row only."""
     rows = [
-        "| env | split | model | episodes | success [95% CI] | valid steps [95% CI] | s |",
-        "|---|---|---|---|---|---|---|",
+        "| env | split | model | episodes | success [95% CI] | valid steps [95% CI] "
+        "| formatted steps [95% CI] | s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, c in (("before", before), ("after", after)):
         if c is None:
             continue
         rows.append(
             f"| {env} | {c.split} | {name} | {c.episodes} | {_cell(c.won, c.episodes)} | "
-            f"{_cell(c.valid_steps, c.steps)} | {c.seconds:.0f} |"
+            f"{_cell(c.valid_steps, c.steps)} | "
+            f"{'-' if c.formatted_steps is None else _cell(c.formatted_steps, c.steps)} | "
+            f"{c.seconds:.0f} |"
         )
     return "\n".join(rows)

@@ -195,6 +195,8 @@ def test_eval_counts_before_and_after_a_tiny_warm_start(tmp_path, capsys):
     assert before["episodes"] == after["episodes"] == 8 and before["split"] == "train"
     assert before["steps"] == 32 and before["valid_steps"] == 0 and before["won"] == 0
     assert after["valid_steps"] / after["steps"] > 0.5 and after["won"] >= 4
+    assert before["formatted_steps"] == 0 and after["steps"] >= after["formatted_steps"]
+    assert after["formatted_steps"] >= after["valid_steps"]  # valid: formatted and possible
     z2 = 1.959964**2  # Wilson's upper bound of 0 of n: z^2 / (n + z^2)
     assert before["success_ci95"][1] == pytest.approx(z2 / (8 + z2), abs=1e-5)
     assert (
@@ -238,8 +240,10 @@ def test_bad_eval_and_toy_flags_stop_before_any_work(tmp_path, flags, message, c
 def test_the_table_without_a_before_row_has_the_after_counts():
     from hgpo.train.warm_eval import EvalCounts, table, wilson
 
-    after = EvalCounts("train", 2, 8, 6, 24, 20, 0, 3.0)
+    after = EvalCounts("train", 2, 8, 6, 24, 20, 0, 3.0, formatted_steps=24)
     lines = table("toy:tmaze:length=1", None, after).splitlines()
     lo, hi = wilson(20, 24)
     assert len(lines) == 3 and "| after | 8 | 6/8 = 0.75 " in lines[2]
-    assert f"20/24 = 0.83 [{lo:.2f}, {hi:.2f}]" in lines[2] and 0.6 < lo < 0.83 < hi < 1
+    assert f"20/24 = 0.83 [{lo:.2f}, {hi:.2f}] | 24/24 = 1.00 [0.86, 1.00] | 3 |" in lines[2]
+    assert 0.6 < lo < 0.83 < hi < 1 and lines[0].count("|") == lines[2].count("|")
+    assert "| - | 3 |" in table("x", None, EvalCounts("train", 2, 8, 6, 24, 20, 0, 3.0))
