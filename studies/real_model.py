@@ -130,7 +130,7 @@ def _check_flags(a: argparse.Namespace) -> int | None:
     check_int("--group-size", a.group_size, lo=1, hi=4096)
     check_int("--history-length", a.history_length, lo=0, hi=64)
     if a.max_steps is not None:
-        check_int("--max-steps", a.max_steps, lo=horizon or 1, hi=100_000)
+        check_int("--max-steps", a.max_steps, lo=1 if horizon is None else horizon, hi=100_000)
     if a.lr is not None:
         check_number("--lr", a.lr, lo=0.0, hi=1.0, lo_open=True)
     if a.mini_batch_size is not None:
@@ -143,23 +143,20 @@ def _check_flags(a: argparse.Namespace) -> int | None:
 
 
 def _check_env(a: argparse.Namespace) -> int | None:
-    """``--env``, ``--action-mode`` and ``--truth-every`` (its default: 1 on a toy env in score
-    mode, else 0); a toy env's horizon, None for another benchmark."""
+    """``--env``, ``--action-mode`` and ``--truth-every`` (its default: 1 where the env has an
+    exact truth and the mode is score, else 0); a toy env's horizon, None for another."""
     from agentenvs.adapters.toy_bench import is_toy
     from agentenvs.registry import benchmark
     from agentenvs.toytext import parse_toy_spec
 
     check_choice("--action-mode", a.action_mode, ACTION_MODES)
-    toy = is_toy(a.env)
-    if toy:
-        horizon = int(parse_toy_spec(a.env, where="--env").build().horizon)
-    else:
-        benchmark(a.env, "--env")
-        horizon = None
-    exact = toy and a.action_mode == "score"
+    bench = benchmark(a.env, "--env")
+    bench.check(a.env, "--env")
+    horizon = int(parse_toy_spec(a.env, where="--env").build().horizon) if is_toy(a.env) else None
+    exact = bench.exact_truth and a.action_mode == "score"
     if a.truth_every is None:
         a.truth_every = 1 if exact else 0
-    if not toy and a.truth_every != 0:
+    if not bench.exact_truth and a.truth_every != 0:
         raise bad("--truth-every", f"0 (no exact truth: --env {a.env} has none)", a.truth_every)
     if not exact and a.truth_every != 0:
         raise bad("--truth-every", "0 with --action-mode generate (the exact truth needs score "

@@ -392,11 +392,11 @@ def _header(s: Study, records: Records, command: str) -> str:
 
 def _truth_text(s: Study) -> str:
     """The header's words for the truth: how often, or plainly why there is none."""
-    from agentenvs.adapters.toy_bench import is_toy
+    from agentenvs.registry import benchmark
 
     if s.truth:
         return f"exact truth every {s.truth_every}"
-    if not is_toy(s.env):
+    if not benchmark(s.env).exact_truth:
         return f"no exact truth: --env {s.env} has none"
     return "no exact truth (--truth-every 0)"
 
