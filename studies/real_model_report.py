@@ -6,9 +6,11 @@ last iteration, ``auc`` the mean success over all iterations, ``J_last`` the exa
 policy at the last truth iteration (measured before that iteration's update), ``J_change``
 that J minus the first truth iteration's (the exact learning, free of the episodes' sampling
 noise), seconds per iteration (the run's wall time over its iterations, start-up included),
-the trainer's mean phase times, the run's peak RSS. Per estimator: mean and 95% t interval
+the trainer's mean phase times, the run's peak RSS, ``valid`` the valid-action rate (1 - the
+trainer's ``invalid_rate``: the share of the steps whose response held a parseable admissible
+action) averaged over the run's iterations. Per estimator: mean and 95% t interval
 over seeds. Between two estimators: Welch's t-test on each figure, Holm-corrected over every
-pair x figure (studies.verdict). The truth: every ``truth/<estimator>/<metric>`` pooled over
+pair x figure (studies.verdict; without the truth: the two success figures). The truth: every ``truth/<estimator>/<metric>`` pooled over
 the truth iterations of all runs (every estimator is measured on every batch, whichever one
 trained), mean and 95% t interval over batches, and the differences between the study's
 estimators paired batch by batch (t-test, Holm over those).
@@ -29,7 +31,16 @@ from studies.metrics import mean_ci
 from studies.real_model_settings import Study
 from studies.verdict import Step, holm
 
-__all__ = ["LEARNING", "TRUTH", "run_figures", "truth_batches", "welch_tests", "write_report"]
+__all__ = [
+    "LEARNING",
+    "TRUTH",
+    "VALID",
+    "learning_keys",
+    "run_figures",
+    "truth_batches",
+    "welch_tests",
+    "write_report",
+]
 
 LEARNING = {
     "final": "success, last iteration",
@@ -39,6 +50,9 @@ LEARNING = {
 }
 """The per-run learning figures compared between estimators, and their names in the report."""
 
+VALID = "valid-action rate, mean over iterations"
+"""The report's name of the per-run figure ``valid`` (shown with its interval, not tested)."""
+
 TRUTH = ("bias2", "variance", "mse", "sign", "grad_cos", "coverage")
 """The truth monitor's per-batch figures of each estimator that the report pools."""
 
@@ -47,11 +61,17 @@ PAIRED = ("bias2", "variance", "mse")
 Records = dict[tuple[str, int], dict[str, Any]]
 
 
+def learning_keys(s: Study) -> tuple[str, ...]:
+    """The :data:`LEARNING` figures of study ``s``: the exact J ones only with the truth."""
+    return tuple(LEARNING) if s.truth else ("final", "auc")
+
+
 def run_figures(rec: dict[str, Any], seed: int) -> dict[str, Any]:
     """The figures of one run's record (see the module docstring)."""
     rows = rec["rows"]
     success = np.array([r.get("success_rate", math.nan) for r in rows], dtype=float)
     J = [r["truth/J"] for r in rows if "truth/J" in r]
+    valid = [1.0 - r["invalid_rate"] for r in rows if "invalid_rate" in r]
     cfg = rec["config"]
     ran = len(rows) - rec.get("iterations_before", 0)  # (a resumed run: its own iterations)
 
@@ -63,6 +83,7 @@ def run_figures(rec: dict[str, Any], seed: int) -> dict[str, Any]:
         "estimator": cfg["estimator"], "seed": seed, "train_seed": cfg["seed"], "final": float(success[-1]),
         "auc": float(success.mean()), "J_last": J[-1] if J else math.nan,
         "J_change": J[-1] - J[0] if len(J) > 1 else math.nan,
+        "valid": float(np.mean(valid)) if valid else math.nan,
         "s_per_iteration": rec["wall_s"] / ran if ran else math.nan, "wall_s": rec["wall_s"],
         "cpu_s": rec["cpu_s"], "rollout_s": phase("time/rollout"), "score_s": phase("time/score"),
         "update_s": phase("time/update"), "truth_s": phase("time/truth", only_truth=True),
@@ -94,12 +115,14 @@ def _welch_p(a: np.ndarray, b: np.ndarray) -> float:
     return p if math.isfinite(p) else math.nan
 
 
-def welch_tests(figs: list[dict[str, Any]], estimators: Sequence[str]) -> list[dict[str, Any]]:
-    """Every pair of ``estimators`` (in their order) on every :data:`LEARNING` figure: the
+def welch_tests(
+    figs: list[dict[str, Any]], estimators: Sequence[str], keys: Sequence[str] = tuple(LEARNING)
+) -> list[dict[str, Any]]:
+    """Every pair of ``estimators`` (in their order) on every figure of ``keys``: the
     difference of the means, Welch's p and the Holm p over the whole family, and the verdict
     text (``hgpo > grpo (+0.050, not significant, Holm p = 0.81)``)."""
     tests = []
-    for key in LEARNING:
+    for key in keys:
         vals = _by_estimator(figs, key)
         for a, b in itertools.combinations(estimators, 2):
             x, y = vals[a], vals[b]
@@ -152,13 +175,20 @@ def _ci(x: np.ndarray, fmt: str = ".3g") -> str:
     return f"{m:{fmt}}" if lo == hi else f"{m:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
 
 
-def learning_md(figs: list[dict[str, Any]], estimators: Sequence[str]) -> str:
-    """Per estimator: the seeds and every :data:`LEARNING` figure, mean [95% t interval]."""
-    head = "| estimator | seeds | " + " | ".join(LEARNING.values()) + " |"
-    lines = [head, "|---|---|" + "---|" * len(LEARNING)]
-    cols = {k: _by_estimator(figs, k) for k in LEARNING}
+def learning_md(
+    figs: list[dict[str, Any]], estimators: Sequence[str], keys: Sequence[str] = tuple(LEARNING)
+) -> str:
+    """Per estimator: the seeds and every figure of ``keys``, then the valid-action rate when
+    the runs logged it, mean [95% t interval]."""
+    keys = list(keys)
+    if any(math.isfinite(f["valid"]) for f in figs):
+        keys.append("valid")
+    names = {**LEARNING, "valid": VALID}
+    head = "| estimator | seeds | " + " | ".join(names[k] for k in keys) + " |"
+    lines = [head, "|---|---|" + "---|" * len(keys)]
+    cols = {k: _by_estimator(figs, k) for k in keys}
     for e in estimators:
-        cells = [_ci(cols[k][e]) for k in LEARNING]
+        cells = [_ci(cols[k][e]) for k in keys]
         lines.append(f"| {e} | {cols['final'][e].size} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -218,12 +248,15 @@ def paired_md(pairs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def cost_md(figs: list[dict[str, Any]], estimators: Sequence[str]) -> str:
-    """Seconds per iteration, the trainer's phase times and peak RSS per estimator."""
-    keys = ("s_per_iteration", "rollout_s", "score_s", "update_s", "truth_s", "kl_last")
-    lines = ["| estimator | s per iteration (wall, start-up included) | rollout s | score s | "
-             "update s | truth s (per pass) | KL to the base, last it. | peak RSS GiB (max) |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+def cost_md(figs: list[dict[str, Any]], estimators: Sequence[str], truth: bool = True) -> str:
+    """Seconds per iteration, the trainer's phase times (the truth's with it), the KL to the base
+    and peak RSS per estimator."""
+    names = {"s_per_iteration": "s per iteration (wall, start-up included)",
+             "rollout_s": "rollout s", "score_s": "score s", "update_s": "update s",
+             "truth_s": "truth s (per pass)", "kl_last": "KL to the base, last it."}  # fmt: skip
+    keys = [k for k in names if truth or k != "truth_s"]
+    lines = ["| estimator | " + " | ".join(names[k] for k in keys) + " | peak RSS GiB (max) |",
+             "|---" * (len(keys) + 2) + "|"]  # fmt: skip
     cols = {k: _by_estimator(figs, k) for k in (*keys, "peak_rss_gib")}
     for e in estimators:
         cells = [_ci(cols[k][e]) for k in keys]
@@ -231,28 +264,47 @@ def cost_md(figs: list[dict[str, Any]], estimators: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def plot_learning(records: Records, estimators: Sequence[str], path: Path) -> None:
-    """Success per iteration and the exact J at the truth iterations: mean over seeds with a
-    95% t band (none for one seed)."""
+def _curve(runs: list[list[dict[str, Any]]], key: str) -> tuple[list[int], np.ndarray]:
+    """The iterations where the first run has ``key`` and the (mean, lo, hi) over the runs of
+    ``key`` at each (``valid``: 1 - ``invalid_rate``)."""
+    src = "invalid_rate" if key == "valid" else key
+    its = sorted({r["iteration"] for r in runs[0] if src in r})
+    v = np.array([[next((r[src] for r in rows if r["iteration"] == i and src in r), math.nan)
+                   for i in its] for rows in runs])  # fmt: skip
+    if key == "valid":
+        v = 1.0 - v
+    return its, np.array([mean_ci(v[:, j]) for j in range(len(its))]).reshape(-1, 3)
+
+
+def plot_learning(
+    records: Records, estimators: Sequence[str], path: Path, truth: bool = True
+) -> None:
+    """Success per iteration and, with the truth, the exact J at the truth iterations, else the
+    valid-action rate (when logged): mean over seeds with a 95% t band (none for one seed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.3))
+    rows = [r for rec in records.values() for r in rec["rows"]]
+    second = "truth/J" if truth else "valid" if any("invalid_rate" in r for r in rows) else None
+    keys = ("success_rate",) if second is None else ("success_rate", second)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.3), squeeze=False)
+    axes = axes[0]
     for e in estimators:
         runs = [rec["rows"] for (est, _), rec in sorted(records.items()) if est == e]
-        for ax, key in zip(axes, ("success_rate", "truth/J"), strict=True):
-            its = sorted({r["iteration"] for r in runs[0] if key in r})
-            v = np.array([[next((r[key] for r in rows if r["iteration"] == i and key in r),
-                                math.nan) for i in its] for rows in runs])  # fmt: skip
-            stats = np.array([mean_ci(v[:, j]) for j in range(len(its))]).reshape(-1, 3)
+        for ax, key in zip(axes, keys, strict=True):
+            its, stats = _curve(runs, key)
             line = ax.plot(its, stats[:, 0], marker=".", label=f"{e} ({len(runs)} seeds)")[0]
             ax.fill_between(its, stats[:, 1], stats[:, 2], alpha=0.15, color=line.get_color())
     axes[0].set(
         title="success rate (95% t band over seeds)", xlabel="iteration", ylim=(-0.05, 1.05)
     )
-    axes[1].set(title="exact J of the LLM policy", xlabel="iteration (before its update)")
+    if second == "truth/J":
+        axes[1].set(title="exact J of the LLM policy", xlabel="iteration (before its update)")
+    elif second == "valid":
+        axes[1].set(title="valid-action rate (share of steps)", xlabel="iteration",
+                    ylim=(-0.05, 1.05))  # fmt: skip
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path, dpi=100)
@@ -301,9 +353,10 @@ def scope_md(s: Study, n_batches: int) -> str:
     """What the run's size can and cannot show, in numbers."""
     c = s.config
     n = c["groups_per_iter"] * c["group_size"]
+    batches = f"{n_batches} truth batches" if s.truth else "no truth batches"
     return (
         f"{len(s.estimators)} estimators x {s.seeds} seeds x {s.iterations} iterations of {n} "
-        f"episodes; {n_batches} truth batches. One iteration's success rate over {n} episodes "
+        f"episodes; {batches}. One iteration's success rate over {n} episodes "
         f"has a standard error of up to {0.5 / n**0.5:.2f}; with {s.seeds} seeds the 95% t "
         f"interval of a mean is ±{_t975(s.seeds):.1f} standard errors of it. A difference "
         "between estimators is claimed only where its Holm-corrected p < 0.05; any other "
@@ -325,10 +378,11 @@ def _header(s: Study, records: Records, command: str) -> str:
     c = s.config
     return "\n".join([
         "# Learning with a real model (studies.real_model)\n", f"`{command}`\n",
-        f"- model `{c['model']}`, preset `{s.preset}`, env `{s.env}`, {c['groups_per_iter']} groups"
-        f" x {c['group_size']} episodes per iteration, {s.iterations} iterations, exact truth "
-        f"every {s.truth_every}, lr {c['lr']:g}, LoRA rank {c['lora_rank']}, K = "
-        f"{c['history_length']}, max steps {c['max_steps']}",
+        f"- model `{c['model']}`, preset `{s.preset}`, env `{s.env}`, action mode "
+        f"{c.get('action_mode', s.action_mode)}, {c['groups_per_iter']} groups x "
+        f"{c['group_size']} episodes per iteration, {s.iterations} iterations, {_truth_text(s)}, "
+        f"lr {c['lr']:g}, LoRA rank {c['lora_rank']}, K = {c['history_length']}, max steps "
+        f"{c['max_steps']}" + "".join(f", {k} = {v}" for k, v in s.overrides),
         f"- {len(recs)} runs, {min(r['started'] for r in recs)} to "
         f"{max(r['finished'] for r in recs)}; machine: {m['cpu']}, {m['cores']} cores, "
         f"{m['memory_gib']} GiB; {recs[0]['threads']} torch thread(s) per run, one run at a "
@@ -336,44 +390,61 @@ def _header(s: Study, records: Records, command: str) -> str:
     ])  # fmt: skip
 
 
+def _truth_text(s: Study) -> str:
+    """The header's words for the truth: how often, or plainly why there is none."""
+    from agentenvs.registry import benchmark
+
+    if s.truth:
+        return f"exact truth every {s.truth_every}"
+    if not benchmark(s.env).exact_truth:
+        return f"no exact truth: --env {s.env} has none"
+    return "no exact truth (--truth-every 0)"
+
+
 def _n_batches(batches: dict[str, dict[str, np.ndarray]]) -> int:
     return len(next(iter(batches.values()))["bias2"]) if batches else 0
 
 
 def write_report(s: Study, records: Records, command: str) -> list[Path]:
-    """Write report.md, runs.csv, curves.csv, tests.csv, truth.csv, learning.png and truth.png
-    into ``s.out`` (atomically); returns their paths."""
-    est = s.estimators
+    """Write report.md, runs.csv, curves.csv, tests.csv, learning.png and, with the truth,
+    truth.csv and truth.png into ``s.out`` (atomically); returns their paths."""
+    est, keys = s.estimators, learning_keys(s)
     figs = [run_figures(records[(e, seed)], seed) for seed in range(s.seeds) for e in est]
-    tests = welch_tests(figs, est)
+    tests = welch_tests(figs, est, keys)
     batches = truth_batches({k: records[k] for k in records if k[0] in est})
     pairs = paired_truth(batches, est)
+    truth = [
+        "## The exact truth on the model's own batches (mean [95% t interval over batches]; "
+        "* = trained with)", truth_md(batches, est), "### Paired on the same batches",
+        paired_md(pairs),
+    ] if s.truth else []  # fmt: skip
     md = "\n\n".join([
         _header(s, records, command), "## Learning (mean [95% t interval over seeds])",
-        learning_md(figs, est), "## Between estimators (Welch's t-test, Holm-corrected)",
-        tests_md(tests), "## The exact truth on the model's own batches (mean [95% t interval "
-        "over batches]; * = trained with)", truth_md(batches, est),
-        "### Paired on the same batches", paired_md(pairs),
-        "## Time and memory (mean [95% t interval over seeds])", cost_md(figs, est),
-        "## What this size can show", scope_md(s, _n_batches(batches)),
+        learning_md(figs, est, keys), "## Between estimators (Welch's t-test, Holm-corrected)",
+        tests_md(tests), *truth, "## Time and memory (mean [95% t interval over seeds])",
+        cost_md(figs, est, s.truth), "## What this size can show",
+        scope_md(s, _n_batches(batches)),
     ]) + "\n"  # fmt: skip
     out = s.out
-    paths = [out / n for n in ("report.md", "runs.csv", "curves.csv", "tests.csv", "truth.csv",
-                               "learning.png", "truth.png")]  # fmt: skip
+    paths = [out / n for n in ("report.md", "runs.csv", "curves.csv", "tests.csv", "learning.png")]
     atomic_write_text(paths[0], md)
     write_csv(paths[1], figs)
     write_csv(paths[2], [{"estimator": e, "seed": seed, "iteration": r["iteration"],
-                          "success_rate": r.get("success_rate"), "truth_J": r.get("truth/J", ""),
+                          "success_rate": r.get("success_rate"),
+                          "valid_rate": 1.0 - r["invalid_rate"] if "invalid_rate" in r else "",
+                          **({"truth_J": r.get("truth/J", "")} if s.truth else {}),
                           "kl": r.get("kl")} for (e, seed), rec in sorted(records.items())
                          if e in est and seed < s.seeds for r in rec["rows"]])  # fmt: skip
     write_csv(paths[3], tests + [{"figure": t["metric"], **t} for t in pairs])
-    write_csv(paths[4], [{"estimator": e, "metric": m, "batches": int(np.isfinite(v).sum()),
-                          **dict(zip(("mean", "lo", "hi"), mean_ci(v), strict=True))}
-                         for e, ms in batches.items() for m, v in ms.items()])  # fmt: skip
-    plot_learning({k: records[k] for k in records if k[0] in est}, est, paths[5])
-    if batches:
-        plot_truth(batches, paths[6])
-    else:
-        paths.pop()
+    plot_learning({k: records[k] for k in records if k[0] in est}, est, paths[4], s.truth)
+    if s.truth:
+        paths += [out / "truth.csv", out / "truth.png"]
+        write_csv(paths[5], [{"estimator": e, "metric": m, "batches": int(np.isfinite(v).sum()),
+                              **dict(zip(("mean", "lo", "hi"), mean_ci(v), strict=True))}
+                             for e, ms in batches.items() for m, v in ms.items()])  # fmt: skip
+        if batches:
+            plot_truth(batches, paths[6])
+        else:
+            paths.pop()
     print(md)
     return paths

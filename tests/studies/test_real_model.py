@@ -37,15 +37,17 @@ FAKE = textwrap.dedent(
     seed = int(out.rsplit("-s", 1)[1])  # (the seed's index: the folder is <estimator>-s<i>)
     os.makedirs(out, exist_ok=True)
     base = {"hgpo": 0.8, "gigpo": 0.5, "grpo": 0.2}[est] + 0.01 * seed
+    truth = int(val("--truth-every")) > 0
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
         for it in range(1, int(val("--iterations")) + 1):
             row = {"iteration": it, "success_rate": base, "time/rollout": 1.0, "time/score": 0.5,
-                   "time/update": 2.0, "time/truth": 3.0, "kl": 1e-4, "truth/J": base * it}
-            for e, v in (("hgpo", 1.0), ("gigpo", 4.0), ("grpo", 2.0)):
+                   "time/update": 2.0, "time/truth": 3.0, "kl": 1e-4,
+                   "invalid_rate": 0.5 - 0.1 * seed}
+            for e, v in (("hgpo", 1.0), ("gigpo", 4.0), ("grpo", 2.0)) if truth else ():
                 row.update({f"truth/{e}/bias2": 0.1 * v + 0.01 * it, f"truth/{e}/variance": v
                             + 0.1 * seed, f"truth/{e}/mse": 1.1 * v + 0.1 * seed,
                             f"truth/{e}/sign": 0.6, f"truth/{e}/grad_cos": 0.3,
-                            f"truth/{e}/coverage": 0.4})
+                            f"truth/{e}/coverage": 0.4, "truth/J": base * it})
             f.write(json.dumps(row) + "\\n")
     """
 )
@@ -80,8 +82,32 @@ def _argv(out: Path, *extra: str) -> list[str]:
         (["--seeds", "0"], "--seeds: must be an integer in 1..1000, got 0"),
         (["--estimators", "nope"], "--estimators: must be one of"),
         (["--estimators", "hgpo", "hgpo"], "--estimators: must be distinct names"),
-        (["--env", "webshop"], "--env"),
-        (["--iterations", "3", "--truth-every", "4"], "--truth-every: must be an integer in 1..3"),
+        (["--env", "nope"], "--env: must be one of 'alfworld', 'webshop'"),
+        (
+            ["--env", "alfworld", "--truth-every", "1"],
+            "--truth-every: must be 0 (no exact truth: --env alfworld has none), got 1",
+        ),
+        (
+            ["--action-mode", "generate", "--truth-every", "1"],
+            "--truth-every: must be 0 with --action-mode generate",
+        ),
+        (["--action-mode", "free"], "--action-mode: must be one of 'score', 'generate'"),
+        (["--env", "alfworld", "--max-steps", "0"], "--max-steps: must be an integer in 1..100000"),
+        (["--override", "max_prompt_tokens"], "--override: must be FIELD=VALUE"),
+        (["--override", "nope=1"], "--override: must be a TrainConfig field"),
+        (
+            ["--override", "lr=0.1"],
+            "--override: must be a field the study does not set (lr: give --lr)",
+        ),
+        (["--override", "val_every=1"], "(val_every: fixed by the study)"),
+        (
+            ["--override", "max_prompt_tokens=9", "--override", "max_prompt_tokens=8"],
+            "--override: must be each field once (max_prompt_tokens is given twice)",
+        ),
+        (
+            ["--iterations", "3", "--truth-every", "4"],
+            "--truth-every: must be an integer in 0..3, got 4",
+        ),
         (["--max-steps", "2"], "--max-steps: must be an integer in 9..100000, got 2"),
         (["--lr", "nan"], "--lr: must be a finite number"),
         (["--mini-batch-size", "0"], "--mini-batch-size: must be an integer in 1..1048576, got 0"),
@@ -122,6 +148,37 @@ def test_runs_are_recorded_read_back_and_reported(tmp_path, fake_trainer, capsys
     # other settings: refused, naming the setting; --fresh replaces
     assert real_model.main(_argv(out, "--group-size", "4")) == 2
     assert "settings that differ: group_size" in capsys.readouterr().err
+
+
+def test_a_study_without_truth_alfworld_generate(tmp_path, fake_trainer, capsys):
+    out = tmp_path / "out"
+    flags = [
+        "--env",
+        "alfworld",
+        "--action-mode",
+        "generate",
+        "--override",
+        "max_prompt_tokens=900",
+    ]
+    assert real_model.main(_argv(out, *flags)) == 0
+    argv = train_argv(real_model.parse(_argv(out, *flags)), "hgpo", 0)
+    assert "--truth-every" in argv and argv[argv.index("--truth-every") + 1] == "0"  # (default)
+    assert "--max-prompt-tokens=900" in argv and "--max-steps" not in argv  # (the preset's)
+    report = (out / "report.md").read_text()
+    assert "no exact truth: --env alfworld has none" in report
+    assert "exact J" not in report and "## The exact truth" not in report
+    # the valid-action rate: 1 - invalid_rate = 0.5, 0.6, 0.7 over the 3 seeds
+    assert "| hgpo | 3 | 0.81 [0.785, 0.835] | 0.81 [0.785, 0.835] | 0.6 [0.352, 0.848] |" in report
+    tests = (out / "tests.csv").read_text().splitlines()
+    assert len(tests) == 3 and "Holm over 2 tests" in report  # final and AUC only
+    assert not (out / "truth.png").exists() and not (out / "truth.csv").exists()
+    assert (out / "learning.png").stat().st_size > 0
+    assert "valid_rate" in (out / "curves.csv").read_text().splitlines()[0]
+    # other overrides: refused (the overrides are kept in settings.json)
+    capsys.readouterr()
+    again = [*flags[:-1], "max_prompt_tokens=800"]
+    assert real_model.main(_argv(out, *again)) == 2
+    assert "settings that differ: overrides" in capsys.readouterr().err
 
 
 def test_a_failed_run_and_a_record_of_other_settings_are_one_line(tmp_path, fake_trainer, capsys,
@@ -190,6 +247,30 @@ def test_the_real_trainer_on_the_tiny_model(tmp_path, capsys):
         assert key in row, key
     assert 0.2 < rec["peak_rss_bytes"] / 2**30 < 8
     assert "| hgpo * |" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_real_trainer_on_alfworld_in_generate_mode_without_truth(tmp_path, capsys):
+    pytest.importorskip("alfworld", reason="ALFWorld needs the alfworld package (extra [alfworld])")
+    pytest.importorskip("textworld", reason="ALFWorld needs textworld (installed with alfworld)")
+    games = Path(__file__).resolve().parents[1] / "agentenvs" / "data" / "alfworld_games"
+    out = tmp_path / "out"
+    argv = ["--preset", "tiny", "--out", str(out), "--env", "alfworld", "--action-mode",
+            "generate", "--truth-every", "0", "--estimators", "hgpo", "--seeds", "1",
+            "--iterations", "1", "--groups-per-iter", "2", "--group-size", "2",
+            "--history-length", "1", "--override", f"alfworld_games_dir={games}"]  # fmt: skip
+    assert real_model.main(argv) == 0, capsys.readouterr().err
+    rec = json.loads((out / "results" / "hgpo-s0.json").read_text())
+    (row,) = rec["rows"]
+    assert row["n_trajectories"] == 4 and 0 <= row["invalid_rate"] <= 1
+    assert not any(k.startswith("truth/") for k in row)
+    assert rec["config"]["action_mode"] == "generate" and rec["config"][
+        "alfworld_games_dir"
+    ] == str(games)
+    assert rec["config"]["max_steps"] == 3  # (the tiny preset's)
+    report = (out / "report.md").read_text()
+    assert "no exact truth: --env alfworld has none" in report and "valid-action rate" in report
+    assert not (out / "truth.png").exists()
 
 
 def test_a_run_past_its_timeout_is_stopped_in_one_line(tmp_path, fake_trainer, capsys):
