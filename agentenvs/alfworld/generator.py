@@ -331,9 +331,12 @@ def generate_split(
     """Write ``n_games`` games of ``split`` under ``root/split`` and return their game files.
 
     ``task_type``: every game of this type (default: the types in turn, as ``generate_game``).
+    ``root/split`` is made even for 0 games: the trainer's ``alfworld_games_dir`` needs all three
+    split folders.
     """
     n_games = check_int("n_games", n_games, lo=0)
     check_choice("split", split, SPLITS)
+    (Path(root) / split).mkdir(parents=True, exist_ok=True)
     paths = []
     for i in range(n_games):
         spec = generate_game(seed * 1_000_000 + i, split, task_type)

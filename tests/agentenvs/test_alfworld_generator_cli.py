@@ -45,3 +45,21 @@ def test_cli_rejects_a_negative_count_and_an_unwritable_out(tmp_path):
         main(["--out", str(tmp_path / "g"), "--valid-unseen", "-1"])
     with pytest.raises(SystemExit, match=r"^--out: cannot write to '/proc/hgpo/g'"):
         main(["--out", "/proc/hgpo/g", "--train", "1"])
+
+
+def test_a_split_of_no_games_is_an_empty_folder_the_trainer_accepts(tmp_path, capsys):
+    """--valid-unseen 0 (the default) still makes valid_unseen/: the trainer's games-folder
+    check wants every split's folder, and refused the generator's own output before."""
+    from agentenvs.registry import benchmark
+    from hgpo.train.train_config import resolve
+
+    out = tmp_path / "g"
+    assert main(["--out", str(out), "--train", "1", "--task-type", "pick_and_place_simple"]) == 0
+    assert json.loads(capsys.readouterr().out)["games"]["valid_unseen"] == 0
+    assert (out / "valid_seen").is_dir() and (out / "valid_unseen").is_dir()
+    check = benchmark("alfworld").preflight
+    assert check(resolve("alfworld", "tiny", {"alfworld_games_dir": str(out)})) is None
+    (out / "valid_unseen").rmdir()  # the check does look
+    assert "has no valid_unseen/ folder" in check(
+        resolve("alfworld", "tiny", {"alfworld_games_dir": str(out)})
+    )
