@@ -145,14 +145,15 @@ def _check_flags(a: argparse.Namespace) -> int | None:
 def _check_env(a: argparse.Namespace) -> int | None:
     """``--env``, ``--action-mode`` and ``--truth-every`` (its default: 1 where the env has an
     exact truth and the mode is score, else 0); a toy env's horizon, None for another."""
-    from agentenvs.adapters.toy_bench import is_toy
     from agentenvs.registry import benchmark
     from agentenvs.toytext import parse_toy_spec
 
     check_choice("--action-mode", a.action_mode, ACTION_MODES)
     bench = benchmark(a.env, "--env")
     bench.check(a.env, "--env")
-    horizon = int(parse_toy_spec(a.env, where="--env").build().horizon) if is_toy(a.env) else None
+    # a benchmark whose envs end at their own horizon (the toy POMDPs) has a horizon to default to
+    own = bench.own_horizon
+    horizon = int(parse_toy_spec(a.env, where="--env").build().horizon) if own else None
     exact = bench.exact_truth and a.action_mode == "score"
     if a.truth_every is None:
         a.truth_every = 1 if exact else 0
