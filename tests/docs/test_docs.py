@@ -19,6 +19,35 @@ def paragraphs(text: str) -> list[str]:
     return [p for p in re.split(r"\n\s*\n", text) if p.strip()]
 
 
+def table_cells(row: str) -> int:
+    """The cells of a markdown table row (a pipe inside a code span or escaped is no border)."""
+    row = re.sub(r"`[^`]*`", "x", row.strip()).replace("\\|", "x")
+    return row.strip("|").count("|") + 1
+
+
+def table_rows(text: str) -> list[tuple[int, str, int]]:
+    """(line number, row, the cells of its table's header) of every table row outside fences."""
+    rows, fenced, header = [], False, None
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.lstrip().startswith("```"):
+            fenced, header = not fenced, None
+        elif not fenced and line.startswith("|"):
+            header = header or table_cells(line)
+            rows.append((number, line, header))
+        else:
+            header = None
+    return rows
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_table_row_has_its_headers_cells(doc: Path) -> None:
+    """Two tables without a blank line between them, or a bare | in a cell, break a table."""
+    for number, row, header in table_rows(doc.read_text()):
+        assert table_cells(row) == header, (
+            f"{doc.name}:{number}: {table_cells(row)} cells under a {header}-cell header: {row[:80]}"
+        )
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_docs_point_to_nothing_outside_the_repository(doc: Path) -> None:
     text = doc.read_text()
