@@ -8,6 +8,7 @@
 #   train_tiny.jsonl: the trainer itself on the GPU (tiny preset, WebShop, 2 iterations, bf16)
 #   log.txt: everything
 # About 5 min on an H200 (an estimate: it has never run there).
+# Carry [".whl", ".smol/a"] to have SmolLM2's first half there for gpu_smol.sh (the next run).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
@@ -18,13 +19,12 @@ DEVICE=${DEVICE:-cuda}
 CHECK_ARGS=${CHECK_ARGS:-}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DS_BUILD_OPS=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-$PY -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir \
-    --target /tmp/site .whl/deepspeed-*.tar.gz || exit 1
-$PY -c "import torch, transformers, deepspeed; print('torch', torch.__version__, \
-'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__, \
-'cuda', torch.cuda.is_available())"
+# shellcheck source=benchmarks/device/install_wheels.sh
+source benchmarks/device/install_wheels.sh
+install_wheels || exit $?
+# SmolLM2's first half, kept for gpu_smol.sh's run on this machine
+SMOL_STASH=${SMOL_STASH:-/tmp/smol}
+if [ -f .smol/a ]; then mkdir -p "$SMOL_STASH" && cp .smol/a "$SMOL_STASH/a"; fi
 rc=0
 for z in 0 3; do
     # shellcheck disable=SC2086

