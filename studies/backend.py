@@ -187,10 +187,13 @@ def _run_pool(
     queue = list(reversed(tasks))  # popped from the end: tasks start in the given order
     busy: dict[Any, tuple[Any, Any, Task]] = {}  # sentinel -> (process, pipe, its task)
     idle: list[tuple[Any, Any]] = []
+    # every worker, listed before it starts: a Ctrl-C between a task's send and its entry in
+    # busy (the worker already running it) must still stop that worker
+    started: list[tuple[Any, Any]] = []
     try:
         while queue or busy:
             while queue and len(busy) < workers:
-                proc, conn = idle.pop() if idle else _start_worker(ctx)
+                proc, conn = idle.pop() if idle else _start_worker(ctx, started)
                 try:
                     conn.send((fn, queue[-1].args))
                 except OSError:  # the idle worker died in between: the task goes to a new one
@@ -222,12 +225,21 @@ def _run_pool(
                 else:
                     finished(task.key, error=value)
     finally:
-        for proc, conn in [*idle, *((p, c) for p, c, _ in busy.values())]:
-            conn.close()  # an idle worker reads EOF and exits
-            proc.join(1)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
+        _stop_workers(started)
+
+
+def _stop_workers(started: list[tuple[Any, Any]]) -> None:
+    """Close every worker's pipe (an idle worker reads EOF and exits), then kill each one still
+    alive after a second: a busy worker ignores Ctrl-C and would run its task to the end."""
+    for _, conn in started:
+        conn.close()
+    for proc, _ in started:
+        if proc.pid is None:  # listed, never started
+            continue
+        proc.join(1)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
 
 
 class WorkerDied(RuntimeError):
@@ -240,11 +252,12 @@ def _death(code: int | None) -> str:
     return f"its worker process died (exit code {code})"
 
 
-def _start_worker(ctx: Any) -> tuple[Any, Any]:
+def _start_worker(ctx: Any, started: list[tuple[Any, Any]]) -> tuple[Any, Any]:
     """A worker process and the parent's end of its pipe (the child's end closed here, so
-    that the parent reads EOF when the worker dies)."""
+    that the parent reads EOF when the worker dies), added to ``started`` before it starts."""
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_worker, args=(child, os.getpid()))
+    started.append((proc, parent))
     proc.start()
     child.close()
     return proc, parent

@@ -117,3 +117,41 @@ def test_a_task_that_does_not_pickle_fails_alone():
     sweep = B.run_tasks(_maybe_fail, tasks, got.__setitem__, workers=2, progress=False)
     assert got == {"t0": 0, "t3": 30}
     assert [f.key for f in sweep.failures] == ["lambda"]
+
+
+def _touch_and_sleep(x: int, marks: str) -> int:
+    Path(marks, f"started{x}").write_text("")
+    time.sleep(60)
+    return x
+
+
+def test_ctrl_c_right_after_a_task_is_sent_still_stops_its_worker(tmp_path, monkeypatch):
+    """A Ctrl-C landing between the second task's send and its entry among the busy workers
+    (the CI's load once opened that window) stops both workers at once; before, the one
+    running that task was in no list, ran its 60 s task to the end and held the study's exit."""
+    from multiprocessing.connection import Connection
+
+    parent, sends, send = os.getpid(), [], Connection.send
+
+    def send_then_interrupt(self, obj):
+        send(self, obj)
+        if os.getpid() == parent:
+            sends.append(obj)
+            if len(sends) == 2:
+                while len(list(tmp_path.glob("started*"))) < 2:  # both tasks run
+                    time.sleep(0.02)
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(Connection, "send", send_then_interrupt)
+    tasks = [B.Task(str(i), (i, str(tmp_path))) for i in range(2)]
+    t0 = time.monotonic()
+    try:
+        B.run_tasks(_touch_and_sleep, tasks, print, workers=2, progress=False)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the interrupt did not reach run_tasks")
+    assert time.monotonic() - t0 < 30
+    import multiprocessing as mp
+
+    assert mp.active_children() == []
