@@ -43,6 +43,11 @@ DOES_NOT_HOLD = "does NOT hold"
 UNTESTED = "untested"
 
 
+TIE = 1e-12
+"""A difference within this of 0 is written as a tie ("=", +0.000): equal means whose float sums
+ran in other orders differ by about 1e-17, which is no direction."""
+
+
 @dataclass(frozen=True)
 class Step:
     """One step ``high > low`` of a claimed ordering.
@@ -79,8 +84,9 @@ class Step:
         """``high > low (+0.008, not significant, Holm p = 0.81)``: the measured direction, the
         difference, whether it is significant (and against the claim), the evidence; ``num``
         formats the difference and the interval (e.g. "+.3g" for figures of any scale)."""
-        rel = ">" if self.diff > 0 else "<" if self.diff < 0 else "="
-        head = f"{self.high} {rel} {self.low} ({self.diff:{num}}"
+        diff = 0.0 if abs(self.diff) <= TIE else self.diff  # equal means, summed in two orders
+        rel = ">" if diff > 0 else "<" if diff < 0 else "="
+        head = f"{self.high} {rel} {self.low} ({diff:{num}}"
         if not self.tested:
             return head + ", no test)"
         if not self.significant(alpha):

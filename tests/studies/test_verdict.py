@@ -49,3 +49,12 @@ def test_every_status_by_hand() -> None:
     assert ordering_verdict([Step("a", "b", 0.1, 0.5), Step("b", "c", 0.1)])[0] == NOT_SIGNIFICANT
     with pytest.raises(ValueError, match="steps: an ordering needs at least one step"):
         ordering_verdict([])
+
+
+def test_equal_means_summed_in_other_orders_are_a_tie() -> None:
+    """Two AUCs of 0.146 that differ by -2.8e-17 (studies.real_model's ALFWorld report once
+    printed "hgpo < grpo (-0.000, ...)") are equal."""
+    assert Step("hgpo", "grpo", -2.7755575615628914e-17, 1.0).text() == (
+        "hgpo = grpo (+0.000, not significant, Holm p = 1)"
+    )
+    assert Step("a", "b", -1e-9, 1.0).text().startswith("a < b (-0.000")
