@@ -305,6 +305,8 @@ def plot_learning(
     elif second == "valid":
         axes[1].set(title="valid-action rate (share of steps)", xlabel="iteration",
                     ylim=(-0.05, 1.05))  # fmt: skip
+    for ax in axes:  # iterations are whole numbers
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path, dpi=100)
