@@ -127,8 +127,8 @@ def _touch_and_sleep(x: int, marks: str) -> int:
 
 def test_ctrl_c_right_after_a_task_is_sent_still_stops_its_worker(tmp_path, monkeypatch):
     """A Ctrl-C landing between the second task's send and its entry among the busy workers
-    (the CI's load once opened that window) stops both workers at once; before, the one
-    running that task was in no list, ran its 60 s task to the end and held the study's exit."""
+    stops both workers at once; before, the one running that task was in no list, ran its 60 s
+    task to the end and held the study's exit (the interrupt is raised there by hand)."""
     from multiprocessing.connection import Connection
 
     parent, sends, send = os.getpid(), [], Connection.send

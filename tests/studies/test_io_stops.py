@@ -46,8 +46,12 @@ def test_a_full_disk_or_a_read_only_folder_is_one_line(tmp_path, monkeypatch, ca
 
 def test_ctrl_c_is_one_line_and_the_workers_print_nothing(tmp_path):
     """A study of 2 worker processes, Ctrl-C'd (SIGINT to its process group, as a terminal
-    sends it) while both run a task."""
+    sends it) while both run a task. The script takes Python's own Ctrl-C handler first: a
+    pytest started in the background (`cmd &` without job control) passes SIGINT on ignored,
+    and a Python started so never raises KeyboardInterrupt (a background job gets no Ctrl-C)."""
     script = f"""
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's foreground job
 import time
 from pathlib import Path
 from studies.backend import Task, run_tasks
