@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol                 # T-maze length 1, 8 x 8
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --groups 2 --group-size 4
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --shared-prefix-update false  # to compare
+    OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --precision bf16
 
 One iteration of ``--preset smol-cpu`` (score mode, LoRA rank 8, micro-batch 8) on
 ``--env`` with ``--groups`` x ``--group-size`` episodes, in this process (``Trainer.iteration``:
@@ -48,6 +49,13 @@ def _parser() -> ArgumentParser:
         help="the update's shared-prefix forward (TrainConfig.shared_prefix_update; default "
         "true; false: the plain packed forward, to compare)",
     )
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="the run's precision (TrainConfig.precision; default fp32, the preset's on a CPU; "
+        "bf16: weights and activations in bfloat16, AdamW's master copy in fp32)",
+    )
     return p
 
 
@@ -79,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_smol-") as tmp:
         over = {"iterations": 1, "groups_per_iter": args.groups, "group_size": args.group_size,
                 "seed": args.seed, "out_dir": tmp, "progress": False, "save_every": 0,
-                "shared_prefix_update": args.shared_prefix_update}  # fmt: skip
+                "shared_prefix_update": args.shared_prefix_update,
+                "precision": args.precision}  # fmt: skip
         if args.max_steps:
             over["max_steps"] = args.max_steps
         cfg = resolve(args.env, "smol-cpu", over)
@@ -95,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
     print(f"env {args.env}, {args.groups} groups x {args.group_size} episodes, "
           f"{m['n_steps']} step samples, seed {args.seed}, shared-prefix update "
-          f"{args.shared_prefix_update}")  # fmt: skip
+          f"{args.shared_prefix_update}, precision {args.precision}")  # fmt: skip
     print(f"setup (model load) {setup:.1f} s")
     print(f"iteration {total:.1f} s wall, {cpu:.1f} s CPU (this process): rollout "
           f"{m['time/rollout']:.1f} s, score {m['time/score']:.1f} s, update "

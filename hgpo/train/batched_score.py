@@ -5,6 +5,8 @@ the prompt, one over its candidates after the prompt's key/value cache (copied p
 candidate). :func:`batched_score` computes the same figures, to float32 rounding, with fewer
 calls and fewer tokens through the model:
 
+0. each distinct (prompt, response) pair is scored once and its figures copied to its repeats
+   (:func:`distinct_pairs`: a batch of episodes at the same states repeats whole steps);
 1. pairs with consecutive equal prompts form one *run* (a prompt and its candidates);
 2. runs are ordered by prompt length, then by tokens (neighbours share long prefixes), and cut
    into batches of prompts of one length (``pad_prompts=False``) or of neighbouring lengths
@@ -42,6 +44,7 @@ __all__ = [
     "batched_token_logprobs",
     "cache_key",
     "common_prefix",
+    "distinct_pairs",
     "length_batches",
     "prompt_runs",
 ]
@@ -62,6 +65,24 @@ def prompt_runs(prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
         runs.append((s, e))
         s = e
     return runs
+
+
+def distinct_pairs(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+) -> tuple[list[int], list[int]]:
+    """The distinct (prompt, response) pairs: the index of each one's first occurrence, in
+    order, and for every pair the position of its distinct pair in that list. A batch of
+    episodes often repeats pairs (episodes at the same state score the same candidates; the
+    reference scores the same sampled step), and a pair's figures depend only on the pair."""
+    seen: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    first: list[int] = []
+    where: list[int] = []
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        k = seen.setdefault((tuple(p), tuple(r)), len(first))
+        if k == len(first):
+            first.append(i)
+        where.append(k)
+    return first, where
 
 
 def length_batches(
@@ -158,6 +179,14 @@ def _batched(
         raise ValueError(f"score: {len(prompts)} prompts but {len(responses)} responses (one each)")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("score: an empty prompt (at least one token is needed)")
+    first, where = distinct_pairs(prompts, responses)
+    if len(first) < len(prompts):  # each distinct pair scored once, its figures copied back
+        sub_p, sub_r = [prompts[i] for i in first], [responses[i] for i in first]
+        got = _batched(model, sub_p, sub_r, pad_id, device, max_tokens, pad_prompts, on_prompts,
+                       per_token)  # fmt: skip
+        if on_prompts is not None:  # the progress counts the caller's prompts
+            on_prompts(len(prompt_runs(prompts)) - len(prompt_runs(sub_p)))
+        return [list(got[k]) if per_token else got[k] for k in where]
     runs = prompt_runs(prompts)
     lengths = [len(prompts[s]) for s, _ in runs]
     widths = [len(prompts[s]) + sum(len(r) for r in responses[s:e]) for s, e in runs]

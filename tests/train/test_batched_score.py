@@ -9,6 +9,7 @@ import torch
 from hgpo.train.batched_score import (
     batched_score,
     batched_token_logprobs,
+    distinct_pairs,
     length_batches,
     prompt_runs,
 )
@@ -89,6 +90,46 @@ def test_runs_and_batches():
     assert length_batches([0, 1, 2, 3], [3, 3, 5, 3], [4, 4, 6, 4], 100, True) == [[0, 1], [2], [3]]
     assert length_batches([0, 1, 2], [3, 3, 5], [4, 4, 6], 100, False) == [[0, 1, 2]]
     assert length_batches([0, 1, 2], [3, 3, 5], [4, 4, 6], 9, False) == [[0, 1], [2]]
+
+
+def test_distinct_pairs():
+    first, where = distinct_pairs([[1], [1], [2], [1], [1]], [[5], [6], [5], [5], [7]])
+    assert first == [0, 1, 2, 4]
+    assert where == [0, 1, 2, 0, 3]
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_repeated_pairs_are_scored_once(tiny, per_token):
+    """Episodes at the same state (a group's start, a shared history) score the same
+    candidates: each distinct (prompt, response) pair goes through the model once and its
+    figures are copied to every copy; the figures are those of the pairs scored apart, and the
+    progress still counts every prompt run of the caller's list."""
+    tok, engine = tiny
+    prompts, responses = _pairs(np.random.default_rng(3), len(tok))
+    k = len(prompts)
+    rep_p, rep_r = prompts * 3 + prompts[:2], responses * 3 + responses[:2]
+    tokens = []
+    hook = engine.model.get_decoder().register_forward_hook(
+        lambda _m, args, kw, _o: tokens.append(kw["input_ids"].numel()), with_kwargs=True
+    )
+    try:
+        fn = batched_token_logprobs if per_token else batched_score
+        once = fn(engine.model, prompts, responses, tok.pad_token_id, torch.device("cpu"))
+        n_once, tokens[:] = sum(tokens), []
+        seen: list[int] = []
+        extra = {} if per_token else {"on_prompts": seen.append}
+        got = fn(engine.model, rep_p, rep_r, tok.pad_token_id, torch.device("cpu"), **extra)
+        n_rep = sum(tokens)
+    finally:
+        hook.remove()
+    assert n_once > 0 and n_rep == n_once  # the copies cost no forward
+    assert len(got) == len(rep_p)
+    for i in range(len(rep_p)):
+        assert got[i] == once[i % k]
+    if per_token:
+        assert got[0] is not got[k]  # each copy its own list
+    else:
+        assert sum(seen) == len(prompt_runs(rep_p))
 
 
 def test_batched_score_refuses_bad_input(tiny):
