@@ -4,8 +4,9 @@
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --groups 2 --group-size 4
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --shared-prefix-update false  # to compare
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --precision bf16
+    OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --action-mode generate --model runs/warm_tmaze/model
 
-One iteration of ``--preset smol-cpu`` (score mode, LoRA rank 8, micro-batch 8) on
+One iteration of ``--preset smol-cpu`` (score mode unless asked, LoRA rank 8, micro-batch 8) on
 ``--env`` with ``--groups`` x ``--group-size`` episodes, in this process (``Trainer.iteration``:
 rollout, score, advantages, PPO update, weight sync; no checkpoint, no validation). Printed:
 the setup (model load) and the iteration's wall seconds, the trainer's own phase times
@@ -50,6 +51,18 @@ def _parser() -> ArgumentParser:
         "true; false: the plain packed forward, to compare)",
     )
     p.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="the model (default smollm2-135m, the preset's; a folder, e.g. a warm start's)",
+    )
+    p.add_argument(
+        "--action-mode",
+        choices=("score", "generate"),
+        default="score",
+        help="score (the preset's) or generate (free text: needs a warm-started --model to "
+        "write the format)",
+    )
+    p.add_argument(
         "--precision",
         choices=("fp32", "bf16"),
         default="fp32",
@@ -88,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         over = {"iterations": 1, "groups_per_iter": args.groups, "group_size": args.group_size,
                 "seed": args.seed, "out_dir": tmp, "progress": False, "save_every": 0,
                 "shared_prefix_update": args.shared_prefix_update,
-                "precision": args.precision}  # fmt: skip
+                "precision": args.precision, "model": args.model,
+                "action_mode": args.action_mode}  # fmt: skip
         if args.max_steps:
             over["max_steps"] = args.max_steps
         cfg = resolve(args.env, "smol-cpu", over)
@@ -104,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
     print(f"env {args.env}, {args.groups} groups x {args.group_size} episodes, "
           f"{m['n_steps']} step samples, seed {args.seed}, shared-prefix update "
-          f"{args.shared_prefix_update}, precision {args.precision}")  # fmt: skip
+          f"{args.shared_prefix_update}, precision {args.precision}, model {args.model}, "
+          f"action mode {args.action_mode}")  # fmt: skip
     print(f"setup (model load) {setup:.1f} s")
     print(f"iteration {total:.1f} s wall, {cpu:.1f} s CPU (this process): rollout "
           f"{m['time/rollout']:.1f} s, score {m['time/score']:.1f} s, update "

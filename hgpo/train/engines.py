@@ -121,4 +121,5 @@ def rollout_engine(
         full = load_causal_lm(model_path, dtype, device).eval()
         full.requires_grad_(False)
         return HFEngine(full, tok, cfg.rollout_batch_size, device, copy=True)
-    return HFEngine(actor_module, tok, cfg.rollout_batch_size, device)
+    # sampling on the actor itself: generate keeps its tokens' log-probs, the old log-probs
+    return HFEngine(actor_module, tok, cfg.rollout_batch_size, device, keep_logprobs=True)

@@ -247,10 +247,11 @@ class Rollout:
     """The action each step sent to the env, as the env parsed it from the response (the
     listed action in action_mode "score"): the canonical action of ``StepBatch.action``."""
     score_logprobs: list[list[float] | None] = field(default_factory=list)
-    """action_mode="score": each response's token log-probs at temperature 1 as the rollout's
-    scoring computed them (:attr:`Sampled.token_logprobs`), None where the engine reported
-    none; the trainer reuses them as the old log-probs where they are exactly its own
-    (:meth:`hgpo.train.trainer.Trainer._score`)."""
+    """Each response's token log-probs at temperature 1 as the rollout computed them: in
+    action_mode="score" its scoring of the candidates (:attr:`Sampled.token_logprobs`), in
+    "generate" the hf engine's sampling passes (``HFEngine.token_logprobs``); None where
+    the engine reported none. The trainer reuses them as the old log-probs where they are
+    exactly its own (:meth:`hgpo.train.trainer.Trainer._score`)."""
     success: list[bool] = field(default_factory=list)
     score: list[float] = field(default_factory=list)
     task_type: list[str] = field(default_factory=list)
@@ -389,8 +390,8 @@ class StepRecord:
     candidate_entropy: float | None = None
     """action_mode="score": the entropy of the policy over the step's candidates; else None."""
     score_logprobs: list[float] | None = None
-    """action_mode="score": the response's token log-probs at temperature 1 from the rollout's
-    scoring (:attr:`Sampled.token_logprobs`); else None."""
+    """The response's token log-probs at temperature 1 as the rollout computed them (score
+    mode's scoring, or the hf engine's sampling passes); else None."""
     next_key: str | None = None
     """The state key of the observation the step led to (filled after the env stepped)."""
     action: str = ""
@@ -441,6 +442,9 @@ def act(
     else:
         responses = engine.generate(prompts, play.temperature, play.top_p, play.max_response_tokens)
         engine_lps = engine.generated_logprobs()
+        own = getattr(engine, "token_logprobs", None)  # the hf engine: the actor's own figures
+        if own is not None and (got := own()) is not None:
+            score_lps = list(got)
     gen_s = time.perf_counter() - t
     keep = play.keep_samples
     records, actions = [], []

@@ -14,7 +14,22 @@ from torch import nn
 from hgpo.train.batched_score import batched_score, batched_token_logprobs
 from hgpo.train.model import inference_named_parameters, load_named, pack, stop_ids
 
-__all__ = ["HFEngine"]
+__all__ = ["MAX_KEPT_LOGITS", "HFEngine", "sampled_logprobs"]
+
+MAX_KEPT_LOGITS = 2**30
+"""Bytes of raw logits (rows x new tokens x vocabulary x 4) a ``generate`` chunk may keep for
+:meth:`HFEngine.token_logprobs`; a larger chunk keeps none (the trainer then scores afresh)."""
+
+
+def sampled_logprobs(logits: Sequence[torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+    """float32[B, S]: log softmax(logits[j][b])[tokens[b, j]], each sampled token's log-prob
+    at temperature 1 from the raw logits [B, V] of generation step j (one step at a time:
+    never a [B, S, V] copy)."""
+    cols = []
+    for j, step in enumerate(logits):
+        x = step.float()
+        cols.append(x.gather(1, tokens[:, j : j + 1]).squeeze(1) - torch.logsumexp(x, dim=-1))
+    return torch.stack(cols, dim=1) if cols else torch.zeros((tokens.shape[0], 0))
 
 
 class HFEngine:
@@ -33,10 +48,15 @@ class HFEngine:
         batch_size: int,
         device: torch.device,
         copy: bool = False,
+        keep_logprobs: bool = False,
     ) -> None:
         self.model, self.tok, self.batch_size, self.device = model, tok, batch_size, device
         self.copy = copy
+        self.keep_logprobs = keep_logprobs
+        """``generate`` keeps each sampled token's log-prob at temperature 1 (from the model's
+        raw logits, before temperature and top-p): :meth:`token_logprobs`."""
         self.stop = stop_ids(tok)
+        self._token_logprobs: list[list[float] | None] = []
 
     def sync(self, model: nn.Module) -> None:
         """Sample from ``model`` (the training module); with ``copy``, load its (gathered)
@@ -50,6 +70,15 @@ class HFEngine:
         """None: the training module computes the log-probs itself (same weights)."""
         return None
 
+    def token_logprobs(self) -> list[list[float] | None] | None:
+        """Per response of the last :meth:`generate` call, its tokens' log-probs at
+        temperature 1 under the weights that sampled them, computed from the raw logits of
+        the sampling passes themselves (None for a chunk whose logits would have taken more
+        than :data:`MAX_KEPT_LOGITS` bytes); None without ``keep_logprobs``. The trainer
+        reuses them as PPO's old log-probs where they are its own forward's figures
+        (:meth:`hgpo.train.trainer.Trainer._score`)."""
+        return list(self._token_logprobs) if self.keep_logprobs else None
+
     def close(self) -> None:
         """Nothing to free: the model belongs to the trainer."""
 
@@ -59,17 +88,18 @@ class HFEngine:
     ) -> list[list[int]]:
         """Sample one response per prompt; each ends at (and keeps) its first stop token."""
         out: list[list[int]] = []
+        self._token_logprobs = []
         was_training = self.model.training
         self.model.eval()
         pad = self.tok.pad_token_id
+        vocab = self.model.get_output_embeddings().weight.shape[0]
         for s in range(0, len(prompts), self.batch_size):
             chunk = prompts[s : s + self.batch_size]
             packed = pack(chunk, [[]] * len(chunk), pad, self.device)
-            ids = packed.input_ids[:, : packed.P]
-            att = packed.attention_mask[:, : packed.P]
+            keep = self.keep_logprobs and len(chunk) * max_new * vocab * 4 <= MAX_KEPT_LOGITS
             gen = self.model.generate(
-                input_ids=ids,
-                attention_mask=att,
+                input_ids=packed.input_ids[:, : packed.P],
+                attention_mask=packed.attention_mask[:, : packed.P],
                 do_sample=True,
                 temperature=temperature,
                 top_p=top_p,
@@ -77,14 +107,19 @@ class HFEngine:
                 max_new_tokens=max_new,
                 eos_token_id=self.stop,
                 pad_token_id=pad,
+                output_logits=keep,
+                return_dict_in_generate=True,
             )
-            for row in gen[:, packed.P :].tolist():
+            new = gen.sequences[:, packed.P :]
+            lps = sampled_logprobs(gen.logits, new).tolist() if keep else None
+            for b, row in enumerate(new.tolist()):
                 cut = len(row)
                 for j, t in enumerate(row):
                     if t in self.stop:
                         cut = j + 1
                         break
                 out.append(row[:cut])
+                self._token_logprobs.append(lps[b][:cut] if lps is not None else None)
         if was_training:
             self.model.train()
         return out

@@ -430,11 +430,11 @@ class Trainer:
         and the reference's log-probs come from batched passes that share prompt prefixes
         (:meth:`_reference_token_logprobs`)."""
         cfg = self.cfg
-        reused = self._reusable_logprobs(roll) if cfg.action_mode == "score" else None
+        want_entropy = needs_token_entropy(cfg.estimator, cfg.action_mode)
+        reused = None if want_entropy else self._reusable_logprobs(roll)
         if reused is not None and self.critic is None:
             ref = self._reference_token_logprobs(roll) if cfg.kl_coef > 0 else None
             return Scored(reused, ref, None, None)
-        want_entropy = needs_token_entropy(cfg.estimator, cfg.action_mode)
         old, ref, val, ent = [], [], [], []
         self.actor.module.eval()
         mb = cfg.micro_batch_size
@@ -469,13 +469,15 @@ class Trainer:
         )
 
     def _reusable_logprobs(self, roll: Rollout) -> list[torch.Tensor] | None:
-        """The rollout's score-mode token log-probs as the old log-probs, where they are
-        exactly what the actor's forward in :meth:`_score` computes, else None (score afresh).
+        """The rollout's own token log-probs as the old log-probs, where they are exactly
+        what the actor's forward in :meth:`_score` computes, else None (score afresh).
 
         PPO's old log-probs are the behaviour weights' token log-probs at temperature 1 (the
         update's own forward divides by no temperature); score mode computes exactly those for
         every candidate before it samples one (the sampling temperature acts on the candidates'
-        summed scores only, not on these). They are reused when the rollout engine scored with
+        summed scores only, not on these), and generate mode's sampling passes compute them
+        from the raw logits before the temperature and top-p act
+        (:meth:`HFEngine.token_logprobs`). They are reused when the rollout engine scored with
         the actor's own module (the hf engine without a copy: not under ZeRO-3, whose engine
         holds a merged copy), in float32 (bf16's rounding differs between batch layouts), and
         every row has its own, one per response token. The weights cannot have changed in

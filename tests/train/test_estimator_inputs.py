@@ -103,6 +103,7 @@ def test_generate_mode_entropy_is_the_responses_mean_token_entropy(tiny, reader)
     fake = types.SimpleNamespace(
         cfg=cfg, actor=types.SimpleNamespace(module=engine.model), sharded=False, tok=tok,
         device=torch.device("cpu"), critic=None,
+        _reusable_logprobs=lambda roll: None,  # the forward runs (no rollout log-probs reused)
     )  # fmt: skip
     scored = Trainer._score(fake, roll)
     assert scored.entropy is not None and len(scored.entropy) == len(roll)
