@@ -121,5 +121,7 @@ def rollout_engine(
         full = load_causal_lm(model_path, dtype, device).eval()
         full.requires_grad_(False)
         return HFEngine(full, tok, cfg.rollout_batch_size, device, copy=True)
-    # sampling on the actor itself: generate keeps its tokens' log-probs, the old log-probs
-    return HFEngine(actor_module, tok, cfg.rollout_batch_size, device, keep_logprobs=True)
+    # sampling on the actor itself in fp32: generate keeps its tokens' log-probs, which are
+    # the old log-probs (bf16 rounds differently per batch layout: the trainer re-scores)
+    keep = dtype == torch.float32
+    return HFEngine(actor_module, tok, cfg.rollout_batch_size, device, keep_logprobs=keep)

@@ -11,14 +11,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from hgpo.train import memory_plan
 from hgpo.train.batched_score import batched_score, batched_token_logprobs
 from hgpo.train.model import inference_named_parameters, load_named, pack, stop_ids
 
-__all__ = ["MAX_KEPT_LOGITS", "HFEngine", "sampled_logprobs"]
-
-MAX_KEPT_LOGITS = 2**30
-"""Bytes of raw logits (rows x new tokens x vocabulary x 4) a ``generate`` chunk may keep for
-:meth:`HFEngine.token_logprobs`; a larger chunk keeps none (the trainer then scores afresh)."""
+__all__ = ["HFEngine", "sampled_logprobs"]
 
 
 def sampled_logprobs(logits: Sequence[torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
@@ -74,7 +71,7 @@ class HFEngine:
         """Per response of the last :meth:`generate` call, its tokens' log-probs at
         temperature 1 under the weights that sampled them, computed from the raw logits of
         the sampling passes themselves (None for a chunk whose logits would have taken more
-        than :data:`MAX_KEPT_LOGITS` bytes); None without ``keep_logprobs``. The trainer
+        than ``memory_plan.MAX_KEPT_LOGITS`` bytes); None without ``keep_logprobs``. The trainer
         reuses them as PPO's old log-probs where they are its own forward's figures
         (:meth:`hgpo.train.trainer.Trainer._score`)."""
         return list(self._token_logprobs) if self.keep_logprobs else None
@@ -92,11 +89,12 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         pad = self.tok.pad_token_id
-        vocab = self.model.get_output_embeddings().weight.shape[0]
+        vocab = self.model.get_output_embeddings().weight.shape[0] if self.keep_logprobs else 0
+        budget = memory_plan.MAX_KEPT_LOGITS
         for s in range(0, len(prompts), self.batch_size):
             chunk = prompts[s : s + self.batch_size]
             packed = pack(chunk, [[]] * len(chunk), pad, self.device)
-            keep = self.keep_logprobs and len(chunk) * max_new * vocab * 4 <= MAX_KEPT_LOGITS
+            keep = self.keep_logprobs and len(chunk) * max_new * vocab * 4 <= budget
             gen = self.model.generate(
                 input_ids=packed.input_ids[:, : packed.P],
                 attention_mask=packed.attention_mask[:, : packed.P],

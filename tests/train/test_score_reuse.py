@@ -144,13 +144,13 @@ def test_generate_mode_reuses_the_sampling_passes_logprobs(tmp_path):
 def test_no_logprobs_kept_past_the_logits_budget(monkeypatch, trainer):
     """A generate chunk whose raw logits would pass MAX_KEPT_LOGITS keeps none (the trainer
     then scores afresh); without keep_logprobs the engine reports None."""
-    from hgpo.train import hf_engine
+    from hgpo.train import memory_plan
 
     engine = trainer.engine
     prompt = trainer.tok("hello there", add_special_tokens=False)["input_ids"]
     engine.generate([prompt, prompt], 1.0, 1.0, 4)
     assert all(lp is not None for lp in engine.token_logprobs())
-    monkeypatch.setattr(hf_engine, "MAX_KEPT_LOGITS", 2 * 4 * 4 * 100)
+    monkeypatch.setattr(memory_plan, "MAX_KEPT_LOGITS", 2 * 4 * 4 * 100)
     engine.generate([prompt, prompt], 1.0, 1.0, 4)
     assert engine.token_logprobs() == [None, None]
     monkeypatch.setattr(engine, "keep_logprobs", False)
