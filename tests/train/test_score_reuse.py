@@ -2,7 +2,8 @@
 passes and keeps the chosen response's token log-probs; the trainer reuses them as PPO's old
 log-probs (and scores the KL reference in batched passes) instead of a second forward. The
 figures equal the re-scored ones to float32 rounding, and a whole iteration's figures equal
-those of the old path (one prompt at a time, every sample re-scored)."""
+those of the old path (one prompt at a time, every sample re-scored). action_mode="generate"
+likewise reuses the sampling passes' own log-probs (from generate's raw logits)."""
 
 from __future__ import annotations
 
