@@ -64,7 +64,8 @@ class HFEngine:
         load_named(self.model, inference_named_parameters(model))
 
     def generated_logprobs(self) -> None:
-        """None: the training module computes the log-probs itself (same weights)."""
+        """None: no second engine's figures to compare (the rollout/trainer gap is vLLM's);
+        the hf engine's own log-probs, where kept, are :meth:`token_logprobs`."""
         return None
 
     def token_logprobs(self) -> list[list[float] | None] | None:
@@ -90,11 +91,12 @@ class HFEngine:
         self.model.eval()
         pad = self.tok.pad_token_id
         vocab = self.model.get_output_embeddings().weight.shape[0] if self.keep_logprobs else 0
-        budget = memory_plan.MAX_KEPT_LOGITS
         for s in range(0, len(prompts), self.batch_size):
             chunk = prompts[s : s + self.batch_size]
             packed = pack(chunk, [[]] * len(chunk), pad, self.device)
-            keep = self.keep_logprobs and len(chunk) * max_new * vocab * 4 <= budget
+            keep = (
+                self.keep_logprobs and memory_plan.kept_logits_bytes(len(chunk), max_new, vocab) > 0
+            )
             gen = self.model.generate(
                 input_ids=packed.input_ids[:, : packed.P],
                 attention_mask=packed.attention_mask[:, : packed.P],

@@ -71,16 +71,17 @@ __all__ = [
     "MemoryPlan",
     "PlanSettings",
     "check_plan_flags",
+    "kept_logits_bytes",
     "plan",
     "plan_for_config",
 ]
 
 GIB = 2**30
 GPU_GIB = 80.0
+"""One H100 80 GB (nominal; the paper's GPUs)."""
 MAX_KEPT_LOGITS = GIB
 """Bytes of raw logits (rows x new tokens x vocabulary x 4) one ``HFEngine.generate`` chunk may
 keep for its tokens' log-probs (the old log-probs, in float32); a larger chunk keeps none."""
-"""One H100 80 GB (nominal; the paper's GPUs)."""
 RESERVE_GIB = 2.0
 """Memory a rank cannot plan for: CUDA context, NCCL buffers, allocator fragmentation."""
 VLLM_OVERHEAD_GIB = 2.0
@@ -265,6 +266,14 @@ def model_copy_items(shape: ModelShape, s: PlanSettings) -> list[Item]:
     return out
 
 
+def kept_logits_bytes(rows: int, new_tokens: int, vocab: int) -> int:
+    """Bytes of raw logits one ``HFEngine.generate`` chunk keeps for its tokens' log-probs
+    (rows x new tokens x vocabulary x 4), or 0 where that passes :data:`MAX_KEPT_LOGITS` (the
+    chunk then keeps none)."""
+    n = rows * new_tokens * vocab * 4
+    return n if n <= MAX_KEPT_LOGITS else 0
+
+
 def rollout_items(shape: ModelShape, s: PlanSettings) -> tuple[list[Item], list[str]]:
     """The rollout engine's memory, and notes on vLLM's KV cache."""
     b, P = s.dtype_bytes, shape.params()
@@ -305,8 +314,8 @@ def rollout_items(shape: ModelShape, s: PlanSettings) -> tuple[list[Item], list[
     items = [Item("kv cache", kv, f"{s.rollout_batch} x {seq} x {kv_tok} (hf generate)")]
     if s.zero_stage == 3:
         items.append(Item("rollout copy", b * P, f"{b} x {_g(P)} (full copy hf samples from)"))
-    kept = s.rollout_batch * s.response_tokens * shape.vocab * 4
-    if s.generate and b == 4 and s.zero_stage != 3 and kept <= MAX_KEPT_LOGITS:
+    kept = kept_logits_bytes(s.rollout_batch, s.response_tokens, shape.vocab)
+    if s.generate and b == 4 and s.zero_stage != 3 and kept:
         items.append(Item("kept logits", kept, f"{s.rollout_batch} x {s.response_tokens} x "
                           f"{shape.vocab} x 4 (generate's raw logits: the old log-probs)"))  # fmt: skip
     return items, []
