@@ -4,6 +4,7 @@
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --groups 2 --group-size 4
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --shared-prefix-update false  # to compare
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --precision bf16
+    OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --lora-top-layers 8
     OMP_NUM_THREADS=2 python -m benchmarks.bench_smol --action-mode generate --model runs/warm_tmaze/model
 
 One iteration of ``--preset smol-cpu`` (score mode unless asked, LoRA rank 8, micro-batch 8) on
@@ -63,6 +64,13 @@ def _parser() -> ArgumentParser:
         "write the format)",
     )
     p.add_argument(
+        "--lora-top-layers",
+        type=int,
+        default=0,
+        help="adapters only in the last K decoder layers (TrainConfig.lora_top_layers; default 0: "
+        "every layer, the preset's)",
+    )
+    p.add_argument(
         "--precision",
         choices=("fp32", "bf16"),
         default="fp32",
@@ -102,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seed": args.seed, "out_dir": tmp, "progress": False, "save_every": 0,
                 "shared_prefix_update": args.shared_prefix_update,
                 "precision": args.precision, "model": args.model,
-                "action_mode": args.action_mode}  # fmt: skip
+                "action_mode": args.action_mode, "lora_top_layers": args.lora_top_layers}  # fmt: skip
         if args.max_steps:
             over["max_steps"] = args.max_steps
         cfg = resolve(args.env, "smol-cpu", over)
@@ -119,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"env {args.env}, {args.groups} groups x {args.group_size} episodes, "
           f"{m['n_steps']} step samples, seed {args.seed}, shared-prefix update "
           f"{args.shared_prefix_update}, precision {args.precision}, model {args.model}, "
-          f"action mode {args.action_mode}")  # fmt: skip
+          f"action mode {args.action_mode}, LoRA top layers {args.lora_top_layers or 'all'}")  # fmt: skip
     print(f"setup (model load) {setup:.1f} s")
     print(f"iteration {total:.1f} s wall, {cpu:.1f} s CPU (this process): rollout "
           f"{m['time/rollout']:.1f} s, score {m['time/score']:.1f} s, update "

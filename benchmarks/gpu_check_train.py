@@ -198,6 +198,7 @@ def build_models(args: argparse.Namespace, device: Any, dtype: Any) -> tuple[Any
         lora_alpha=args.lora_alpha,
         lora_dropout=0.0,
         lora_targets="all-linear",
+        lora_top_layers=0,
     )
     model = add_adapters(model, lora)
     model.enable_input_require_grads()  # checkpointed blocks behind frozen embeddings

@@ -10,6 +10,7 @@ would round the base weights, and with them the reference, a little at every syn
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,20 +24,60 @@ adapter_model.safetensors), loadable with ``PeftModel.from_pretrained(base, path
 
 def add_adapters(model: nn.Module, cfg: Any) -> nn.Module:
     """``model`` with LoRA adapters on ``cfg.lora_targets`` (rank ``cfg.lora_rank``, scaling
-    ``cfg.lora_alpha / cfg.lora_rank``, dropout ``cfg.lora_dropout``); base weights frozen."""
+    ``cfg.lora_alpha / cfg.lora_rank``, dropout ``cfg.lora_dropout``), in its last
+    ``cfg.lora_top_layers`` decoder layers (0: all of them); base weights frozen."""
     from peft import LoraConfig, get_peft_model
 
+    targets: str | list[str] = target_names(cfg.lora_targets)
+    extra: dict[str, Any] = {}
+    if cfg.lora_top_layers:
+        # peft takes layers_to_transform with module names only, not "all-linear"
+        layers = top_layer_indices(model, cfg.lora_top_layers)
+        targets = sorted({k.rsplit(".", 1)[-1]
+                          for k in adapted_layers(model, cfg.lora_targets, cfg.lora_top_layers)})  # fmt: skip
+        extra["layers_to_transform"] = layers
     lcfg = LoraConfig(
         r=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha,
         lora_dropout=cfg.lora_dropout,
-        target_modules=target_names(cfg.lora_targets),
+        target_modules=targets,
         task_type="CAUSAL_LM",
+        **extra,
     )
     try:
         return get_peft_model(model, lcfg)
     except ValueError as e:  # a target that matches no module
         raise ValueError(f"TrainConfig.lora_targets={cfg.lora_targets!r}: {e}") from None
+
+
+def decoder_layer_count(model: nn.Module) -> int:
+    """The model's decoder layers (its config's ``num_hidden_layers``)."""
+    n = getattr(model.config, "num_hidden_layers", None)
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"the model's config has no decoder layer count (num_hidden_layers={n!r})")
+    return n
+
+
+def top_layer_indices(model: nn.Module, k: int) -> list[int]:
+    """The indices of ``model``'s last ``k`` decoder layers; ValueError naming
+    ``lora_top_layers`` when the model has fewer than k."""
+    n = decoder_layer_count(model)
+    if not 1 <= k <= n:
+        raise ValueError(
+            f"TrainConfig.lora_top_layers: must be in [1, {n}] (the model's decoder layers) or 0 "
+            f"(every layer), got {k}; lower --lora-top-layers"
+        )
+    return list(range(n - k, n))
+
+
+_LAYER_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def layer_index(key: str) -> int | None:
+    """The decoder layer a module key lies in ("model.layers.29.mlp.up_proj" -> 29; peft's
+    rule: the first ".N." of the key), None outside the layer stack (embeddings, head)."""
+    m = _LAYER_INDEX.search(key)
+    return int(m.group(1)) if m else None
 
 
 def target_names(text: str) -> str | list[str]:
@@ -81,20 +122,26 @@ def check_targets(model: nn.Module, text: str) -> None:
             )
 
 
-def adapted_layers(model: nn.Module, text: str) -> dict[str, nn.Module]:
+def adapted_layers(model: nn.Module, text: str, top_layers: int = 0) -> dict[str, nn.Module]:
     """The modules LoRA adapts for ``lora_targets`` (peft's rule: "all-linear" is every linear
-    layer but the output head; a name matches key == name or key ending in "." + name)."""
+    layer but the output head; a name matches key == name or key ending in "." + name), in the
+    last ``top_layers`` decoder layers only when it is > 0 (``lora_top_layers``)."""
     from transformers.pytorch_utils import Conv1D
 
     names = target_names(text)
     modules = dict(model.named_modules())
     if names == "all-linear":
         head = model.get_output_embeddings()
-        return {k: m for k, m in modules.items()
-                if isinstance(m, (nn.Linear, Conv1D)) and m is not head}  # fmt: skip
-    ok = adaptable()
-    return {k: m for k, m in modules.items() if isinstance(m, ok) and
-            any(k == n or k.endswith("." + n) for n in names)}  # fmt: skip
+        found = {k: m for k, m in modules.items()
+                 if isinstance(m, (nn.Linear, Conv1D)) and m is not head}  # fmt: skip
+    else:
+        ok = adaptable()
+        found = {k: m for k, m in modules.items() if isinstance(m, ok) and
+                 any(k == n or k.endswith("." + n) for n in names)}  # fmt: skip
+    if not top_layers:
+        return found
+    keep = set(top_layer_indices(model, top_layers))
+    return {k: m for k, m in found.items() if layer_index(k) in keep}
 
 
 def layer_shape(module: nn.Module) -> tuple[int, int]:
@@ -109,16 +156,18 @@ def layer_shape(module: nn.Module) -> tuple[int, int]:
     return int(w.shape[0]), int(w.shape[1])  # Conv1D (in, out); convolutions (out, in)
 
 
-def max_rank(model: nn.Module, text: str) -> tuple[int, str, tuple[int, int]]:
-    """The largest useful LoRA rank for ``lora_targets``: min(in, out) over the adapted layers
-    (rank(B A) <= min(in, out)), with the layer that sets it and its (in, out) size."""
+def max_rank(model: nn.Module, text: str, top_layers: int = 0) -> tuple[int, str, tuple[int, int]]:
+    """The largest useful LoRA rank for ``lora_targets`` (in the last ``top_layers`` decoder
+    layers, all when 0): min(in, out) over the adapted layers (rank(B A) <= min(in, out)), with
+    the layer that sets it and its (in, out) size."""
     best: tuple[int, str, tuple[int, int]] | None = None
-    for name, module in adapted_layers(model, text).items():
+    for name, module in adapted_layers(model, text, top_layers).items():
         shape = layer_shape(module)
         if min(shape) and (best is None or min(shape) < best[0]):
             best = (min(shape), name, shape)
     if best is None:
-        raise ValueError(f"TrainConfig.lora_targets: {text!r} adapts no layer of the model")
+        where = f" in its last {top_layers} decoder layers" if top_layers else ""
+        raise ValueError(f"TrainConfig.lora_targets: {text!r} adapts no layer of the model{where}")
     return best
 
 

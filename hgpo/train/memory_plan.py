@@ -111,6 +111,9 @@ class PlanSettings:
     dtype_bytes: int = 2
     zero_stage: int = 0
     lora_rank: int = 0
+    lora_layers: int = 0
+    """Decoder layers with adapters (the last ones; 0: all): the update keeps activations only
+    from the lowest of them up."""
     reference: bool = True
     critic: bool = False
     gradient_checkpointing: bool = False
@@ -175,7 +178,7 @@ class MemoryPlan:
             f"memory plan: {self.model} ({self.shape.params() / 1e6:,.1f}M parameters), "
             f"{s.gpus} x {s.gpu_gib:g} GiB, ZeRO-{s.zero_stage}, "
             f"{'bf16' if s.dtype_bytes == 2 else 'fp32'}, "
-            f"{'LoRA rank ' + str(s.lora_rank) if s.lora_rank else 'full fine-tuning'}, "
+            f"{_lora_text(s)}, "
             f"rollout {s.rollout_engine}"
         )
         lines = [head, "per GPU:"]
@@ -207,12 +210,19 @@ def layer_activation_elements(shape: ModelShape) -> int:
     return e + (2 * q + 2 * k if shape.qk_norm else 0)
 
 
+def _lora_text(s: PlanSettings) -> str:
+    """The plan's head: "full fine-tuning", "LoRA rank r" or "LoRA rank r, last K layers"."""
+    if not s.lora_rank:
+        return "full fine-tuning"
+    return f"LoRA rank {s.lora_rank}" + (f", last {s.lora_layers} layers" if s.lora_layers else "")
+
+
 def state_items(shape: ModelShape, s: PlanSettings) -> list[Item]:
     """Weights, gradients and optimizer states of the actor (module docstring)."""
     P, b, z, N = shape.params(), s.dtype_bytes, s.zero_stage, s.gpus
     w_div, g_div, o_div = (N if z == 3 else 1), (N if z >= 2 else 1), (N if z >= 1 else 1)
     if s.lora_rank:
-        A = shape.lora_params(s.lora_rank)
+        A = shape.lora_params(s.lora_rank, s.lora_layers)
         return [
             Item("weights", b * P / w_div + 4 * A, f"{b} x {_g(P)} / {w_div} + 4 x {_g(A)} (adapters)"),
             Item("gradients", 4 * A / g_div, f"4 x {_g(A)} / {g_div} (adapters only)"),
@@ -228,15 +238,19 @@ def state_items(shape: ModelShape, s: PlanSettings) -> list[Item]:
 
 def activation_items(shape: ModelShape, s: PlanSettings) -> list[Item]:
     """The update's activations and response logits at one micro-batch."""
-    b, L, h = s.dtype_bytes, shape.layers, shape.hidden
+    b, h = s.dtype_bytes, shape.hidden
+    # the frozen layers below the lowest adapter (lora_layers) run without a graph, unless
+    # checkpointing makes the embeddings' output require grad (engines.build_engines)
+    top = s.lora_rank and not s.gradient_checkpointing
+    L = (s.lora_layers or shape.layers) if top else shape.layers
     n = s.micro_batch * (s.prompt_tokens + s.response_tokens)
     E = layer_activation_elements(shape)
     if s.gradient_checkpointing:
         act = n * L * h * b + n * E * b
-        f = f"n L h b + n E b, n = {n}, E = {E} (checkpointing)"
+        f = f"n L h b + n E b, n = {n}, L = {L}, E = {E} (checkpointing)"
     else:
         act = n * L * E * b
-        f = f"n L E b, n = {n}, E = {E}"
+        f = f"n L E b, n = {n}, L = {L}, E = {E}"
     c = 2 if b == 2 else 0
     logits = s.micro_batch * s.response_tokens * shape.vocab * (c + 12)
     return [
@@ -250,7 +264,7 @@ def model_copy_items(shape: ModelShape, s: PlanSettings) -> list[Item]:
     P, b, N, z = shape.params(), s.dtype_bytes, s.gpus, s.zero_stage
     out: list[Item] = []
     if z in (1, 2):
-        T = shape.lora_params(s.lora_rank) if s.lora_rank else P
+        T = shape.lora_params(s.lora_rank, s.lora_layers) if s.lora_rank else P
         r = 4 if (z == 1 or s.lora_rank) else b
         n = min(REDUCE_BUCKET, T) if s.cpu else REDUCE_BUCKET
         out.append(Item("zero bucket", r * n, f"{r} x {_g(n)} (reduce_bucket_size)"))
@@ -400,6 +414,7 @@ def plan_for_config(
         dtype_bytes=4 if fp32 else 2,
         zero_stage=cfg.zero_stage,
         lora_rank=cfg.lora_rank,
+        lora_layers=cfg.lora_top_layers,
         reference=cfg.kl_coef > 0,
         critic=uses_critic(cfg.estimator),
         gradient_checkpointing=cfg.gradient_checkpointing,

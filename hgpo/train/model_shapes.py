@@ -78,9 +78,10 @@ class ModelShape:
         h, q, k, i = self.hidden, self.q_dim, self.kv_dim, self.intermediate
         return [(h, q), (h, k), (h, k), (q, h), (h, i), (h, i), (i, h)]
 
-    def lora_params(self, rank: int) -> int:
-        """Adapter parameters at rank r on every linear layer: L x sum r (d_in + d_out)."""
-        return self.layers * sum(rank * (a + b) for a, b in self.linear_shapes())
+    def lora_params(self, rank: int, layers: int = 0) -> int:
+        """Adapter parameters at rank r on every linear layer of ``layers`` decoder layers (0:
+        all L of them): layers x sum r (d_in + d_out)."""
+        return (layers or self.layers) * sum(rank * (a + b) for a, b in self.linear_shapes())
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV cache of one token: 2 (k and v) x layers x kv_heads x head_dim x bytes."""

@@ -58,6 +58,7 @@ class ModelShapeSettings(Protocol):
 
     lora_rank: int
     lora_targets: str
+    lora_top_layers: int
     max_prompt_tokens: int
     max_response_tokens: int
     model: str
@@ -69,7 +70,8 @@ class ModelShapeSettings(Protocol):
 
 def check_model_shapes(cfg: ModelShapeSettings) -> None:
     """Read on the model's skeleton (its config, built on the meta device: no weights are
-    loaded): every name in ``lora_targets`` matches a layer LoRA can wrap, ``lora_rank`` is at
+    loaded): every name in ``lora_targets`` matches a layer LoRA can wrap (in the last
+    ``lora_top_layers`` decoder layers, which the model has, when that is > 0), ``lora_rank`` is at
     most the smallest in/out size of the adapted layers (a larger rank adds parameters and
     memory, not rank: B A has rank <= min(in, out)), prompt + response fit the model's
     positions, and the tiny model's training state fits this machine's memory."""
@@ -89,9 +91,9 @@ def check_model_shapes(cfg: ModelShapeSettings) -> None:
     if cfg.lora_rank:
         try:
             check_targets(skeleton, cfg.lora_targets)
+            rank, layer, shape = max_rank(skeleton, cfg.lora_targets, cfg.lora_top_layers)
         except ValueError as e:
             raise TrainConfigError(str(e)) from None
-        rank, layer, shape = max_rank(skeleton, cfg.lora_targets)
         if cfg.lora_rank > rank:
             raise TrainConfigError(
                 f"TrainConfig.lora_rank: must be <= {rank}, the smallest in/out size of the "

@@ -30,7 +30,7 @@ RUN_FILES = (
 
 RESUME_SHAPES = (
     "model", "tiny_hidden", "tiny_layers", "tiny_vocab", "tiny_arch", "lora_rank",
-    "lora_targets", "zero_stage", "precision",
+    "lora_targets", "lora_top_layers", "zero_stage", "precision",
 )  # fmt: skip
 """Refused with --resume because they change the model's or the optimizer state's shapes (so
 the checkpoint cannot be loaded as it was saved); so is a change of estimator to or from one

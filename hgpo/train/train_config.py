@@ -210,6 +210,11 @@ class TrainConfig:
     lora_targets: str = _lora("all-linear")
     """Modules that get adapters: "all-linear" (every linear layer but the output head) or
     module names separated by commas, e.g. "q_proj,k_proj,v_proj,o_proj"."""
+    lora_top_layers: int = _lora(0, lo=0, hi=4096)  # and <= the model's decoder layers
+    """Adapters only in the model's last K decoder layers (0 = in every layer; peft's
+    ``layers_to_transform``). The layers below them are frozen, so the update's backward stops
+    at the lowest adapted layer and keeps no activations below it: fewer FLOPs and less memory
+    for the update, fewer trained parameters."""
     # --- engines -----------------------------------------------------------------------------------
     zero_stage: int = _engines(0, lo=0, hi=3)
     """DeepSpeed ZeRO stage, 0-3."""
@@ -589,7 +594,7 @@ def default_out_dir(preset: str | None, env: str) -> str:
 def check_given(cfg: TrainConfig, given: typing.Iterable[str]) -> None:
     """A flag the user gave that the rest of ``cfg`` makes do nothing is an error (a default,
     or a value set by a preset, is not checked): --branch-budget without a branching
-    --rollout-scheme, --lora-targets with --lora-rank 0."""
+    --rollout-scheme, --lora-targets or --lora-top-layers with --lora-rank 0."""
     given = set(given)
     if "branch_budget" in given and cfg.rollout_scheme == "independent":
         raise ValueError(
@@ -601,6 +606,11 @@ def check_given(cfg: TrainConfig, given: typing.Iterable[str]) -> None:
         raise ValueError(
             f"TrainConfig.lora_targets: --lora-targets {cfg.lora_targets} does nothing with "
             "lora_rank=0 (LoRA off); give --lora-rank R (R > 0) or leave --lora-targets out"
+        )
+    if "lora_top_layers" in given and cfg.lora_rank == 0:
+        raise ValueError(
+            f"TrainConfig.lora_top_layers: --lora-top-layers {cfg.lora_top_layers} does nothing "
+            "with lora_rank=0 (LoRA off); give --lora-rank R (R > 0) or leave --lora-top-layers out"
         )
     if cfg.fresh and cfg.resume:
         raise ValueError(

@@ -45,6 +45,16 @@ def without_extras(monkeypatch):
             ["--lora-rank", "4", "--lora-targets", "layers"],
             "TrainConfig.lora_targets: 'layers' names a ModuleList, which LoRA cannot wrap",
         ),
+        (  # the tiny model has 2 decoder layers
+            ["--lora-rank", "4", "--lora-top-layers", "3"],
+            "TrainConfig.lora_top_layers: must be in [1, 2] (the model's decoder layers) or 0 "
+            "(every layer), got 3; lower --lora-top-layers",
+        ),
+        (  # the embeddings lie below every decoder layer
+            ["--lora-rank", "4", "--lora-targets", "embed_tokens", "--lora-top-layers", "1"],
+            "TrainConfig.lora_targets: 'embed_tokens' adapts no layer of the model in its last 1 "
+            "decoder layers",
+        ),
     ],
 )
 def test_setup_errors_are_one_line_exit_2_before_the_model(
@@ -207,6 +217,11 @@ def test_every_numeric_field_has_an_upper_bound_or_a_preflight_bound():
             "TrainConfig.lora_targets: --lora-targets q_proj does nothing with lora_rank=0 "
             "(LoRA off); give --lora-rank R (R > 0) or leave --lora-targets out",
         ),
+        (
+            ["--lora-top-layers", "1"],
+            "TrainConfig.lora_top_layers: --lora-top-layers 1 does nothing with lora_rank=0 "
+            "(LoRA off); give --lora-rank R (R > 0) or leave --lora-top-layers out",
+        ),
         (["--fresh", "--resume"], "TrainConfig.fresh: --fresh removes the run that --resume"),
     ],
 )
@@ -255,6 +270,7 @@ def _fake_run(out, **settings):
         (["--lora-rank", "0"], "lora_rank", "4", "0"),
         (["--tiny-hidden", "128"], "tiny_hidden", "64", "128"),
         (["--lora-targets", "q_proj"], "lora_targets", "'all-linear'", "'q_proj'"),
+        (["--lora-top-layers", "1"], "lora_top_layers", "0", "1"),
         (["--estimator", "gae"], "estimator", "'hgpo'", "'gae'"),
         (["--zero-stage", "2"], "zero_stage", "0", "2"),
         # what the run is: a resumed run keeps the settings it was made with

@@ -15,7 +15,9 @@ from hgpo.train.run_metrics import read_metrics
 from hgpo.train.tiny import build_tiny
 from tests.train.conftest import run_cli
 
-LORA = SimpleNamespace(lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="all-linear")
+LORA = SimpleNamespace(
+    lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="all-linear", lora_top_layers=0
+)
 
 
 def _ok(r: subprocess.CompletedProcess) -> None:

@@ -26,7 +26,9 @@ from hgpo.train.prefix_forward import (
 )
 from hgpo.train.update import plan_epoch
 
-LORA = SimpleNamespace(lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="all-linear")
+LORA = SimpleNamespace(
+    lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="all-linear", lora_top_layers=0
+)
 LOSS = SimpleNamespace(clip_ratio=0.2, dual_clip=3.0, kl_coef=0.05, entropy_coef=0.01)
 VOCAB = 97
 

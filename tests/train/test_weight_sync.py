@@ -21,7 +21,9 @@ from hgpo.train.tiny import tiny_model
 from hgpo.train.vllm_engine import VLLMEngine, scan_safe_llvmlite
 from tests.train.conftest import ROOT
 
-LORA = SimpleNamespace(lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="all-linear")
+LORA = SimpleNamespace(
+    lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="all-linear", lora_top_layers=0
+)
 
 
 def _lora_model():
