@@ -1,6 +1,7 @@
 """--lora-top-layers K: adapters only in the last K decoder layers; the layers below them run
 without a graph (the update's saving), and the adapted layers' gradients are those of LoRA on
-every layer where the lower adapters are still zero; the memory plan counts K layers."""
+every layer where the lower adapters are still zero; the memory plan counts K layers; a run
+checkpoints the adapters and merges them."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hgpo.train.lora import add_adapters, adapted_layers, layer_index, max_rank
+from hgpo.train.lora import adapted_layers, add_adapters, layer_index, max_rank
 
 LAYERS = 4
 
 
 def _lora(top: int) -> SimpleNamespace:
     return SimpleNamespace(
-        lora_rank=4, lora_alpha=8.0, lora_dropout=0.0, lora_targets="all-linear", lora_top_layers=top
+        lora_rank=4,
+        lora_alpha=8.0,
+        lora_dropout=0.0,
+        lora_targets="all-linear",
+        lora_top_layers=top,
     )
 
 
@@ -100,3 +105,41 @@ def test_the_memory_plan_counts_the_adapted_layers_only():
     assert top["optimizer"] * 30 == every["optimizer"] * 8  # AdamW's states: adapters only
     assert "LoRA rank 8, last 8 layers" in plan8.render()
     assert "last" not in plan30.render()
+
+
+def test_a_run_trains_the_last_layer_only_and_its_merged_model_equals_the_adapters(tmp_path):
+    """The trainer end to end (tiny model, 2 layers, --lora-top-layers 1): the checkpoint's
+    adapters lie in layer 1 only, hf_model/ equals base + adapters, and layer 0's weights are
+    the base model's."""
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from hgpo.train.model import pack, response_logprobs
+    from hgpo.train.run_metrics import read_metrics
+    from tests.train.conftest import run_cli
+
+    out = tmp_path / "run"
+    args = ["--preset", "tiny", "--env", "webshop", "--lora-rank", "4", "--lora-top-layers", "1",
+            "--val-every", "0", "--iterations", "2", "--out-dir", str(out)]  # fmt: skip
+    r = run_cli(args)
+    assert r.returncode == 0, r.stderr[-5000:]
+    assert read_metrics(out)[-1]["grad_norm"] > 0
+    ck = out / "checkpoints" / "iter_000002"
+    assert json.loads((ck / "adapter" / "adapter_config.json").read_text())[
+        "layers_to_transform"
+    ] == [1]
+
+    def load(path):
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+    base, merged = load(out / "tiny_model"), load(ck / "hf_model")
+    adapted = PeftModel.from_pretrained(load(out / "tiny_model"), str(ck / "adapter")).eval()
+    batch = pack([[5, 6, 7, 8], [9, 10]], [[11, 12, 13], [14]], 0, "cpu")
+    with torch.no_grad():
+        want = response_logprobs(adapted, batch)[0]
+        assert torch.allclose(response_logprobs(merged, batch)[0], want, atol=1e-5)
+    b, m = dict(base.named_parameters()), dict(merged.named_parameters())
+    assert all(torch.equal(b[n], m[n]) for n in b if layer_index(n) != 1)
+    assert any(not torch.equal(b[n], m[n]) for n in b if layer_index(n) == 1)
