@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')}: must be in [{lo}, 64], got {getattr(args, name)}")
     import torch
 
+    from hgpo.train.preflight import validate_config
     from hgpo.train.train_config import resolve
     from hgpo.train.trainer import Trainer
 
@@ -113,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
                 "action_mode": args.action_mode, "lora_top_layers": args.lora_top_layers}  # fmt: skip
         if args.max_steps:
             over["max_steps"] = args.max_steps
-        cfg = resolve(args.env, "smol-cpu", over)
+        try:  # the CLI's checks (e.g. --lora-top-layers against the model's layers), one line
+            cfg = resolve(args.env, "smol-cpu", over)
+            validate_config(cfg)
+        except ValueError as e:
+            p.error(str(e))
         t0 = time.perf_counter()
         trainer = Trainer(cfg)
         setup = time.perf_counter() - t0

@@ -105,6 +105,16 @@ def main(argv: list[str] | None = None) -> int:
             p.error(
                 f"--{name.replace('_', '-')}: must be in [{lo}, {hi}], got {getattr(args, name)}"
             )
+    from hgpo.train.preflight import validate_config
+    from hgpo.train.train_config import resolve
+
+    with tempfile.TemporaryDirectory(prefix="same_seed-") as tmp:
+        over = {"groups_per_iter": args.groups, "group_size": args.group_size, "seed": args.seed,
+                "out_dir": tmp}  # fmt: skip
+        try:  # the CLI's checks, one line, before two processes load the model
+            validate_config(resolve(args.env, "smol-cpu", over))
+        except ValueError as e:
+            p.error(str(e))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     flags = ["--env", args.env, "--groups", str(args.groups), "--group-size",
              str(args.group_size), "--seed", str(args.seed)]  # fmt: skip
