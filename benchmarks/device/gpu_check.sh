@@ -7,7 +7,10 @@
 #       tokens; bf16 DeepSpeed updates): rollout tokens/s, score/update/sync seconds, peak memory
 #   train_tiny.jsonl: the trainer itself on the GPU (tiny preset, WebShop, 2 iterations, bf16)
 #   log.txt: everything
-# About 5 min on an H200 (an estimate: it has never run there).
+# Measured on the H200 (2026-12-04, docs/train.md "GPU check"): ZeRO-0's 3 iterations with the
+# 69 s model build and the 36 s toy run, then ZeRO-3's build and first iteration, filled 400 s
+# with the installs, so ZeRO-3 now runs 2 iterations and skips the toy run (ZeRO-0 ran it):
+# about 7 min, which leaves gpu_smol.sh about 6 of the 15 minutes.
 # Carry [".whl", ".smol/a"] to have SmolLM2's first half there for gpu_smol.sh (the next run).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check_out}
@@ -27,8 +30,10 @@ SMOL_STASH=${SMOL_STASH:-/tmp/smol}
 if [ -f .smol/a ]; then mkdir -p "$SMOL_STASH" && cp .smol/a "$SMOL_STASH/a"; fi
 rc=0
 for z in 0 3; do
+    stage_args=(--iterations 3)
+    [ "$z" = 3 ] && stage_args=(--iterations 2 --toy "")
     # shellcheck disable=SC2086
-    $PY -m benchmarks.gpu_check_train --engine hf --zero-stage "$z" --iterations 3 \
+    $PY -m benchmarks.gpu_check_train --engine hf --zero-stage "$z" "${stage_args[@]}" \
         --device "$DEVICE" $CHECK_ARGS --out "/tmp/gpu_check_z$z" | tee "$OUT/zero$z.jsonl"
     rc=$((rc | ${PIPESTATUS[0]}))
 done

