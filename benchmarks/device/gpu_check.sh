@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run ON the device machine (device tool), after benchmarks/device/fetch_wheels.sh here:
-#   run(command="bash benchmarks/device/gpu_check.sh", carry=[".whl"], timeout_s=540)
+#   run(command="bash benchmarks/device/gpu_check.sh", carry=[".whl"], timeout_s=400)
 # It installs the carried wheels into /tmp/site, then writes to $OUT (each also printed):
 #   zero0.jsonl, zero3.jsonl: python -m benchmarks.gpu_check_train --engine hf on the real-size
 #       Qwen2.5-1.5B architecture (random weights; 64 prompts x 1,024 tokens, 256 response
