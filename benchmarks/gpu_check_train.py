@@ -186,7 +186,6 @@ def build_models(args: argparse.Namespace, device: Any, dtype: Any) -> tuple[Any
     model.config.pad_token_id = tok.pad_token_id
     model.save_pretrained(args.out)
     tok = load_tokenizer(args.out)
-    model = model.to(device)
     model.gradient_checkpointing_enable()
     if not args.lora_rank:
         ref = AutoModelForCausalLM.from_pretrained(args.out, dtype=dtype).to(device).eval()

@@ -61,37 +61,34 @@ $PY -m hgpo.train.pretrained smollm2-135m || exit 1
 # 3. short trainings, the most wanted first (a run cut at its time limit keeps what ended):
 # score mode with the exact truth, the update's profile (4.), then free text for tokens/s
 rc=0
-leg() {  # name, then hgpo.train's flags
-    local name=$1
+leg() {  # name, then hgpo.train's flags; LEG_PROFILE=FILE: under cProfile, its top 40 logged
+    local name=$1 launch=(-m hgpo.train)
     shift
     rm -rf "/tmp/smol_$name"
+    if [ -n "${LEG_PROFILE:-}" ]; then
+        rm -f "$LEG_PROFILE"
+        launch=(-m cProfile -o "$LEG_PROFILE" -m hgpo.train)
+    fi
     # shellcheck disable=SC2086
-    timeout "$LEG_TIMEOUT" $PY -m hgpo.train --preset smol-cpu --env toy:tmaze:length=1 \
+    timeout "$LEG_TIMEOUT" $PY "${launch[@]}" --preset smol-cpu --env toy:tmaze:length=1 \
         --device "$DEVICE" --out-dir "/tmp/smol_$name" --save-every 0 "$@" $SMOL_ARGS
     local status=$?
     [ "$status" = 124 ] && echo "leg $name: stopped at its ${LEG_TIMEOUT} s limit"
     cp "/tmp/smol_$name/metrics.jsonl" "$OUT/smol_$name.jsonl" 2>/dev/null
     rc=$((rc | status))
+    if [ -n "${LEG_PROFILE:-}" ] && [ -f "$LEG_PROFILE" ]; then
+        echo "profile of leg $name:"
+        $PY -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(40)" \
+            "$LEG_PROFILE"
+    fi
 }
 leg score --precision fp32 --iterations "$SMOL_ITERS" --lr 1e-4 --mini-batch-size 8 \
     --truth-every "$(( SMOL_ITERS < 4 ? SMOL_ITERS : 4 ))"
 # 4. where the update's time goes on the GPU (it was 90% of the score leg's iteration there):
-# one 2 x 4 iteration with the shared-prefix update and one without, each under cProfile; the
-# 40 costliest calls (cumulative) go to the log
+# one 2 x 4 iteration with the shared-prefix update and one without, each under cProfile
 for spu in true false; do
-    rm -rf "/tmp/smol_prof_$spu"
-    # shellcheck disable=SC2086
-    timeout "$LEG_TIMEOUT" $PY -m cProfile -o "/tmp/smol_prof_$spu.prof" -m hgpo.train \
-        --preset smol-cpu --env toy:tmaze:length=1 --device "$DEVICE" --precision fp32 \
-        --out-dir "/tmp/smol_prof_$spu" --save-every 0 --iterations 1 --groups-per-iter 2 \
-        --group-size 4 --shared-prefix-update "$spu"
-    status=$?
-    [ "$status" = 124 ] && echo "leg prof_$spu: stopped at its ${LEG_TIMEOUT} s limit"
-    rc=$((rc | status))
-    cp "/tmp/smol_prof_$spu/metrics.jsonl" "$OUT/smol_prof_$spu.jsonl" 2>/dev/null
-    [ -f "/tmp/smol_prof_$spu.prof" ] && echo "profile, --shared-prefix-update $spu:" && \
-        $PY -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(40)" \
-            "/tmp/smol_prof_$spu.prof"
+    LEG_PROFILE="/tmp/smol_prof_$spu.prof" leg "prof_$spu" --precision fp32 --iterations 1 \
+        --groups-per-iter 2 --group-size 4 --shared-prefix-update "$spu"
 done
 leg generate --precision bf16 --action-mode generate --iterations 1
 echo "exit status $rc"
